@@ -1,0 +1,66 @@
+"""Defaults for every field of the one config schema (DEVELOPERS.md). Other configs start here.
+
+``get_config()`` returns a small fp32 CPU model on the embedded corpus; suites override shapes,
+data and the recipe.
+"""
+
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.name = "base"
+
+  c.model = m = ml_collections.ConfigDict()
+  m.vocab_size = 50257            # GPT-2 BPE; set from the tokenizer when None.
+  m.d_model = 128
+  m.n_layers = 4
+  m.n_heads = 4
+  m.n_kv_heads = ml_collections.FieldReference(None, field_type=int)  # None = MHA.
+  m.head_dim = ml_collections.FieldReference(None, field_type=int)    # None = d_model / n_heads.
+  m.ffn_dim = ml_collections.FieldReference(None, field_type=int)     # None = SwiGLU 8/3 rule.
+  m.ffn_multiple_of = 64
+  m.qk_norm = False
+  m.tie_embeddings = False
+  m.rope_theta = 10000.0
+  m.max_seq_len = 4096
+  m.norm_eps = 1e-6
+  m.init_std = 0.02
+  m.scan_layers = True
+  m.remat_policy = "nothing_saveable"
+  m.dtype = "float32"              # compute dtype; 'bfloat16' on accelerators.
+  m.param_dtype = "float32"
+  m.attention_kernel = "xla"       # 'fused' = jax.nn.dot_product_attention (cuDNN on GPU).
+  m.residual = ml_collections.ConfigDict({"name": "preln"})
+
+  c.data = d = ml_collections.ConfigDict()
+  d.source = "embedded"            # 'embedded' | 'parquet' | 'tfds'
+  d.path = ""                      # parquet glob/dir for 'parquet'; data_dir for 'tfds'.
+  d.tfds_name = ""
+  d.tokenizer = "gpt2"
+  d.seq_len = 128
+  d.global_batch_size = 8
+  d.seed = 0
+  d.val_batches = 4
+  d.worker_count = 0
+  d.cache_dir = ""                 # '' = ~/.cache/depthbench_jax
+
+  # Training recipe (flat, as in nanodo / flax examples).
+  c.steps = 100                    # -1 = tokens_per_param * params / tokens_per_step.
+  c.tokens_per_param = 20.0
+  c.lr = 3e-3
+  c.warmup_steps = 10              # int steps; a float in (0, 1) = fraction of steps.
+  c.min_lr_ratio = 0.1
+  c.b1 = 0.9
+  c.b2 = 0.95
+  c.weight_decay = 0.1
+  c.grad_clip = 1.0
+  c.eval_every = 50
+  c.eval_batches = 4
+  c.log_every = 10
+  c.checkpoint_every = 50
+  c.keep_checkpoints = 2
+  c.seed = 0
+
+  c.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1})
+  return c

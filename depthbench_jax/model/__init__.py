@@ -1,0 +1,1 @@
+"""The backbone: layers, the scanned Transformer, and its validated config."""

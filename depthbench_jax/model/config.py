@@ -1,0 +1,109 @@
+"""``ModelConfig``: the validated, hashable view of ``config.model`` that modules read.
+
+Every check names the field and what is allowed, and runs before anything is compiled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import ml_collections
+
+from depthbench_jax.errors import ConfigError
+
+REMAT_POLICIES = ("none", "nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable",
+                  "everything_saveable")
+DTYPES = ("float32", "bfloat16")
+
+
+def swiglu_ffn_dim(d_model: int, multiple_of: int) -> int:
+  """LLaMA's SwiGLU width rule: the smallest multiple of ``multiple_of`` >= 8/3 d.
+
+  Three d x ffn matrices then cost about 8 d^2, so a layer is about 12 d^2 parameters.
+  """
+  return multiple_of * math.ceil(8 * d_model / 3 / multiple_of)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  vocab_size: int
+  d_model: int
+  n_layers: int
+  n_heads: int
+  n_kv_heads: int
+  head_dim: int
+  ffn_dim: int
+  qk_norm: bool
+  tie_embeddings: bool
+  rope_theta: float
+  max_seq_len: int
+  norm_eps: float
+  init_std: float
+  scan_layers: bool
+  remat_policy: str
+  dtype: str
+  param_dtype: str
+  attention_kernel: str
+  residual: ml_collections.FrozenConfigDict
+
+  @property
+  def design(self) -> str:
+    return self.residual.name
+
+  def residual_option(self, key: str, default: Any = None) -> Any:
+    return self.residual.get(key, default)
+
+
+def _require(ok: bool, message: str):
+  if not ok:
+    raise ConfigError(message)
+
+
+def model_config_from(model: ml_collections.ConfigDict) -> ModelConfig:
+  """Validates ``config.model`` and resolves derived fields (head_dim, ffn_dim)."""
+  from depthbench_jax.residual import registry  # Local: the registry imports model layers.
+
+  for field in ("vocab_size", "d_model", "n_layers", "n_heads"):
+    value = model.get(field)
+    _require(isinstance(value, int) and value > 0,
+             f"config.model.{field}={value!r}; allowed: a positive integer")
+  d, h = model.d_model, model.n_heads
+  kv = model.get("n_kv_heads") or h
+  _require(isinstance(kv, int) and kv > 0,
+           f"config.model.n_kv_heads={kv!r}; allowed: a positive integer dividing n_heads={h}")
+  _require(h % kv == 0,
+           f"config.model.n_kv_heads={kv} does not divide n_heads={h}; allowed: a divisor of {h}")
+  head_dim = model.get("head_dim")
+  if head_dim is None:
+    _require(d % h == 0,
+             f"config.model.n_heads={h} does not divide d_model={d}; allowed: a divisor of "
+             f"d_model (or set config.model.head_dim explicitly)")
+    head_dim = d // h
+  _require(head_dim % 2 == 0, f"config.model.head_dim={head_dim}; allowed: an even integer (RoPE)")
+  ffn = model.get("ffn_dim") or swiglu_ffn_dim(d, model.get("ffn_multiple_of", 64))
+  _require(model.remat_policy in REMAT_POLICIES,
+           f"config.model.remat_policy={model.remat_policy!r}; allowed: {', '.join(REMAT_POLICIES)}")
+  for field in ("dtype", "param_dtype"):
+    _require(model[field] in DTYPES,
+             f"config.model.{field}={model[field]!r}; allowed: {', '.join(DTYPES)}")
+  kernels = ("xla", "fused")
+  _require(model.get("attention_kernel", "xla") in kernels,
+           f"config.model.attention_kernel={model.get('attention_kernel')!r}; allowed: "
+           f"{', '.join(kernels)}")
+  _require(model.max_seq_len > 0, f"config.model.max_seq_len={model.max_seq_len}; allowed: > 0")
+  residual = model.residual
+  name = residual.get("name")
+  _require(name in registry.names(),
+           f"config.model.residual.name={name!r}; allowed: {', '.join(registry.names())}")
+  registry.get(name).validate(residual, model.n_layers)
+  return ModelConfig(
+      vocab_size=model.vocab_size, d_model=d, n_layers=model.n_layers, n_heads=h, n_kv_heads=kv,
+      head_dim=head_dim, ffn_dim=ffn, qk_norm=bool(model.qk_norm),
+      tie_embeddings=bool(model.tie_embeddings), rope_theta=float(model.rope_theta),
+      max_seq_len=model.max_seq_len, norm_eps=float(model.norm_eps),
+      init_std=float(model.init_std), scan_layers=bool(model.scan_layers),
+      remat_policy=model.remat_policy, dtype=model.dtype, param_dtype=model.param_dtype,
+      attention_kernel=model.get("attention_kernel", "xla"),
+      residual=ml_collections.FrozenConfigDict(residual))

@@ -1,0 +1,168 @@
+"""Backbone layers: RMSNorm, RoPE, causal MHA/GQA attention with optional QK-norm, SwiGLU.
+
+Parameters carry logical axis names (``embed``, ``heads``, ``kv_heads``, ``head_dim``, ``mlp``,
+``vocab``) that ``train/sharding.py`` maps onto the (data, fsdp, tensor) mesh.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+DType = Any
+
+
+def dtype_of(name: str) -> DType:
+  return {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}[name]
+
+
+def normal_init(std: float, *axes: str) -> Callable:
+  return nn.with_logical_partitioning(nn.initializers.normal(stddev=std), axes)
+
+
+class RMSNorm(nn.Module):
+  """``y = x / sqrt(mean(x^2) + eps) * scale`` over the last axis, computed in fp32.
+
+  ``use_scale=False`` gives the gain-free ``N0`` of the residual spec.
+  """
+
+  eps: float = 1e-6
+  use_scale: bool = True
+  dtype: DType = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    if self.use_scale:
+      scale = self.param(
+          "scale", nn.with_logical_partitioning(nn.initializers.ones, ("norm",)), (x.shape[-1],),
+          jnp.float32)
+      y = y * scale
+    return y.astype(self.dtype)
+
+
+def rope_frequencies(head_dim: int, theta: float) -> Array:
+  """Inverse frequencies ``theta^(-2i/head_dim)`` for i in [0, head_dim/2)."""
+  return 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+
+
+def apply_rope(x: Array, positions: Array, theta: float) -> Array:
+  """Rotary embedding in the LLaMA/HF "rotate_half" layout.
+
+  x: [B, T, heads, head_dim]; positions: [B, T] int. Pairs (i, i + head_dim/2) rotate by
+  ``positions * theta^(-2i/head_dim)``, which is what ``transformers`` LLaMA and Qwen3 do.
+  """
+  head_dim = x.shape[-1]
+  freqs = positions[..., None].astype(jnp.float32) * rope_frequencies(head_dim, theta)
+  cos = jnp.cos(freqs)[:, :, None, :]
+  sin = jnp.sin(freqs)[:, :, None, :]
+  x32 = x.astype(jnp.float32)
+  x1, x2 = x32[..., : head_dim // 2], x32[..., head_dim // 2:]
+  rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return rotated.astype(x.dtype)
+
+
+def causal_attention(q: Array, k: Array, v: Array, *, q_offset: Array | int = 0,
+                     extra_logits: Array | None = None) -> Array:
+  """Softmax attention ``softmax(q k^T / sqrt(hd) + mask) v`` with GQA head groups.
+
+  q: [B, Tq, H, hd]; k, v: [B, Tk, K, hd] with H a multiple of K. Query i (absolute position
+  ``q_offset + i``) sees keys j <= q_offset + i. Returns [B, Tq, H, hd].
+  """
+  b, tq, h, hd = q.shape
+  kvh = k.shape[2]
+  groups = h // kvh
+  qg = q.reshape(b, tq, kvh, groups, hd)
+  logits = jnp.einsum("bqkgd,bskd->bkgqs", qg, k, preferred_element_type=jnp.float32)
+  logits = logits / jnp.sqrt(jnp.float32(hd))
+  q_pos = q_offset + jnp.arange(tq)[:, None]
+  k_pos = jnp.arange(k.shape[1])[None, :]
+  logits = jnp.where(k_pos <= q_pos, logits, jnp.finfo(jnp.float32).min)
+  probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
+  out = jnp.einsum("bkgqs,bskd->bqkgd", probs, v)
+  return out.reshape(b, tq, h, hd)
+
+
+class Attention(nn.Module):
+  """Causal multi-head attention with RoPE, GQA (``n_kv_heads``) and optional QK-norm (Qwen3).
+
+  Split into ``project_qkv`` / ``project_out`` so designs that change what attention attends to
+  (MoDA's depth keys) reuse the same projections.
+  """
+
+  d_model: int
+  n_heads: int
+  n_kv_heads: int
+  head_dim: int
+  rope_theta: float = 10000.0
+  qk_norm: bool = False
+  norm_eps: float = 1e-6
+  init_std: float = 0.02
+  out_init_scale: float = 1.0   # DeepNorm beta / HC sqrt(n) rescales the output projection.
+  value_init_scale: float = 1.0  # DeepNorm beta also rescales the value projection.
+  dtype: DType = jnp.float32
+  param_dtype: DType = jnp.float32
+  use_fused_kernel: bool = False  # jax.nn.dot_product_attention (cuDNN on GPU) when True.
+
+  def setup(self):
+    dense = lambda heads, axes, std, name: nn.DenseGeneral(
+        (heads, self.head_dim), axis=-1, use_bias=False, dtype=self.dtype,
+        param_dtype=self.param_dtype, kernel_init=normal_init(std, "embed", *axes), name=name)
+    self.wq = dense(self.n_heads, ("heads", "head_dim"), self.init_std, "q_proj")
+    self.wk = dense(self.n_kv_heads, ("kv_heads", "head_dim"), self.init_std, "k_proj")
+    self.wv = dense(self.n_kv_heads, ("kv_heads", "head_dim"),
+                    self.init_std * self.value_init_scale, "v_proj")
+    self.wo = nn.DenseGeneral(
+        self.d_model, axis=(-2, -1), use_bias=False, dtype=self.dtype,
+        param_dtype=self.param_dtype,
+        kernel_init=normal_init(self.init_std * self.out_init_scale, "heads", "head_dim", "embed"),
+        name="o_proj")
+    if self.qk_norm:
+      self.q_norm = RMSNorm(self.norm_eps, dtype=self.dtype, name="q_norm")
+      self.k_norm = RMSNorm(self.norm_eps, dtype=self.dtype, name="k_norm")
+
+  def project_qkv(self, x: Array, positions: Array) -> tuple[Array, Array, Array]:
+    """x [B,T,d] -> q [B,T,H,hd], k, v [B,T,K,hd], RoPE (and QK-norm) applied."""
+    q, k, v = self.wq(x), self.wk(x), self.wv(x)
+    if self.qk_norm:
+      q, k = self.q_norm(q), self.k_norm(k)
+    return apply_rope(q, positions, self.rope_theta), apply_rope(k, positions, self.rope_theta), v
+
+  def project_out(self, o: Array) -> Array:
+    return self.wo(o)
+
+  def attend(self, q: Array, k: Array, v: Array) -> Array:
+    if self.use_fused_kernel:
+      return jax.nn.dot_product_attention(q, k, v, is_causal=True)
+    return causal_attention(q, k, v)
+
+  def __call__(self, x: Array, positions: Array) -> Array:
+    q, k, v = self.project_qkv(x, positions)
+    return self.project_out(self.attend(q, k, v))
+
+
+class SwiGLU(nn.Module):
+  """``down(silu(gate(x)) * up(x))``, the LLaMA MLP."""
+
+  d_model: int
+  ffn_dim: int
+  init_std: float = 0.02
+  out_init_scale: float = 1.0
+  in_init_scale: float = 1.0
+  dtype: DType = jnp.float32
+  param_dtype: DType = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    dense = lambda features, axes, std, name: nn.Dense(
+        features, use_bias=False, dtype=self.dtype, param_dtype=self.param_dtype,
+        kernel_init=normal_init(std, *axes), name=name)
+    gate = dense(self.ffn_dim, ("embed", "mlp"), self.init_std * self.in_init_scale, "gate_proj")
+    up = dense(self.ffn_dim, ("embed", "mlp"), self.init_std * self.in_init_scale, "up_proj")
+    down = dense(self.d_model, ("mlp", "embed"), self.init_std * self.out_init_scale, "down_proj")
+    return down(nn.silu(gate(x)) * up(x))

@@ -1,0 +1,183 @@
+"""The LLaMA-like backbone with a pluggable residual design.
+
+``tokens [B,T] -> embed -> state = io.init_state(x0) -> L x Block (nn.scan + remat) ->
+io.readout(state) -> LM head -> logits [B,T,V]``.
+
+Each ``Block`` runs attention then SwiGLU through the design's ``LayerWiring`` (DEVELOPERS.md).
+The scan carries the residual state; its per-layer inputs are the layer index and the
+diagnostics gate, so skipping a layer (gate 0) or collecting per-layer hidden states needs no
+second code path. Permuted layer order is a pure transform of the stacked params
+(``permute_layers``).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from depthbench_jax.model.config import ModelConfig
+from depthbench_jax.model.layers import Attention, SwiGLU, dtype_of, normal_init
+from depthbench_jax.residual import registry
+
+Array = jax.Array
+
+_POLICIES = {
+    "nothing_saveable": jax.checkpoint_policies.nothing_saveable,
+    "dots_saveable": jax.checkpoint_policies.dots_saveable,
+    "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "everything_saveable": jax.checkpoint_policies.everything_saveable,
+}
+
+
+class Block(nn.Module):
+  """One Transformer layer: ``(state, {layer, gate}) -> (state, per-layer outputs)``."""
+
+  cfg: ModelConfig
+  return_layers: bool = False
+
+  @nn.compact
+  def __call__(self, state, xs, positions):
+    cfg = self.cfg
+    design = registry.get(cfg.design)
+    scales = design.init_scales(cfg)
+    dtype, param_dtype = dtype_of(cfg.dtype), dtype_of(cfg.param_dtype)
+    wiring = design.layer(cfg, name="residual")
+    attn = Attention(
+        cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, rope_theta=cfg.rope_theta,
+        qk_norm=cfg.qk_norm, norm_eps=cfg.norm_eps, init_std=cfg.init_std,
+        out_init_scale=scales.attn_out, value_init_scale=scales.attn_value, dtype=dtype,
+        param_dtype=param_dtype, use_fused_kernel=cfg.attention_kernel == "fused",
+        name="self_attn")
+    mlp = SwiGLU(cfg.d_model, cfg.ffn_dim, init_std=cfg.init_std, in_init_scale=scales.mlp_in,
+                 out_init_scale=scales.mlp_out, dtype=dtype, param_dtype=param_dtype, name="mlp")
+    layer, gate = xs["layer"], xs["gate"]
+
+    state_in = state
+    u = wiring.read(state, 0, layer)
+    y_attn, state = wiring.attend(attn, u, positions, state, layer)
+    state = wiring.write(state, y_attn, 0, layer)
+    u = wiring.read(state, 1, layer)
+    y_mlp = mlp(u)
+    state = wiring.write(state, y_mlp, 1, layer)
+    state = wiring.skip(state_in, state, gate)
+
+    outputs = None
+    if self.return_layers:
+      outputs = {"hidden": wiring.hidden(state), "update": y_attn + y_mlp}
+    return state, outputs
+
+
+def _block_class(cfg: ModelConfig) -> type[nn.Module]:
+  if cfg.remat_policy == "none":
+    return Block
+  return nn.remat(Block, policy=_POLICIES[cfg.remat_policy], prevent_cse=not cfg.scan_layers)
+
+
+class Transformer(nn.Module):
+  """``tokens [B,T] int32 -> logits [B,T,V] float32`` (plus per-layer outputs on request)."""
+
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, tokens: Array, gate: Array | None = None, return_layers: bool = False,
+               positions: Array | None = None):
+    cfg = self.cfg
+    design = registry.get(cfg.design)
+    dtype = dtype_of(cfg.dtype)
+    batch, seq = tokens.shape
+    if positions is None:
+      positions = jnp.broadcast_to(jnp.arange(seq, dtype=jnp.int32), (batch, seq))
+    embed = nn.Embed(cfg.vocab_size, cfg.d_model, dtype=dtype,
+                     param_dtype=dtype_of(cfg.param_dtype),
+                     embedding_init=normal_init(cfg.init_std, "vocab", "embed"), name="embed")
+    io = design.io(cfg, name="residual_io")
+    state = io.init_state(embed(tokens))
+    xs = {"layer": jnp.arange(cfg.n_layers, dtype=jnp.int32),
+          "gate": (jnp.ones((cfg.n_layers,), dtype) if gate is None else gate.astype(dtype))}
+    block_cls = _block_class(cfg)
+    if cfg.scan_layers:
+      stack = nn.scan(
+          block_cls, variable_axes={"params": 0, "intermediates": 0},
+          split_rngs={"params": True}, in_axes=(0, nn.broadcast), length=cfg.n_layers,
+          metadata_params={nn.PARTITION_NAME: "layers"})
+      state, layer_outputs = stack(cfg, return_layers, name="layers")(state, xs, positions)
+    else:
+      per_layer = []
+      for i in range(cfg.n_layers):
+        xs_i = jax.tree.map(lambda a: a[i], xs)
+        state, out = block_cls(cfg, return_layers, name=f"layers_{i}")(state, xs_i, positions)
+        per_layer.append(out)
+      layer_outputs = (jax.tree.map(lambda *a: jnp.stack(a), *per_layer) if return_layers
+                       else None)
+    h = io.readout(state)
+    if cfg.tie_embeddings:
+      logits = embed.attend(h.astype(dtype))
+    else:
+      logits = nn.DenseGeneral(
+          cfg.vocab_size, use_bias=False, dtype=dtype, param_dtype=dtype_of(cfg.param_dtype),
+          kernel_init=normal_init(cfg.init_std, "embed", "vocab"), name="lm_head")(h)
+    logits = logits.astype(jnp.float32)
+    return (logits, layer_outputs) if return_layers else logits
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure helpers over the parameter tree.
+# ---------------------------------------------------------------------------------------------
+
+def init_params(cfg: ModelConfig, rng: Array, seq_len: int = 8) -> Any:
+  tokens = jnp.zeros((1, seq_len), jnp.int32)
+  return Transformer(cfg).init(rng, tokens)["params"]
+
+
+def abstract_params(cfg: ModelConfig, seq_len: int = 8) -> Any:
+  """Param shapes from ``jax.eval_shape`` (no allocation), boxed with logical axis names."""
+  tokens = jax.ShapeDtypeStruct((1, seq_len), jnp.int32)
+  return jax.eval_shape(lambda t: Transformer(cfg).init(jax.random.PRNGKey(0), t), tokens)[
+      "params"]
+
+
+def count_params(cfg: ModelConfig) -> dict[str, int]:
+  """``{'total', 'embedding', 'non_embedding'}`` from the model's own abstract init.
+
+  ``embedding`` counts the input table plus the untied LM head (both scale with the vocabulary).
+  """
+  params = nn.unbox(abstract_params(cfg))
+  size = lambda tree: sum(int(x.size) for x in jax.tree.leaves(tree))
+  total = size(params)
+  embedding = size(params["embed"]) + (size(params["lm_head"]) if "lm_head" in params else 0)
+  return {"total": total, "embedding": embedding, "non_embedding": total - embedding}
+
+
+def permute_layers(params: Any, order: Array) -> Any:
+  """Params whose layer at position p is the original layer ``order[p]`` (stacked layout).
+
+  Everything stacked on the layer axis moves with the layer: attention, MLP and the design's
+  per-layer connection params (HC matrices, AttnRes pseudo-queries). Position-dependent
+  constants (LNS's 1/sqrt(l), HC's index-based nothing) stay with the position.
+  Pure and vmappable over ``order``.
+  """
+  if "layers" not in params:
+    raise ValueError("permute_layers needs the scanned (stacked) layout: scan_layers=True")
+  out = dict(params)
+  out["layers"] = jax.tree.map(lambda p: jnp.take(p, order, axis=0), params["layers"])
+  return out
+
+
+def stack_layers(params: Any, n_layers: int) -> Any:
+  """Unrolled layout (``layers_0..``) -> scanned layout (``layers`` with a leading L axis)."""
+  out = {k: v for k, v in params.items() if not k.startswith("layers_")}
+  out["layers"] = jax.tree.map(lambda *a: jnp.stack(a),
+                               *[params[f"layers_{i}"] for i in range(n_layers)])
+  return out
+
+
+def unstack_layers(params: Any, n_layers: int) -> Any:
+  """Scanned layout -> unrolled layout."""
+  out = {k: v for k, v in params.items() if k != "layers"}
+  for i in range(n_layers):
+    out[f"layers_{i}"] = jax.tree.map(lambda a, i=i: a[i], params["layers"])
+  return out

@@ -1,0 +1,143 @@
+"""The residual-design interface and the math several designs share.
+
+A design is two small Flax modules (see DEVELOPERS.md):
+
+* ``LayerWiring``: created once per Transformer layer inside the scanned ``Block`` (its params are
+  stacked on the layer axis). ``read`` gives the input of sublayer ``F`` (norms included),
+  ``write`` applies the design's update equation, ``skip`` implements the diagnostics gate.
+* ``StateIO``: top level. ``init_state`` turns the embedding into the carried state, ``readout``
+  turns the final state into the (normalised) hidden state the LM head reads.
+
+Sublayers: ``sub=0`` attention, ``sub=1`` MLP; ``layer`` is the 0-based (traced) layer index.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from depthbench_jax.model.layers import RMSNorm, dtype_of
+
+Array = jax.Array
+State = Any
+
+
+class LayerWiring(nn.Module):
+  """Per-layer residual wiring. Subclasses define ``setup``, ``read`` and ``write``."""
+
+  cfg: Any  # depthbench_jax.model.config.ModelConfig
+
+  def norm(self, name: str, use_scale: bool = True) -> RMSNorm:
+    return RMSNorm(self.cfg.norm_eps, use_scale=use_scale, dtype=dtype_of(self.cfg.dtype),
+                   name=name)
+
+  def read(self, state: State, sub: int, layer: Array) -> Array:
+    raise NotImplementedError
+
+  def write(self, state: State, y: Array, sub: int, layer: Array) -> State:
+    raise NotImplementedError
+
+  def attend(self, attn: nn.Module, u: Array, positions: Array, state: State,
+             layer: Array) -> tuple[Array, State]:
+    """Runs the attention sublayer on its input ``u``; MoDA overrides this to add depth keys."""
+    return attn(u, positions), state
+
+  def hidden(self, state: State) -> Array:
+    """The residual-equivalent hidden state [B,T,d] the diagnostics compare across layers."""
+    return state
+
+  def skip(self, old: State, new: State, gate: Array) -> State:
+    """``gate * new + (1 - gate) * old``: gate 0 leaves the state as if the layer were absent.
+
+    This is Csordas et al.'s skip (``h_(s+1) := h_s``) for every design whose state is a plain
+    pytree; designs with a preallocated buffer may override it to touch only what they wrote.
+    """
+    return jax.tree.map(lambda n, o: (gate * n + (1.0 - gate) * o).astype(n.dtype), new, old)
+
+
+class StateIO(nn.Module):
+  """Top-level ends of the residual: embedding -> state, final state -> normalised hidden."""
+
+  cfg: Any
+
+  def setup(self):
+    self.final_norm = RMSNorm(self.cfg.norm_eps, dtype=dtype_of(self.cfg.dtype), name="final_norm")
+
+  def init_state(self, x0: Array) -> State:
+    return x0
+
+  def readout(self, state: State) -> Array:
+    return self.final_norm(state)
+
+
+@dataclasses.dataclass(frozen=True)
+class InitScales:
+  """Multipliers on the init std of the projections (DeepNorm beta, HC's output rescale)."""
+  attn_value: float = 1.0
+  attn_out: float = 1.0
+  mlp_in: float = 1.0
+  mlp_out: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Design:
+  """A registry entry: the two modules, default hyperparameters, checks and init scales."""
+  name: str
+  layer: type[LayerWiring]
+  io: type[StateIO] = StateIO
+  defaults: dict = dataclasses.field(default_factory=dict)
+  init_scales: Callable[[Any], InitScales] = lambda cfg: InitScales()
+  check: Callable[[Any, int], None] = lambda residual, n_layers: None
+  description: str = ""
+
+  def validate(self, residual, n_layers: int) -> None:
+    self.check(residual, n_layers)
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared math, written once.
+# ---------------------------------------------------------------------------------------------
+
+def rms_norm_nogain(x: Array, eps: float = 1e-6, axis: int | tuple[int, ...] = -1) -> Array:
+  """``N0(x) = x / sqrt(mean(x^2) + eps)`` over ``axis``, in fp32, no learned gain."""
+  x32 = x.astype(jnp.float32)
+  return x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=axis, keepdims=True) + eps)
+
+
+def sinkhorn_knopp(logits: Array, iterations: int = 20, eps: float = 0.0) -> Array:
+  """Projects ``exp(logits)`` [..., n, n] towards the doubly stochastic matrices.
+
+  ``M0 = exp(logits - max)``; then ``iterations`` rounds of column- then row-normalisation
+  (``M <- T_r(T_c(M))``), in fp32, as in mHC (Xie et al., 2025, Eq. 9). After the last round
+  rows sum to 1 exactly and columns to within the method's convergence.
+  """
+  m = jnp.exp(logits.astype(jnp.float32) - jnp.max(logits, axis=(-2, -1), keepdims=True))
+
+  def one_round(m, _):
+    m = m / (jnp.sum(m, axis=-2, keepdims=True) + eps)  # columns
+    m = m / (jnp.sum(m, axis=-1, keepdims=True) + eps)  # rows
+    return m, None
+
+  m, _ = jax.lax.scan(one_round, m, None, length=iterations)
+  return m
+
+
+def depth_softmax(query: Array, sources: Array, mask: Array | None = None,
+                  eps: float = 1e-6) -> tuple[Array, Array]:
+  """AttnRes depth attention: ``h = sum_i softmax_i(w . N0(v_i)) v_i``.
+
+  query: [d] pseudo-query ``w``; sources: [S, B, T, d] values ``v_i``; mask: [S] bool (False =
+  source absent, weight 0). Keys are the gain-free RMS-normalised values, no 1/sqrt(d)
+  temperature (Kimi Team, 2026, Eq. 2-4). Returns (h [B,T,d], weights [S,B,T]).
+  """
+  keys = rms_norm_nogain(sources, eps)
+  logits = jnp.einsum("d,sbtd->sbt", query.astype(jnp.float32), keys)
+  if mask is not None:
+    logits = jnp.where(mask[:, None, None], logits, -jnp.inf)
+  weights = jax.nn.softmax(logits, axis=0)
+  h = jnp.einsum("sbt,sbtd->btd", weights.astype(sources.dtype), sources)
+  return h, weights
