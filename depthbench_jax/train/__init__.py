@@ -1,0 +1,1 @@
+"""Training: optimizer, mesh and sharding, the pure train step, checkpoints, the loop."""

@@ -1,0 +1,70 @@
+"""Orbax checkpoints of the train state and the data iterator, and loading for post-hoc tools.
+
+Layout: ``WORKDIR/checkpoints/<step>/{state,data}``. Orbax writes each step to a temporary
+directory and renames it only once complete, so a run killed mid-save restores the previous
+complete step; a partial checkpoint is never visible to ``latest_step``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import grain
+import jax
+import ml_collections
+import orbax.checkpoint as ocp
+
+
+def checkpoint_dir(workdir: str) -> str:
+  return os.path.join(os.path.abspath(workdir), "checkpoints")
+
+
+def make_manager(workdir: str, keep: int, async_save: bool = True) -> ocp.CheckpointManager:
+  options = ocp.CheckpointManagerOptions(
+      max_to_keep=keep, create=True, enable_async_checkpointing=async_save,
+      # The data iterator of every process is saved, each under its own name.
+      cleanup_tmp_directories=True)
+  return ocp.CheckpointManager(checkpoint_dir(workdir), options=options,
+                               item_names=("state", "data"))
+
+
+def save(manager: ocp.CheckpointManager, step: int, state: Any, data_iter: Any,
+         force: bool = False) -> bool:
+  args = {"state": ocp.args.StandardSave(state)}
+  if data_iter is not None:
+    args["data"] = grain.checkpoint.CheckpointSave(data_iter)
+  return manager.save(step, args=ocp.args.Composite(**args), force=force)
+
+
+def restore(manager: ocp.CheckpointManager, abstract_state: Any, data_iter: Any,
+            step: int | None = None) -> tuple[Any, int]:
+  """Restores ``state`` (shaped and sharded like ``abstract_state``) and the iterator in place."""
+  step = manager.latest_step() if step is None else step
+  args = {"state": ocp.args.StandardRestore(abstract_state)}
+  if data_iter is not None:
+    args["data"] = grain.checkpoint.CheckpointRestore(data_iter)
+  restored = manager.restore(step, args=ocp.args.Composite(**args))
+  return restored["state"], step
+
+
+def load_run_config(workdir: str) -> ml_collections.ConfigDict:
+  with open(os.path.join(workdir, "config.json")) as f:
+    return ml_collections.ConfigDict(json.load(f))
+
+
+def restore_params(workdir: str, step: int | None = None) -> tuple[ml_collections.ConfigDict, Any]:
+  """``(config, params)`` of a run's latest (or given) checkpoint, on the default device.
+
+  For post-hoc tools (diagnose, evaluate, export): the optimizer state is not materialised.
+  """
+  config = load_run_config(workdir)
+  manager = ocp.CheckpointManager(checkpoint_dir(workdir), item_names=("state", "data"))
+  step = manager.latest_step() if step is None else step
+  if step is None:
+    raise FileNotFoundError(f"--workdir={workdir}: no complete checkpoint under "
+                            f"{checkpoint_dir(workdir)}")
+  restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+  params = jax.tree.map(jax.numpy.asarray, restored["state"]["params"])
+  return config, params

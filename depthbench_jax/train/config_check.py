@@ -1,0 +1,101 @@
+"""Checks the whole config before anything is compiled: one ``ConfigError`` naming the field.
+
+``validate`` covers the recipe, the data and the mesh here, and the model through
+``model_config_from``; a bad run fails in milliseconds and touches nothing on disk.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+
+from depthbench_jax.errors import ConfigError
+from depthbench_jax.model.config import ModelConfig, model_config_from
+from depthbench_jax.train import sharding
+
+DATA_SOURCES = ("embedded", "parquet", "tfds")
+TOKENIZERS = ("gpt2", "byte")
+
+
+def _require(ok: bool, message: str) -> None:
+  if not ok:
+    raise ConfigError(message)
+
+
+def _number(config, field: str, *, low=None, high=None, low_open=False, allowed: str):
+  value = config.get(field)
+  ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+  if ok and low is not None:
+    ok = value > low if low_open else value >= low
+  if ok and high is not None:
+    ok = value < high
+  _require(ok, f"config.{field}={value!r}; allowed: {allowed}")
+  return value
+
+
+def validate_recipe(config) -> None:
+  steps = config.get("steps")
+  _require(isinstance(steps, int) and (steps > 0 or steps == -1),
+           f"config.steps={steps!r}; allowed: a positive integer, or -1 for the "
+           f"tokens_per_param budget")
+  _number(config, "lr", low=0, low_open=True, allowed="a positive number")
+  _number(config, "tokens_per_param", low=0, low_open=True, allowed="a positive number")
+  _number(config, "warmup_steps", low=0, allowed="an int >= 0, or a fraction in (0, 1)")
+  _number(config, "min_lr_ratio", low=0, high=1.0000001, allowed="a number in [0, 1]")
+  _number(config, "b1", low=0, high=1, allowed="a number in [0, 1)")
+  _number(config, "b2", low=0, high=1, allowed="a number in [0, 1)")
+  _number(config, "weight_decay", low=0, allowed="a number >= 0")
+  _number(config, "grad_clip", low=0, allowed="a number >= 0 (0 = no clipping)")
+  for field in ("log_every", "checkpoint_every", "keep_checkpoints"):
+    value = config.get(field)
+    _require(isinstance(value, int) and value > 0,
+             f"config.{field}={value!r}; allowed: a positive integer")
+  for field in ("eval_every", "eval_batches"):
+    value = config.get(field)
+    _require(isinstance(value, int) and value >= 0,
+             f"config.{field}={value!r}; allowed: an integer >= 0 (0 = off)")
+
+
+def validate_data(data, model, process_count: int, data_parallel: int) -> None:
+  _require(data.source in DATA_SOURCES,
+           f"config.data.source={data.source!r}; allowed: {', '.join(DATA_SOURCES)}")
+  if data.source == "parquet":
+    _require(bool(data.path) and (os.path.exists(data.path) or bool(glob.glob(data.path))),
+             f"config.data.path={data.path!r} does not exist; allowed: a directory or glob of "
+             f"FineWeb-Edu parquet shards (with a 'text' column)")
+  if data.source == "tfds":
+    _require(bool(data.tfds_name),
+             f"config.data.tfds_name={data.tfds_name!r}; allowed: a TFDS dataset name, e.g. "
+             f"'lm1b' (config.data.path = its data_dir)")
+  _require(data.tokenizer in TOKENIZERS,
+           f"config.data.tokenizer={data.tokenizer!r}; allowed: {', '.join(TOKENIZERS)}")
+  seq = data.seq_len
+  _require(isinstance(seq, int) and seq > 0, f"config.data.seq_len={seq!r}; allowed: > 0")
+  _require(seq <= model.max_seq_len,
+           f"config.data.seq_len={seq} exceeds config.model.max_seq_len={model.max_seq_len}; "
+           f"allowed: <= {model.max_seq_len} (raise max_seq_len to train longer contexts)")
+  batch = data.global_batch_size
+  _require(isinstance(batch, int) and batch > 0,
+           f"config.data.global_batch_size={batch!r}; allowed: a positive integer")
+  _require(batch % data_parallel == 0,
+           f"config.data.global_batch_size={batch} is not divisible by the data-parallel size "
+           f"{data_parallel} (mesh data x fsdp); allowed: a multiple of {data_parallel}")
+  _require(batch % process_count == 0,
+           f"config.data.global_batch_size={batch} is not divisible by the {process_count} "
+           f"processes; allowed: a multiple of {process_count}")
+  from depthbench_jax.data.tokenizer import get_tokenizer
+  vocab = get_tokenizer(data.tokenizer).vocab_size
+  _require(model.vocab_size >= vocab,
+           f"config.model.vocab_size={model.vocab_size} is smaller than tokenizer "
+           f"{data.tokenizer!r}'s {vocab}; allowed: >= {vocab}")
+
+
+def validate(config, device_count: int, process_count: int | None = None) -> ModelConfig:
+  """Returns the model's ``ModelConfig`` or raises the first ``ConfigError``."""
+  import jax
+  process_count = jax.process_count() if process_count is None else process_count
+  model_cfg = model_config_from(config.model)
+  validate_recipe(config)
+  mesh = sharding.mesh_shape(config.mesh, device_count)
+  validate_data(config.data, config.model, process_count, data_parallel=mesh[0] * mesh[1])
+  return model_cfg

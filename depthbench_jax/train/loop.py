@@ -1,0 +1,270 @@
+"""``train_and_evaluate(config, workdir)``: the one training driver every run goes through.
+
+Builds the mesh, the sharded state and the data iterator; resumes from the latest complete
+checkpoint; runs jitted train steps with periodic eval, metrics (TensorBoard via clu, plus
+``metrics.jsonl``), a progress line with steps/s and ETA, checkpoints and ``summary.json``.
+SIGTERM saves a checkpoint and exits cleanly (status 'interrupted').
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import signal
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import logging
+from clu import metric_writers, periodic_actions
+
+from depthbench_jax.data import pipeline
+from depthbench_jax.model.transformer import Transformer, count_params
+from depthbench_jax.systems.flops import train_flops_per_token
+from depthbench_jax.train import checkpoint, config_check, sharding, summary
+from depthbench_jax.train.optimizer import lr_schedule, make_optimizer
+from depthbench_jax.train.step import TrainState, eval_step, init_state, train_step
+
+# Dense bf16 matmul peak per device, FLOP/s, for MFU. ``config.peak_flops_per_device`` wins.
+PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "B200": 2250e12, "TPU v5": 459e12,
+              "TPU v4": 275e12}
+
+
+def peak_flops_per_device(config) -> float | None:
+  if config.get("peak_flops_per_device"):
+    return float(config.peak_flops_per_device)
+  kind = jax.devices()[0].device_kind
+  for name, flops in PEAK_FLOPS.items():
+    if name.lower() in kind.lower():
+      return flops
+  return None  # CPU: no meaningful peak; the bench measures one.
+
+
+def total_steps_of(config, params_total: int) -> int:
+  """``config.steps``, or the Chinchilla budget ``tokens_per_param * N`` / tokens per step."""
+  if config.steps > 0:
+    return int(config.steps)
+  tokens_per_step = config.data.global_batch_size * config.data.seq_len
+  return max(1, math.ceil(config.tokens_per_param * params_total / tokens_per_step))
+
+
+class _Preemption:
+  """Turns SIGTERM into a flag the loop checks between steps."""
+
+  def __init__(self):
+    self.requested = False
+    try:
+      signal.signal(signal.SIGTERM, self._handle)
+    except ValueError:  # Not the main thread (tests): no handler.
+      pass
+
+  def _handle(self, signum, frame):
+    logging.warning("SIGTERM: saving a checkpoint and exiting.")
+    self.requested = True
+
+
+def _global_batch(local: dict, batch_sharding) -> dict:
+  return {k: jax.make_array_from_process_local_data(batch_sharding, np.asarray(v))
+          for k, v in local.items()}
+
+
+def evaluate(params, val_batches, eval_fn, batch_sharding) -> float:
+  loss_sum, count = 0.0, 0.0
+  for local in val_batches:
+    out = eval_fn(params, _global_batch(local, batch_sharding))
+    loss_sum += float(out["loss_sum"])
+    count += float(out["count"])
+  return loss_sum / max(count, 1.0)
+
+
+def train_and_evaluate(config, workdir: str) -> dict:
+  """Trains (or resumes) the run described by ``config`` in ``workdir``; returns the summary."""
+  start_time = time.time()
+  model_cfg = config_check.validate(config, jax.device_count())
+  process_index, process_count = jax.process_index(), jax.process_count()
+  os.makedirs(workdir, exist_ok=True)
+  if process_index == 0:
+    summary.write_config(workdir, config)
+
+  mesh = sharding.make_mesh(config.mesh)
+  model = Transformer(model_cfg)
+  counts = count_params(model_cfg)
+  steps = total_steps_of(config, counts["total"])
+  schedule = lr_schedule(config, steps)
+  optimizer = make_optimizer(config, steps)
+  seq_len = config.data.seq_len
+
+  # Shardings from the abstract (boxed) state: nothing is allocated before placement.
+  boxed = jax.eval_shape(
+      lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, seq_len), jnp.int32))["params"])
+  param_sharding = sharding.logical_shardings(boxed, mesh)
+  abstract_state = jax.eval_shape(
+      functools.partial(init_state, model, optimizer, seq_len=seq_len),
+      jax.random.PRNGKey(config.seed))
+  opt_sharding = _opt_state_sharding(abstract_state.opt_state, param_sharding, mesh)
+  state_sharding = TrainState(step=sharding.replicated(mesh), params=param_sharding,
+                              opt_state=opt_sharding)
+  batch_sharding = sharding.batch_sharding(mesh)
+  repl = sharding.replicated(mesh)
+
+  step_fn = jax.jit(
+      functools.partial(train_step, model=model, optimizer=optimizer, schedule=schedule,
+                        skip_nonfinite=bool(config.get("skip_nonfinite_steps", False))),
+      in_shardings=(state_sharding, batch_sharding), out_shardings=(state_sharding, repl),
+      donate_argnums=(0,))
+  eval_fn = jax.jit(functools.partial(eval_step, model=model),
+                    in_shardings=(param_sharding, batch_sharding), out_shardings=repl)
+
+  train_iter = pipeline.make_train_iterator(config, process_index, process_count)
+  val_batches = pipeline.make_val_batches(config, process_index, process_count)
+  manager = checkpoint.make_manager(workdir, config.keep_checkpoints,
+                                    async_save=bool(config.get("async_checkpointing", True)))
+  abstract_placed = jax.tree.map(
+      lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract_state,
+      state_sharding)
+  if manager.latest_step() is not None:
+    state, start_step = checkpoint.restore(manager, abstract_placed, train_iter)
+    logging.info("Resumed from step %d in %s", start_step, workdir)
+  else:
+    init_fn = jax.jit(functools.partial(init_state, model, optimizer, seq_len=seq_len),
+                      out_shardings=state_sharding)
+    state, start_step = init_fn(jax.random.PRNGKey(config.seed)), 0
+
+  writer = metric_writers.create_default_writer(
+      os.path.join(workdir, "tensorboard"), just_logging=process_index > 0)
+  if start_step == 0:
+    writer.write_hparams({"design": model_cfg.design, "n_layers": model_cfg.n_layers,
+                          "d_model": model_cfg.d_model, "lr": config.lr,
+                          "params_total": counts["total"]})
+  progress = periodic_actions.ReportProgress(num_train_steps=steps, writer=writer,
+                                             every_steps=config.log_every)
+  flops_per_token = train_flops_per_token(model_cfg, seq_len)
+  peak = peak_flops_per_device(config)
+  tokens_per_step = config.data.global_batch_size * seq_len
+  diag_hook = _diagnostics_hook(config, model_cfg, val_batches)
+  guard = summary.DivergenceGuard(config)
+  preempt = _Preemption()
+  metrics_log = summary.MetricsLog(workdir, enabled=process_index == 0)
+
+  status, last_train_loss, val_loss = "ok", None, None
+  last_log_time, last_log_step = time.time(), start_step
+  logging.info("Training %s: %d params (%d non-embedding), %d steps, %d tokens/step, mesh %s",
+               model_cfg.design, counts["total"], counts["non_embedding"], steps,
+               tokens_per_step, dict(mesh.shape))
+  step = start_step
+  with mesh:
+    while step < steps:
+      state, metrics = step_fn(state, _global_batch(next(train_iter), batch_sharding))
+      step += 1
+      progress(step)
+      if step % config.log_every == 0 or step == steps:
+        m = jax.device_get(metrics)
+        now = time.time()
+        steps_per_s = (step - last_log_step) / max(now - last_log_time, 1e-9)
+        last_log_time, last_log_step = now, step
+        scalars = {"train/loss": float(m["loss"]), "train/grad_norm": float(m["grad_norm"]),
+                   "train/lr": float(m["lr"]),
+                   "perf/tokens_per_s": steps_per_s * tokens_per_step,
+                   "perf/steps_per_s": steps_per_s}
+        if peak:
+          scalars["perf/mfu"] = (steps_per_s * tokens_per_step * flops_per_token /
+                                 (peak * jax.device_count()))
+        writer.write_scalars(step, scalars)
+        metrics_log.append(step, scalars)
+        if process_index == 0:
+          print(_progress_line(step, steps, scalars, val_loss, time.time() - start_time,
+                               start_step), flush=True)
+        last_train_loss = scalars["train/loss"]
+        reason = guard.check(step, last_train_loss, scalars["train/grad_norm"])
+        if reason:
+          status = "diverged"
+          summary.write_status(workdir, status, step=step, reason=reason)
+          logging.error("Run diverged at step %d: %s", step, reason)
+          break
+      if config.eval_every > 0 and (step % config.eval_every == 0 or step == steps):
+        val_loss = evaluate(state.params, val_batches, eval_fn, batch_sharding)
+        writer.write_scalars(step, {"val/loss": val_loss})
+        metrics_log.append(step, {"val/loss": val_loss})
+      if diag_hook is not None and step % config.diagnostics.every == 0:
+        diag_hook(step, state.params, writer)
+      if step % config.checkpoint_every == 0 or step == steps:
+        checkpoint.save(manager, step, state, train_iter)
+      if preempt.requested:
+        checkpoint.save(manager, step, state, train_iter, force=True)
+        status = "interrupted"
+        break
+
+  manager.wait_until_finished()
+  writer.flush()
+  if status == "ok" and val_loss is None:
+    val_loss = evaluate(state.params, val_batches, eval_fn, batch_sharding)
+  result = summary.build(
+      config, model_cfg, counts, steps=step, tokens=step * tokens_per_step,
+      final_train_loss=last_train_loss, final_val_loss=val_loss,
+      wall_time_s=time.time() - start_time, status=status, guard=guard)
+  if process_index == 0 and status != "interrupted":
+    summary.write(workdir, result)
+  return result
+
+
+def _progress_line(step, steps, scalars, val_loss, elapsed_s, start_step) -> str:
+  """``step 40/200 (20%) | loss 7.12 | val 7.30 | 3.1 steps/s | 6.3k tok/s | ETA 52s``."""
+  rate = scalars["perf/steps_per_s"]
+  eta = (steps - step) / rate if rate > 0 else float("inf")
+  parts = [f"step {step}/{steps} ({100 * step / steps:.0f}%)", f"loss {scalars['train/loss']:.4f}"]
+  if val_loss is not None:
+    parts.append(f"val {val_loss:.4f}")
+  parts += [f"gnorm {scalars['train/grad_norm']:.2f}", f"{rate:.2f} steps/s",
+            f"{scalars['perf/tokens_per_s'] / 1e3:.1f}k tok/s"]
+  if "perf/mfu" in scalars:
+    parts.append(f"MFU {scalars['perf/mfu']:.1%}")
+  parts.append(f"ETA {_fmt_duration(eta)}")
+  return " | ".join(parts)
+
+
+def _fmt_duration(seconds: float) -> str:
+  if not math.isfinite(seconds):
+    return "?"
+  seconds = int(seconds)
+  if seconds < 60:
+    return f"{seconds}s"
+  if seconds < 3600:
+    return f"{seconds // 60}m{seconds % 60:02d}s"
+  return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def _opt_state_sharding(abstract_opt_state, param_sharding, mesh):
+  """Adam moments shard like their params; everything else (step counts) is replicated."""
+  param_structure = jax.tree.structure(param_sharding)
+
+  def match(subtree):
+    if jax.tree.structure(subtree) == param_structure:
+      return param_sharding
+    return None
+  return _map_param_like(abstract_opt_state, param_sharding, match, mesh)
+
+
+def _map_param_like(tree, param_sharding, match, mesh):
+  """Walks optax's state, replacing every param-structured subtree by the param shardings."""
+  matched = match(tree)
+  if matched is not None:
+    return matched
+  if isinstance(tree, tuple) and hasattr(tree, "_fields"):  # NamedTuple (optax states).
+    return type(tree)(*[_map_param_like(t, param_sharding, match, mesh) for t in tree])
+  if isinstance(tree, (tuple, list)):
+    return type(tree)(_map_param_like(t, param_sharding, match, mesh) for t in tree)
+  if isinstance(tree, dict):
+    return {k: _map_param_like(v, param_sharding, match, mesh) for k, v in tree.items()}
+  return jax.tree.map(lambda _: sharding.replicated(mesh), tree)
+
+
+def _diagnostics_hook(config, model_cfg, val_batches):
+  every = config.get("diagnostics", {}).get("every", 0) if "diagnostics" in config else 0
+  if not every:
+    return None
+  from depthbench_jax.diagnostics.periodic import DiagnosticsHook
+  return DiagnosticsHook(config, model_cfg, val_batches[0])

@@ -1,0 +1,40 @@
+"""AdamW with linear warmup and cosine decay, global-norm clipping, decay on matrices only."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+
+DECAYED_LEAVES = ("kernel", "embedding")
+
+
+def warmup_steps_of(config, total_steps: int) -> int:
+  """``warmup_steps`` as an int, or as a fraction of ``total_steps`` when in (0, 1)."""
+  w = config.warmup_steps
+  return int(round(w * total_steps)) if isinstance(w, float) and 0 < w < 1 else int(w)
+
+
+def lr_schedule(config, total_steps: int) -> optax.Schedule:
+  """``lr * t / W`` for t < W, then cosine from ``lr`` down to ``min_lr_ratio * lr`` at the end."""
+  warmup = max(warmup_steps_of(config, total_steps), 1)
+  decay_steps = max(total_steps - warmup, 1)
+  return optax.warmup_cosine_decay_schedule(
+      init_value=0.0, peak_value=config.lr, warmup_steps=warmup,
+      decay_steps=warmup + decay_steps, end_value=config.lr * config.min_lr_ratio)
+
+
+def weight_decay_mask(params):
+  """Decay the matmul weights and the embedding; not norm gains, scales or static mixing
+  weights (HC Sec. 4: static connection weights get no decay)."""
+  def decayed(path, _):
+    last = path[-1]
+    return getattr(last, "key", getattr(last, "name", None)) in DECAYED_LEAVES
+  return jax.tree_util.tree_map_with_path(decayed, params)
+
+
+def make_optimizer(config, total_steps: int) -> optax.GradientTransformation:
+  return optax.chain(
+      optax.clip_by_global_norm(config.grad_clip) if config.grad_clip > 0 else optax.identity(),
+      optax.adamw(lr_schedule(config, total_steps), b1=config.b1, b2=config.b2, eps=1e-8,
+                  weight_decay=config.weight_decay, mask=weight_decay_mask))

@@ -1,0 +1,89 @@
+"""The (data, fsdp, tensor) mesh and the logical-axis rules that place params on it.
+
+Batch rows split over ``data`` x ``fsdp``; weights shard their ``embed`` axis over ``fsdp`` (ZeRO-3
+style) and their head / MLP / vocabulary axes over ``tensor`` (Megatron style), as in MaxText.
+"""
+
+from __future__ import annotations
+
+import math
+
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from depthbench_jax.errors import ConfigError
+
+MESH_AXES = ("data", "fsdp", "tensor")
+BATCH_AXES = ("data", "fsdp")
+
+LOGICAL_RULES = (
+    ("batch", BATCH_AXES),
+    ("vocab", "tensor"),
+    ("embed", "fsdp"),
+    ("heads", "tensor"),
+    ("kv_heads", "tensor"),
+    ("mlp", "tensor"),
+    ("head_dim", None),
+    ("layers", None),
+    ("norm", None),
+    ("streams", None),
+)
+
+
+def mesh_shape(mesh_config, device_count: int) -> tuple[int, int, int]:
+  """Resolves one ``-1`` axis to the remaining devices; the product must be the device count."""
+  sizes = [int(mesh_config[a]) for a in MESH_AXES]
+  spec = ", ".join(f"{a}={s}" for a, s in zip(MESH_AXES, sizes))
+  if sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
+    raise ConfigError(f"config.mesh=({spec}); allowed: positive sizes with at most one -1")
+  known = math.prod(s for s in sizes if s != -1)
+  if -1 in sizes:
+    if device_count % known:
+      raise ConfigError(f"config.mesh=({spec}) does not fit {device_count} devices; allowed: "
+                        f"sizes whose product divides {device_count}")
+    sizes[sizes.index(-1)] = device_count // known
+  if math.prod(sizes) != device_count:
+    raise ConfigError(f"config.mesh=({spec}) has {math.prod(sizes)} devices but "
+                      f"{device_count} are present; allowed: sizes whose product is "
+                      f"{device_count} (use -1 for one axis)")
+  return tuple(sizes)
+
+
+def make_mesh(mesh_config, devices=None) -> Mesh:
+  devices = jax.devices() if devices is None else devices
+  shape = mesh_shape(mesh_config, len(devices))
+  return Mesh(np.asarray(devices).reshape(shape), MESH_AXES)
+
+
+def data_parallel_size(mesh: Mesh) -> int:
+  return mesh.shape["data"] * mesh.shape["fsdp"]
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, P(BATCH_AXES))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, P())
+
+
+def logical_shardings(boxed_tree, mesh: Mesh):
+  """NamedShardings for a tree of ``nn.LogicallyPartitioned`` (or plain) abstract leaves.
+
+  Leaves without logical names (plain ``self.param``) are replicated. An axis whose size does
+  not divide its mesh axis is replicated rather than failing (small heads on a wide tensor axis).
+  """
+  def one(leaf):
+    if isinstance(leaf, nn.LogicallyPartitioned):
+      spec = nn.logical_to_mesh_axes(leaf.names, LOGICAL_RULES)
+      shape = leaf.value.shape
+      axes = []
+      for dim, axis in zip(shape, spec):
+        size = math.prod(mesh.shape[a] for a in (axis if isinstance(axis, tuple) else (axis,))
+                         if a is not None) if axis is not None else 1
+        axes.append(axis if axis is not None and dim % size == 0 else None)
+      return NamedSharding(mesh, P(*axes))
+    return NamedSharding(mesh, P())
+  return jax.tree.map(one, boxed_tree, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))

@@ -1,0 +1,67 @@
+"""The pure train and eval steps: ``(state, batch) -> (state, metrics)``.
+
+A batch is ``{'tokens': int32 [B, T+1]}``; inputs are ``tokens[:, :-1]``, targets
+``tokens[:, 1:]``; the loss is the mean next-token cross-entropy over all B*T positions.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+
+from depthbench_jax.model.transformer import Transformer
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array
+  params: Any
+  opt_state: Any
+
+
+def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
+  """Per-position ``-log softmax(logits)[target]`` [B, T], in fp32."""
+  return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), targets)
+
+
+def lm_loss(params, model: Transformer, tokens: jax.Array) -> jax.Array:
+  logits = model.apply({"params": params}, tokens[:, :-1])
+  return jnp.mean(cross_entropy(logits, tokens[:, 1:]))
+
+
+def init_state(model: Transformer, optimizer: optax.GradientTransformation, rng: jax.Array,
+               seq_len: int) -> TrainState:
+  params = nn.unbox(model.init(rng, jnp.zeros((1, seq_len), jnp.int32))["params"])
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                    opt_state=optimizer.init(params))
+
+
+def train_step(state: TrainState, batch: dict, *, model: Transformer,
+               optimizer: optax.GradientTransformation, schedule: optax.Schedule,
+               skip_nonfinite: bool = False) -> tuple[TrainState, dict]:
+  """One AdamW step. With ``skip_nonfinite`` a step whose loss or gradient is not finite
+  leaves params and optimizer state untouched (the step counter still advances)."""
+  loss, grads = jax.value_and_grad(lm_loss)(state.params, model, batch["tokens"])
+  grad_norm = optax.global_norm(grads)
+  updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+  if skip_nonfinite:
+    keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+    params, opt_state = keep(params, state.params), keep(opt_state, state.opt_state)
+  new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state)
+  metrics = {"loss": loss, "grad_norm": grad_norm, "lr": schedule(state.step),
+             "finite": finite.astype(jnp.float32)}
+  return new_state, metrics
+
+
+def eval_step(params, batch: dict, *, model: Transformer) -> dict:
+  """Summed loss and token count, so batches of any size average exactly."""
+  tokens = batch["tokens"]
+  nll = cross_entropy(model.apply({"params": params}, tokens[:, :-1]), tokens[:, 1:])
+  return {"loss_sum": jnp.sum(nll), "count": jnp.asarray(nll.size, jnp.float32)}

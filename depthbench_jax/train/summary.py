@@ -1,0 +1,140 @@
+"""The run directory's records: ``config.json``, ``metrics.jsonl``, ``summary.json``.
+
+``summary.json`` is the one results format training, diagnostics, evals, systems and reports
+read (keys in DEVELOPERS.md). Writes are atomic (temp file + rename) so a kill never leaves a
+half-written summary that a sweep would mistake for a finished run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any
+
+SUMMARY = "summary.json"
+CONFIG = "config.json"
+METRICS = "metrics.jsonl"
+
+
+def atomic_write_json(path: str, obj: Any) -> None:
+  tmp = f"{path}.tmp.{os.getpid()}"
+  with open(tmp, "w") as f:
+    json.dump(obj, f, indent=2, sort_keys=True, default=str)
+  os.replace(tmp, path)
+
+
+def read_json(path: str) -> Any:
+  with open(path) as f:
+    return json.load(f)
+
+
+def write_config(workdir: str, config) -> None:
+  atomic_write_json(os.path.join(workdir, CONFIG), config.to_dict())
+
+
+def run_name(config, model_cfg) -> str:
+  return config.get("name") or f"{model_cfg.design}_{model_cfg.n_layers}x{model_cfg.d_model}"
+
+
+def build(config, model_cfg, counts, *, steps, tokens, final_train_loss, final_val_loss,
+          wall_time_s, status, guard=None) -> dict:
+  out = {
+      "name": run_name(config, model_cfg),
+      "design": model_cfg.design,
+      "n_layers": model_cfg.n_layers,
+      "d_model": model_cfg.d_model,
+      "aspect_ratio": model_cfg.d_model / model_cfg.n_layers,
+      "lr": config.lr,
+      "config": config.to_dict(),
+      "params_total": counts["total"],
+      "params_non_embedding": counts["non_embedding"],
+      "steps": steps,
+      "tokens": tokens,
+      "final_train_loss": final_train_loss,
+      "final_val_loss": final_val_loss,
+      "wall_time_s": wall_time_s,
+      "status": status,
+      "diverged_step": None,
+      "diverged_reason": None,
+  }
+  if guard is not None and guard.reason:
+    out["status"] = "diverged"
+    out["diverged_step"], out["diverged_reason"] = guard.step, guard.reason
+  return out
+
+
+def write(workdir: str, result: dict) -> None:
+  atomic_write_json(os.path.join(workdir, SUMMARY), result)
+
+
+def write_status(workdir: str, status: str, step: int, reason: str) -> None:
+  """Records a divergence as it happens (the final summary repeats it)."""
+  atomic_write_json(os.path.join(workdir, "status.json"),
+                    {"status": status, "step": step, "reason": reason})
+
+
+def is_finished(workdir: str) -> bool:
+  return os.path.exists(os.path.join(workdir, SUMMARY))
+
+
+class DivergenceGuard:
+  """Marks a run diverged on a non-finite loss or gradient, or a loss spike.
+
+  Spike: after ``divergence.min_steps``, a logged loss above ``spike_factor`` times the best
+  logged loss so far (``spike_factor`` <= 0 disables it).
+  """
+
+  def __init__(self, config):
+    div = config.get("divergence", {})
+    self.spike_factor = float(div.get("spike_factor", 4.0))
+    self.min_steps = int(div.get("min_steps", 20))
+    self.best = math.inf
+    self.reason, self.step = None, None
+
+  def check(self, step: int, loss: float, grad_norm: float) -> str | None:
+    if not math.isfinite(loss):
+      self.reason = f"non-finite loss ({loss})"
+    elif not math.isfinite(grad_norm):
+      self.reason = f"non-finite gradient norm ({grad_norm})"
+    elif (self.spike_factor > 0 and step >= self.min_steps
+          and loss > self.spike_factor * self.best):
+      self.reason = (f"loss spike: {loss:.4f} > {self.spike_factor} x best {self.best:.4f}")
+    if self.reason:
+      self.step = step
+      return self.reason
+    self.best = min(self.best, loss)
+    return None
+
+
+class MetricsLog:
+  """Appends one JSON line per logged step; a resumed run may repeat steps after its last
+  checkpoint, and ``read_metrics`` keeps the last record of each step."""
+
+  def __init__(self, workdir: str, enabled: bool = True):
+    self.path = os.path.join(workdir, METRICS)
+    self.enabled = enabled
+
+  def append(self, step: int, scalars: dict) -> None:
+    if not self.enabled:
+      return
+    with open(self.path, "a") as f:
+      f.write(json.dumps({"step": step, **{k: float(v) for k, v in scalars.items()}}) + "\n")
+      f.flush()
+
+
+def read_metrics(workdir: str, key: str = "train/loss") -> dict[int, float]:
+  """``{step: value}`` of one metric, last record per step wins."""
+  out: dict[int, float] = {}
+  path = os.path.join(workdir, METRICS)
+  if not os.path.exists(path):
+    return out
+  with open(path) as f:
+    for line in f:
+      try:
+        rec = json.loads(line)
+      except json.JSONDecodeError:  # A kill mid-write leaves at most one torn last line.
+        continue
+      if key in rec:
+        out[int(rec["step"])] = rec[key]
+  return out
