@@ -1,0 +1,201 @@
+"""The grain input pipeline: packed token windows, shuffled by seed, sharded per JAX process.
+
+Packing. Documents are tokenized once into a flat stream (`token_cache`): doc_0 eos doc_1 eos ...
+With T = config.data.seq_len, window i is
+
+    window[i] = stream[i*T : i*T + T + 1]        int32 [T+1],   i < (len(stream) - 1) // T
+
+so consecutive windows overlap by one token and every token after the first is a target exactly
+once per epoch (inputs = window[:-1], targets = window[1:]). Windows cross document boundaries;
+the eos between documents tells the model where one ends.
+
+Order. Windows are permuted by grain's index shuffle with seed config.data.seed (a fresh
+permutation each epoch, `seed + epoch`), repeated forever. Global step s takes permuted windows
+[s*G, (s+1)*G) for G = config.data.global_batch_size, and process p of P gets every P-th of them
+(positions p, p+P, ...): B = G // P rows, so the process batches are disjoint and together are
+exactly the single-process global batch, whatever P is. The iterator's state is the index of its
+next batch, so resume is exact; it is saved in each orbax checkpoint with `iterator_save_args`.
+
+Batches are {'tokens': int32 [B, T+1]}.
+
+Validation: the held-out documents (every 20th/100th, see `sources.py`) packed the same way, the
+first config.data.val_batches * G windows in order (no shuffle), sharded the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from absl import flags
+from absl import logging
+import grain
+import numpy as np
+
+from depthbench_jax.data import sources
+from depthbench_jax.data import token_cache
+from depthbench_jax.data import tokenizer as tokenizer_lib
+from depthbench_jax.errors import ConfigError
+
+READ_THREADS = 4
+PREFETCH_BATCHES = 8
+
+
+def _is_int(x) -> bool:
+  return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+
+def check_data_config(data, process_count: int = 1) -> None:
+  """Raises ConfigError naming the first bad field of config.data."""
+  if data.get("source") not in sources.SOURCES:
+    raise ConfigError(f"config.data.source={data.get('source')!r} is unknown; allowed: "
+                      f"{', '.join(sources.SOURCES)}")
+  if data.source == "parquet" and not data.get("path"):
+    raise ConfigError("config.data.path is empty but config.data.source='parquet'; allowed: a "
+                      "parquet file, a directory of *.parquet files, or a glob")
+  if data.source == "tfds" and not data.get("tfds_name"):
+    raise ConfigError("config.data.tfds_name is empty but config.data.source='tfds'; allowed: "
+                      "the name of a prepared TFDS dataset with a 'text' feature")
+  if data.get("tokenizer") not in tokenizer_lib.ALLOWED:
+    raise ConfigError(f"config.data.tokenizer={data.get('tokenizer')!r} is unknown; allowed: "
+                      f"{', '.join(tokenizer_lib.ALLOWED)}")
+  for field in ("seq_len", "global_batch_size"):
+    v = data.get(field)
+    if not _is_int(v) or v < 1:
+      raise ConfigError(f"config.data.{field}={v!r}; allowed: an integer >= 1")
+  if data.global_batch_size % process_count:
+    raise ConfigError(f"config.data.global_batch_size={data.global_batch_size} is not divisible "
+                      f"by the {process_count} JAX processes; allowed: a multiple of "
+                      f"{process_count}")
+  seed = data.get("seed")
+  if not _is_int(seed) or not 0 <= seed < 2**32:
+    raise ConfigError(f"config.data.seed={seed!r}; allowed: an integer in [0, 2**32)")
+  for field in ("val_batches", "worker_count"):
+    v = data.get(field)
+    if not _is_int(v) or v < 0:
+      raise ConfigError(f"config.data.{field}={v!r}; allowed: an integer >= 0")
+
+
+def cache_dir(data) -> str:
+  """config.data.cache_dir if set, else $DEPTHBENCH_CACHE_DIR, else ~/.cache/depthbench_jax."""
+  return data.get("cache_dir") or token_cache.default_cache_dir()
+
+
+def _process(process_index, process_count) -> tuple[int, int]:
+  if process_index is None or process_count is None:
+    import jax  # pylint: disable=g-import-not-at-top
+    process_index = jax.process_index() if process_index is None else process_index
+    process_count = jax.process_count() if process_count is None else process_count
+  if not 0 <= process_index < process_count:
+    raise ValueError(f"process_index={process_index} outside [0, {process_count})")
+  return process_index, process_count
+
+
+def token_stream(config, split: str, process_index: int = 0,
+                 process_count: int = 1) -> token_cache.TokenStream:
+  """The flat token stream of `split` ('train' | 'val'), tokenizing into the cache if needed."""
+  data = config.data
+  tok = tokenizer_lib.get_tokenizer(data.tokenizer)
+  shards = sources.shards_for(data)
+  metas = token_cache.tokenize_shards(shards, tok, cache_dir(data), process_index, process_count)
+  return token_cache.TokenStream.from_metas(metas, split)
+
+
+class WindowSource:
+  """Random-access windows over a token stream: [i] -> int32 [seq_len + 1] (grain source)."""
+
+  def __init__(self, stream: token_cache.TokenStream, seq_len: int):
+    self.stream = stream
+    self.seq_len = seq_len
+    self._len = max(0, (len(stream) - 1) // seq_len)
+
+  def __len__(self) -> int:
+    return self._len
+
+  def __getitem__(self, i: int) -> np.ndarray:
+    if not 0 <= i < self._len:
+      raise IndexError(f"window {i} outside [0, {self._len})")
+    start = int(i) * self.seq_len
+    return self.stream[start:start + self.seq_len + 1].astype(np.int32)
+
+  def __repr__(self) -> str:
+    return f"WindowSource(windows={self._len}, seq_len={self.seq_len})"
+
+
+def _as_batch(tokens: np.ndarray) -> dict[str, np.ndarray]:
+  return {"tokens": tokens}
+
+
+def train_dataset(config, process_index: int | None = None,
+                  process_count: int | None = None) -> grain.MapDataset:
+  """This process's infinite MapDataset of batches {'tokens': int32 [B_local, T+1]}."""
+  process_index, process_count = _process(process_index, process_count)
+  data = config.data
+  check_data_config(data, process_count)
+  windows = WindowSource(token_stream(config, "train", process_index, process_count),
+                         data.seq_len)
+  if len(windows) == 0:
+    raise ConfigError(f"config.data.seq_len={data.seq_len}: the train split of "
+                      f"config.data.source={data.source!r} has fewer than seq_len+1 tokens; "
+                      "allowed: a shorter seq_len or more data")
+  logging.info("train windows: %d of %d+1 tokens (%d tokens)", len(windows), data.seq_len,
+               len(windows.stream))
+  ds = grain.MapDataset.source(windows).shuffle(seed=int(data.seed)).repeat(None)
+  ds = ds[process_index::process_count]
+  return ds.batch(data.global_batch_size // process_count, drop_remainder=True).map(_as_batch)
+
+
+def make_train_iterator(config, process_index: int | None = None,
+                        process_count: int | None = None) -> grain.DatasetIterator:
+  """Iterator over this process's train batches; checkpointable (`get_state`/`set_state`).
+
+  process_index/process_count default to jax.process_index()/jax.process_count().
+  config.data.worker_count > 0 reads in that many worker processes (grain mp_prefetch).
+  """
+  ds = train_dataset(config, process_index, process_count)
+  it_ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=READ_THREADS,
+                                               prefetch_buffer_size=PREFETCH_BATCHES))
+  if config.data.worker_count > 0:
+    if not flags.FLAGS.is_parsed():  # grain's workers read absl flags; outside absl.app.run
+      flags.FLAGS.mark_as_parsed()   # (tests, notebooks) use their defaults
+    it_ds = it_ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=config.data.worker_count))
+  return iter(it_ds)
+
+
+def make_val_batches(config, process_index: int | None = None,
+                     process_count: int | None = None) -> list[dict[str, np.ndarray]]:
+  """config.data.val_batches batches {'tokens': int32 [B_local, T+1]} of held-out text.
+
+  The same for every call (no shuffle). If the held-out split has fewer than
+  val_batches * global_batch_size windows, windows repeat (with a warning).
+  """
+  process_index, process_count = _process(process_index, process_count)
+  data = config.data
+  check_data_config(data, process_count)
+  if data.val_batches == 0:
+    return []
+  windows = WindowSource(token_stream(config, "val", process_index, process_count), data.seq_len)
+  if len(windows) == 0:
+    raise ConfigError(f"config.data.seq_len={data.seq_len}: the held-out split of "
+                      f"config.data.source={data.source!r} has fewer than seq_len+1 tokens; "
+                      "allowed: a shorter seq_len, config.data.val_batches=0, or more data")
+  g = data.global_batch_size
+  needed = data.val_batches * g
+  if needed > len(windows):
+    logging.warning("validation: %d windows requested (val_batches=%d x global_batch_size=%d) "
+                    "but the held-out split has %d; windows repeat", needed, data.val_batches, g,
+                    len(windows))
+  batches = []
+  for b in range(data.val_batches):
+    rows = np.arange(b * g, (b + 1) * g)[process_index::process_count] % len(windows)
+    batches.append(_as_batch(np.stack([windows[int(i)] for i in rows])))
+  return batches
+
+
+def iterator_save_args(iterator) -> Any:
+  """orbax args saving the iterator's state: `ocp.args.Composite(..., data=this)`."""
+  return grain.checkpoint.CheckpointSave(iterator)
+
+
+def iterator_restore_args(iterator) -> Any:
+  """orbax args restoring state into `iterator` (a fresh `make_train_iterator`) in place."""
+  return grain.checkpoint.CheckpointRestore(iterator)

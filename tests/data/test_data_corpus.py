@@ -1,0 +1,38 @@
+import numpy as np
+
+from depthbench_jax.data import corpus
+from depthbench_jax.data import pipeline
+
+
+def test_embedded_corpus_is_real_english_and_deterministic():
+  docs = corpus.embedded_documents()
+  assert len(docs) > 300
+  assert sum(map(len, docs)) > 3_000_000
+  assert " the " in docs[0] and "#REDIRECT" not in "".join(docs)
+  assert "''" not in docs[0]  # wiki italics/bold quote marks removed
+  # Fixed order: the dump's articles first (dump order), then the Lee news corpus.
+  assert [d.split("\n")[0] for d in docs[:3]] == ["Anarchism", "Autism", "Albedo"]
+  assert docs[-1].startswith("Australia will take on France in the doubles rubber")
+
+
+def test_val_split_is_disjoint_held_out_documents():
+  train, val = corpus.embedded_split("train"), corpus.embedded_split("val")
+  assert val and train
+  assert not set(train) & set(val)
+  assert len(train) + len(val) == len(corpus.embedded_documents())
+  assert 0.03 < len(val) / (len(train) + len(val)) < 0.07
+
+
+def test_embedded_token_counts_and_cache(make_config):
+  config = make_config()
+  train = pipeline.token_stream(config, "train")
+  val = pipeline.token_stream(config, "val")
+  assert len(train) > 600_000 and 20_000 < len(val) < 100_000
+  tok_eos = 50256
+  # Documents are eos-terminated: the stream ends in eos and holds one eos per document.
+  assert train[len(train) - 1:len(train)][0] == tok_eos
+  n_docs = len(corpus.embedded_split("train"))
+  assert int(np.sum(train[0:len(train)] == tok_eos)) == n_docs
+  # Second call reads the cache (same files, same content).
+  again = pipeline.token_stream(config, "train")
+  assert again.paths == train.paths and np.array_equal(again[0:1000], train[0:1000])

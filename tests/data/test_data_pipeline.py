@@ -1,0 +1,158 @@
+import gc
+import pickle
+
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from depthbench_jax.data import pipeline
+from depthbench_jax.errors import ConfigError
+
+
+def take(it, n):
+  return [next(it)["tokens"] for _ in range(n)]
+
+
+def test_batch_shape_dtype_and_windows(make_config):
+  config = make_config(seq_len=64, global_batch_size=8)
+  batch = next(pipeline.make_train_iterator(config, 0, 1))
+  assert set(batch) == {"tokens"}
+  tokens = batch["tokens"]
+  assert tokens.shape == (8, 65) and tokens.dtype == np.int32
+  assert tokens.min() >= 0 and tokens.max() < 50257
+  # Every row is a window stream[i*T : i*T+T+1] of the train stream.
+  stream = pipeline.token_stream(config, "train")
+  windows = pipeline.WindowSource(stream, 64)
+  assert len(windows) == (len(stream) - 1) // 64
+  assert np.array_equal(windows[1], stream[64:129])
+  assert windows[0][-1] == windows[1][0]  # stride T: consecutive windows share one token
+  row = tokens[0]
+  starts = [i for i in range(len(windows)) if windows[i][0] == row[0]]
+  assert any(np.array_equal(windows[i], row) for i in starts)
+
+
+def test_deterministic_from_seed(make_config):
+  a = take(pipeline.make_train_iterator(make_config(seed=3), 0, 1), 4)
+  b = take(pipeline.make_train_iterator(make_config(seed=3), 0, 1), 4)
+  c = take(pipeline.make_train_iterator(make_config(seed=4), 0, 1), 4)
+  assert all(np.array_equal(x, y) for x, y in zip(a, b))
+  assert not all(np.array_equal(x, y) for x, y in zip(a, c))
+
+
+def rows(batch):
+  return {r.tobytes() for r in batch}
+
+
+@pytest.mark.parametrize("process_count", [2, 4])
+def test_process_shards_disjoint_and_cover_global_batch(make_config, process_count):
+  config = make_config(global_batch_size=8)
+  steps = 3
+  whole = take(pipeline.make_train_iterator(config, 0, 1), steps)
+  parts = [take(pipeline.make_train_iterator(config, p, process_count), steps)
+           for p in range(process_count)]
+  for s in range(steps):
+    local = [parts[p][s] for p in range(process_count)]
+    assert all(x.shape == (8 // process_count, 65) for x in local)
+    sets = [rows(x) for x in local]
+    assert sum(map(len, sets)) == len(set().union(*sets))  # disjoint
+    assert set().union(*sets) == rows(whole[s])  # together: the global batch of that step
+
+
+def test_epochs_reshuffle_and_repeat_forever(make_config):
+  config = make_config(seq_len=4096, global_batch_size=8)
+  n_windows = len(pipeline.WindowSource(pipeline.token_stream(config, "train"), 4096))
+  steps = 2 * n_windows // 8 + 2
+  batches = take(pipeline.make_train_iterator(config, 0, 1), steps)
+  flat = np.concatenate(batches)
+  epoch0, epoch1 = flat[:n_windows], flat[n_windows:2 * n_windows]
+  assert rows(epoch0) == rows(epoch1) and len(rows(epoch0)) == n_windows
+  assert not np.array_equal(epoch0, epoch1)
+
+
+def test_resume_with_get_and_set_state(make_config):
+  config = make_config()
+  it = pipeline.make_train_iterator(config, 0, 1)
+  take(it, 5)
+  state = it.get_state()
+  expected = take(it, 2)
+  fresh = pipeline.make_train_iterator(config, 0, 1)
+  fresh.set_state(state)
+  assert all(np.array_equal(x, y) for x, y in zip(take(fresh, 2), expected))
+
+
+def test_resume_with_orbax_checkpoint_manager(make_config, tmp_path):
+  config = make_config()
+  it = pipeline.make_train_iterator(config, 0, 1)
+  take(it, 3)
+  mngr = ocp.CheckpointManager(tmp_path / "checkpoints")
+  mngr.save(3, args=ocp.args.Composite(
+      state=ocp.args.StandardSave({"w": np.arange(4.0)}),
+      data=pipeline.iterator_save_args(it)))
+  mngr.wait_until_finished()
+  expected = take(it, 2)
+  mngr.close()
+
+  fresh = pipeline.make_train_iterator(config, 0, 1)
+  mngr = ocp.CheckpointManager(tmp_path / "checkpoints")
+  restored = mngr.restore(mngr.latest_step(), args=ocp.args.Composite(
+      state=ocp.args.StandardRestore({"w": np.zeros(4)}),
+      data=pipeline.iterator_restore_args(fresh)))
+  mngr.close()
+  assert np.array_equal(restored["state"]["w"], np.arange(4.0))
+  assert all(np.array_equal(x, y) for x, y in zip(take(fresh, 2), expected))
+
+
+def test_worker_processes_give_the_same_batches(make_config):
+  in_process = take(pipeline.make_train_iterator(make_config(worker_count=0), 0, 1), 4)
+  it = pipeline.make_train_iterator(make_config(worker_count=1), 0, 1)
+  assert all(np.array_equal(x, y) for x, y in zip(take(it, 4), in_process))
+  del it
+  gc.collect()
+
+
+def test_val_batches_fixed_sharded_and_held_out(make_config):
+  config = make_config(val_batches=3, global_batch_size=8)
+  val = pipeline.make_val_batches(config, 0, 1)
+  assert len(val) == 3 and val[0]["tokens"].shape == (8, 65)
+  again = pipeline.make_val_batches(config, 0, 1)
+  assert all(np.array_equal(x["tokens"], y["tokens"]) for x, y in zip(val, again))
+  halves = [pipeline.make_val_batches(config, p, 2) for p in range(2)]
+  for b in range(3):
+    assert rows(halves[0][b]["tokens"]) | rows(halves[1][b]["tokens"]) == rows(val[b]["tokens"])
+  # Held-out windows come from the val stream, not the train stream.
+  val_stream = pipeline.token_stream(config, "val")
+  assert np.array_equal(val[0]["tokens"][0], val_stream[0:65])
+  assert pipeline.make_val_batches(make_config(val_batches=0), 0, 1) == []
+
+
+def test_window_source_pickles_without_data(make_config):
+  windows = pipeline.WindowSource(pipeline.token_stream(make_config(), "train"), 64)
+  windows[0]  # opens the memmaps
+  blob = pickle.dumps(windows)
+  assert len(blob) < 10_000
+  assert np.array_equal(pickle.loads(blob)[7], windows[7])
+
+
+@pytest.mark.parametrize("field,value,pattern", [
+    ("source", "hdf5", r"config\.data\.source='hdf5'.*allowed: embedded, parquet, tfds"),
+    ("tokenizer", "t5", r"config\.data\.tokenizer='t5'.*allowed: gpt2, byte"),
+    ("seq_len", 0, r"config\.data\.seq_len=0.*allowed"),
+    ("global_batch_size", 6, r"config\.data\.global_batch_size=6.*multiple of 4"),
+    ("seed", -1, r"config\.data\.seed=-1.*allowed"),
+    ("worker_count", -2, r"config\.data\.worker_count=-2.*allowed"),
+])
+def test_bad_config_fields_named(make_config, field, value, pattern):
+  with pytest.raises(ConfigError, match=pattern):
+    pipeline.make_train_iterator(make_config(**{field: value}), 0, 4)
+
+
+def test_seq_len_longer_than_val_split_is_a_config_error(make_config):
+  with pytest.raises(ConfigError, match=r"config\.data\.seq_len"):
+    pipeline.make_val_batches(make_config(seq_len=10**6), 0, 1)
+
+
+def test_missing_field_is_named(make_config):
+  config = make_config()
+  del config.data["val_batches"]
+  with pytest.raises(ConfigError, match=r"config\.data\.val_batches=None"):
+    pipeline.make_val_batches(config, 0, 1)

@@ -1,0 +1,167 @@
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from depthbench_jax.data import pipeline
+from depthbench_jax.data import sources
+from depthbench_jax.data import token_cache
+from depthbench_jax.data import tokenizer as tokenizer_lib
+from depthbench_jax.errors import ConfigError
+
+
+def fineweb_like(n, offset=0):
+  """A FineWeb-Edu-shaped table: text plus the metadata columns the real shards carry."""
+  texts = [f"Document {i}: the quick brown fox jumps over the lazy dog. " * (1 + i % 3)
+           for i in range(offset, offset + n)]
+  return pa.table({"text": texts, "id": [f"<urn:{i}>" for i in range(offset, offset + n)],
+                   "url": ["https://example.org"] * n, "score": np.linspace(2.5, 4.5, n),
+                   "int_score": np.full(n, 3)})
+
+
+@pytest.fixture
+def parquet_dir(tmp_path):
+  d = tmp_path / "fineweb-edu" / "sample"
+  d.mkdir(parents=True)
+  pq.write_table(fineweb_like(150, 0), d / "000_00000.parquet", row_group_size=64)
+  pq.write_table(fineweb_like(120, 150), d / "001_00000.parquet", row_group_size=64)
+  return d
+
+
+def test_parquet_reads_text_column_in_order(parquet_dir):
+  docs = list(sources.parquet_documents(str(parquet_dir / "000_00000.parquet")))
+  assert len(docs) == 150 and docs[0].startswith("Document 0:") and docs[149].startswith("Document 149:")
+  # Directory, glob and single file all name the same sorted shards.
+  files = sources.parquet_files(str(parquet_dir))
+  assert [os.path.basename(f) for f in files] == ["000_00000.parquet", "001_00000.parquet"]
+  assert sources.parquet_files(str(parquet_dir / "*.parquet")) == files
+
+
+def test_parquet_pipeline_end_to_end(make_config, parquet_dir):
+  config = make_config(source="parquet", path=str(parquet_dir), tokenizer="byte", seq_len=32,
+                       global_batch_size=4, val_batches=1)
+  tokens = next(pipeline.make_train_iterator(config, 0, 1))["tokens"]
+  assert tokens.shape == (4, 33) and tokens.max() <= 256
+  stream = pipeline.token_stream(config, "train")
+  text = tokenizer_lib.get_tokenizer("byte").decode(stream[0:len(stream)])
+  docs = text.split("<|endoftext|>")[:-1]
+  assert len(docs) == 270 - 2  # held out: document 99 of each shard (every 100th)
+  assert docs[0].startswith("Document 0:") and docs[-1].startswith("Document 269:")
+  assert not any(d.startswith("Document 99:") for d in docs)
+  val = pipeline.token_stream(config, "val")
+  val_docs = tokenizer_lib.get_tokenizer("byte").decode(val[0:len(val)]).split("<|endoftext|>")
+  assert [d.split(":")[0] for d in val_docs[:-1]] == ["Document 99", "Document 249"]
+  assert pipeline.make_val_batches(config, 0, 1)[0]["tokens"].shape == (4, 33)
+
+
+def test_parquet_cache_key_follows_content(parquet_dir):
+  before = [s.key for s in sources.parquet_shards(str(parquet_dir))]
+  pq.write_table(fineweb_like(151, 0), parquet_dir / "000_00000.parquet")
+  after = [s.key for s in sources.parquet_shards(str(parquet_dir))]
+  assert before[0] != after[0] and before[1] == after[1]
+
+
+@pytest.mark.parametrize("path", ["", "/nonexistent/fineweb/*.parquet", "/nonexistent/dir"])
+def test_parquet_missing_path_names_the_field(make_config, path):
+  config = make_config(source="parquet", path=path, tokenizer="byte")
+  with pytest.raises(ConfigError, match=r"config\.data\.path"):
+    pipeline.make_train_iterator(config, 0, 1)
+
+
+def test_truncated_parquet_names_the_file(make_config, parquet_dir):
+  bad = parquet_dir / "001_00000.parquet"
+  data = bad.read_bytes()
+  bad.write_bytes(data[:len(data) // 2])
+  with pytest.raises(ConfigError, match=r"001_00000\.parquet.*truncated or corrupt"):
+    list(sources.parquet_documents(str(bad)))
+  config = make_config(source="parquet", path=str(parquet_dir), tokenizer="byte")
+  with pytest.raises(ConfigError, match=r"config\.data\.path.*001_00000\.parquet"):
+    pipeline.make_train_iterator(config, 0, 1)
+  # Nothing half-written is left in the cache: a fixed file is tokenized afresh.
+  cache = os.path.join(config.data.cache_dir, "byte")
+  assert not [f for f in os.listdir(cache) if ".tmp-" in f]
+
+
+def test_corrupt_parquet_page_names_the_file(parquet_dir):
+  bad = parquet_dir / "000_00000.parquet"
+  data = bytearray(bad.read_bytes())
+  data[4:len(data) // 2] = b"\xff" * (len(data) // 2 - 4)  # keep magic and footer, smash pages
+  bad.write_bytes(bytes(data))
+  with pytest.raises(ConfigError, match=r"000_00000\.parquet"):
+    list(sources.parquet_documents(str(bad)))
+
+
+def test_parquet_without_text_column(tmp_path):
+  f = tmp_path / "x.parquet"
+  pq.write_table(pa.table({"content": ["a", "b"]}), f)
+  with pytest.raises(ConfigError, match=r"x\.parquet has no 'text' column"):
+    list(sources.parquet_documents(str(f)))
+
+
+def test_token_stream_slices_across_files(tmp_path):
+  paths = []
+  for i, n in enumerate([5, 0, 3, 7]):
+    p = tmp_path / f"{i}.bin"
+    np.arange(100 * i, 100 * i + n, dtype=np.uint16).tofile(p)
+    paths.append(str(p))
+  stream = token_cache.TokenStream(paths, [5, 0, 3, 7], "uint16")
+  full = np.concatenate([np.arange(0, 5), np.arange(200, 203), np.arange(300, 307)])
+  assert len(stream) == 15
+  for a, b in [(0, 15), (3, 9), (5, 8), (7, 14), (14, 15), (4, 4)]:
+    assert np.array_equal(stream[a:b], full[a:b]), (a, b)
+
+
+# ------------------------------------------------------------------------------------ TFDS
+
+
+@pytest.fixture(scope="module")
+def tfds_data_dir(tmp_path_factory):
+  """Builds a tiny ArrayRecord TFDS dataset `depthbench_tiny_text` locally (no network)."""
+  import tensorflow_datasets as tfds
+
+  class DepthbenchTinyText(tfds.core.GeneratorBasedBuilder):
+    VERSION = tfds.core.Version("1.0.0")
+
+    def _info(self):
+      return tfds.core.DatasetInfo(
+          builder=self, features=tfds.features.FeaturesDict({"text": tfds.features.Text()}))
+
+    def _split_generators(self, dl_manager):
+      del dl_manager
+      return {"train": self._generate_examples(250)}
+
+    def _generate_examples(self, n):
+      for i in range(n):
+        yield i, {"text": f"tfds document {i:03d} says hello."}
+
+  data_dir = str(tmp_path_factory.mktemp("tfds"))
+  DepthbenchTinyText(data_dir=data_dir, file_format="array_record").download_and_prepare()
+  return data_dir
+
+
+def test_tfds_reader_on_local_dataset(tfds_data_dir):
+  docs = list(sources.tfds_documents("depthbench_tiny_text", tfds_data_dir))
+  assert len(docs) == 250
+  assert sorted(docs) == [f"tfds document {i:03d} says hello." for i in range(250)]
+  again = list(sources.tfds_documents("depthbench_tiny_text", tfds_data_dir))
+  assert docs == again  # fixed order
+
+
+def test_tfds_pipeline_end_to_end(make_config, tfds_data_dir, monkeypatch):
+  monkeypatch.setattr(sources, "TFDS_DOCS_PER_SHARD", 100)  # 3 shards: 100 + 100 + 50
+  config = make_config(source="tfds", tfds_name="depthbench_tiny_text", path=tfds_data_dir,
+                       tokenizer="byte", seq_len=16, global_batch_size=4, val_batches=1)
+  assert len(sources.shards_for(config.data)) == 3
+  tokens = next(pipeline.make_train_iterator(config, 0, 1))["tokens"]
+  assert tokens.shape == (4, 17)
+  val = pipeline.token_stream(config, "val")
+  assert val[0:len(val)].tolist().count(256) == 2  # documents 99 and 199 held out
+
+
+def test_tfds_unknown_dataset_names_the_field(make_config, tmp_path):
+  config = make_config(source="tfds", tfds_name="no_such_dataset_xyz", path=str(tmp_path),
+                       tokenizer="byte")
+  with pytest.raises(ConfigError, match=r"config\.data\.tfds_name='no_such_dataset_xyz'"):
+    pipeline.make_train_iterator(config, 0, 1)
