@@ -1,0 +1,64 @@
+"""Smoke suite: tiny fp32 CPU runs on the embedded corpus (the default of launch/run_sweep.sh).
+
+    launch/run_sweep.sh                      # = configs/smoke.py -> results/smoke + report
+    python -m depthbench_jax.main --config=configs/smoke.py:arch=hc,shape=4x128 --workdir=/tmp/s
+
+Two near-iso-parameter shapes with the byte tokenizer (vocab 257, so the embedding does not
+swamp a 0.5M-parameter model): 4x128 (AR 32) and 8x96 (AR 12), 4 heads. One LR, every
+registered design; sized for ~40 s per run on 2 CPU cores.
+"""
+
+import ml_collections
+
+from configs import base
+from depthbench_jax import sweep as sweep_lib
+from depthbench_jax.shapes import FFNRule, ShapeSet
+
+NAME = "smoke"
+SHAPE_SETS = {
+    # Target = the 4x128 count; 8x96 is the solver's pick at 8 layers (+1.8%).
+    "smoke": ShapeSet(target=918_912, count="total", shapes=("4x128", "8x96")),
+}
+LR = 3e-3
+DEFAULTS = {"arch": "preln", "shape": "4x128", "lr": LR}
+
+
+def ffn_rule(key: str = "smoke") -> FFNRule:
+  del key
+  return FFNRule(ratio=None, multiple_of=64)
+
+
+def solver_model(key: str = "smoke") -> ml_collections.ConfigDict:
+  del key
+  m = base.get_config().model
+  m.vocab_size = 257
+  m.n_heads = 4
+  m.tie_embeddings = False
+  m.ffn_multiple_of = 64
+  return m
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  run = sweep_lib.parse_run_arg(arg, DEFAULTS)
+  c = base.get_config()
+  c.model = solver_model()
+  c.model.dtype = c.model.param_dtype = "float32"
+  c.data.source = "embedded"
+  c.data.tokenizer = "byte"
+  c.data.seq_len = 128
+  c.data.global_batch_size = 8
+  c.data.val_batches = 4
+  c.steps = 150
+  c.warmup_steps = 15
+  c.eval_every = 75
+  c.eval_batches = 4
+  c.log_every = 25
+  c.checkpoint_every = 75
+  return sweep_lib.apply_run(c, run, ffn_rule())
+
+
+def sweep() -> list[dict]:
+  """Every registered design at both shapes (one LR)."""
+  from depthbench_jax.residual import registry
+  return [{"arch": arch, "shape": shape, "lr": LR}
+          for arch in registry.names() for shape in SHAPE_SETS["smoke"].shapes]

@@ -1,0 +1,108 @@
+"""DepthBench main suite: ~400M parameters, seven shapes from 16x1216 (AR 76.0) to 70x640 (9.1).
+
+    python -m depthbench_jax.main --config=configs/suite_400m.py:arch=hc,shape=16x1216,lr=1e-3 \
+        --workdir=results/suite_400m/hc_16x1216_lr1e-3
+    launch/run_sweep.sh configs/suite_400m.py [--dry_run]
+
+Backbone: LLaMA-like, 16-head MHA, RoPE, RMSNorm, SwiGLU (FFN: the smallest multiple of 64 at or
+above 8/3 d), GPT-2 vocabulary (50257) with untied embeddings. Recipe (paper): FineWeb-Edu,
+sequence 2048, 512 x 2048 = 1,048,576 tokens per step, 20 tokens per parameter (total count),
+every design with its own LR grid, best LR reported per shape.
+
+Shapes: the paper gives the endpoints 16x1216 and 70x640 and the AR-42.7 optimum edge (24x1024,
+[I]); 20 and 32 layers appear in its results. The other depths (42, 56) are [I], chosen to
+space depth evenly in log between 16 and 70. The widths are what ``shapes.iso_param_width``
+picks for the Pre-LN backbone at ``TARGET`` total parameters on the grid d = 32 k (16 equal,
+even-sized heads); ``TARGET`` = 408M puts every shape, including all three paper shapes, within
+2% (``python -m depthbench_jax.shapes configs/suite_400m.py`` prints the table). With FFN
+multiple 64 the endpoints count 407.4M and 411.4M; multiple 128 would put 70x640 at 420M.
+
+[I] (the paper does not give them): optimizer details and the LR grid. AdamW (0.9, 0.95),
+weight decay 0.1, clip 1.0, 2% warmup, cosine to 10%; LR grid 5e-4..4e-3 (factor 2).
+"""
+
+import os
+
+import ml_collections
+
+from configs import base
+from depthbench_jax import sweep as sweep_lib
+from depthbench_jax.shapes import FFNRule, ShapeSet
+
+NAME = "suite_400m"
+SHAPE_SETS = {
+    "400m": ShapeSet(target=408e6, count="total",
+                     shapes=("16x1216", "20x1120", "24x1024", "32x896", "42x800", "56x704",
+                             "70x640")),
+}
+DEFAULT_LRS = (5e-4, 1e-3, 2e-3, 4e-3)
+LR_GRID: dict[str, tuple[float, ...]] = {}  # design -> its own grid (default: DEFAULT_LRS)
+DEFAULTS = {"arch": "preln", "shape": "24x1024", "lr": 1e-3, "data": ""}
+
+
+def ffn_rule(key: str = "400m") -> FFNRule:
+  del key
+  return FFNRule(ratio=None, multiple_of=64)
+
+
+def paper_recipe(c: ml_collections.ConfigDict, data_path: str = "") -> ml_collections.ConfigDict:
+  """FineWeb-Edu, seq 2048, ~1M tokens/step, 20 tokens/param, bf16 compute (shared by suites)."""
+  c.data.source = "parquet"
+  c.data.path = data_path or os.environ.get("FINEWEB_EDU_PATH", "data/fineweb-edu")
+  c.data.tokenizer = "gpt2"
+  c.data.seq_len = 2048
+  c.data.global_batch_size = 512          # 512 x 2048 = 1,048,576 tokens per step.
+  c.data.val_batches = 8
+  c.data.worker_count = 4
+  c.model.max_seq_len = 4096              # >= seq_len; the systems bench prefills 4096.
+  c.model.dtype = "bfloat16"
+  c.model.param_dtype = "float32"
+  c.model.attention_kernel = "fused"
+  c.steps = -1                            # tokens_per_param * params_total / tokens per step.
+  c.tokens_per_param = 20.0
+  del c["warmup_steps"]                   # base types it int; a fraction of the steps here.
+  c.warmup_steps = 0.02
+  c.min_lr_ratio = 0.1
+  c.b1, c.b2 = 0.9, 0.95
+  c.weight_decay = 0.1
+  c.grad_clip = 1.0
+  c.eval_every = 500
+  c.eval_batches = 8
+  c.log_every = 10
+  c.checkpoint_every = 500
+  c.keep_checkpoints = 2
+  c.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1})
+  return c
+
+
+def solver_model(key: str = "400m") -> ml_collections.ConfigDict:
+  """``config.model`` the shapes are solved on: the Pre-LN backbone of this suite."""
+  del key
+  m = base.get_config().model
+  m.vocab_size = 50257
+  m.n_heads = 16
+  m.n_kv_heads = None
+  m.tie_embeddings = False
+  m.qk_norm = False
+  m.ffn_multiple_of = ffn_rule().multiple_of
+  return m
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  run = sweep_lib.parse_run_arg(arg, DEFAULTS)
+  c = paper_recipe(base.get_config(), run["data"])
+  c.model = solver_model()
+  return sweep_lib.apply_run(c, run, ffn_rule())
+
+
+def lrs_for(design: str) -> tuple[float, ...]:
+  return LR_GRID.get(design, DEFAULT_LRS)
+
+
+def sweep() -> list[dict]:
+  """Every registered design x seven shapes x that design's LR grid."""
+  from depthbench_jax.residual import registry
+  return [{"arch": arch, "shape": shape, "lr": lr}
+          for arch in registry.names()
+          for shape in SHAPE_SETS["400m"].shapes
+          for lr in lrs_for(arch)]

@@ -1,0 +1,121 @@
+"""The iso-parameter solver and the suites' shape tables (counts from the model's eval_shape)."""
+
+import os
+
+import pytest
+
+from depthbench_jax import shapes, sweep
+from depthbench_jax.errors import ConfigError
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SUITES = ("smoke", "suite_400m", "suite_300m_isobackbone", "suite_multiscale", "suite_1p6b")
+
+
+def suite(name):
+  return sweep.load_config_module(os.path.join(REPO, "configs", f"{name}.py"))
+
+
+def listed_counts(module):
+  """(key, shape_set, shape, counts) for every listed shape, Pre-LN backbone."""
+  for key, shape_set in module.SHAPE_SETS.items():
+    model = module.solver_model(key)
+    for shape in shape_set.parsed():
+      counts = shapes.param_counts(shapes.shaped_model(model, shape, module.ffn_rule(key)))
+      yield key, shape_set, shape, counts
+
+
+def test_parse_shape():
+  assert shapes.parse_shape("16x1216") == shapes.Shape(16, 1216)
+  assert shapes.Shape(70, 640).aspect_ratio == pytest.approx(9.142857)
+  for bad in ("16", "16x", "x1216", "0x64", "16x12x3", "ax64"):
+    with pytest.raises(ConfigError, match="allowed"):
+      shapes.parse_shape(bad)
+
+
+@pytest.mark.parametrize("name", SUITES)
+def test_suite_shapes_within_tolerance(name):
+  module = suite(name)
+  for key, shape_set, shape, counts in listed_counts(module):
+    error = counts[shape_set.count] / shape_set.target - 1
+    assert abs(error) <= shape_set.tolerance, (name, key, shape.name, counts, error)
+    assert shape.d_model % (2 * module.solver_model(key).n_heads) == 0, shape.name
+
+
+def test_paper_endpoints_400m():
+  """16x1216 (AR 76.0) and 70x640 (AR 9.1) are the suite's ends, ~405M with GPT-2 untied."""
+  module = suite("suite_400m")
+  listed = module.SHAPE_SETS["400m"].parsed()
+  assert len(listed) == 7
+  assert (listed[0].name, listed[-1].name) == ("16x1216", "70x640")
+  assert round(listed[0].aspect_ratio, 1) == 76.0 and round(listed[-1].aspect_ratio, 1) == 9.1
+  assert "24x1024" in module.SHAPE_SETS["400m"].shapes  # AR 42.7, the Pre-LN optimum edge.
+  assert "32x896" in module.SHAPE_SETS["400m"].shapes
+  model, target = module.solver_model(), module.SHAPE_SETS["400m"].target
+  for shape in (listed[0], listed[-1]):
+    counts = shapes.param_counts(shapes.shaped_model(model, shape, module.ffn_rule()))
+    assert 400e6 < counts["total"] < 415e6, (shape.name, counts)
+  for L, d in ((16, 1216), (70, 640)):
+    solution = shapes.iso_param_width(target, L, model, ffn=module.ffn_rule())
+    assert solution.shape == shapes.Shape(L, d)
+    assert abs(solution.rel_error) < 0.02
+
+
+def test_qwen3_layout_1p6b():
+  module = suite("suite_1p6b")
+  listed = module.SHAPE_SETS["1p6b"].parsed()
+  assert len(listed) == 3 and listed[0] == shapes.Shape(28, 2048)
+  c = module.get_config("arch=preln,shape=28x2048")
+  from depthbench_jax.model.config import model_config_from
+  cfg = model_config_from(c.model)
+  assert (cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.ffn_dim) == (16, 8, 128, 6144)
+  assert cfg.qk_norm and c.lr == 5e-4
+  counts = shapes.param_counts(c.model)
+  assert counts["non_embedding"] == pytest.approx(1409.4e6, rel=1e-3)  # Qwen3-1.7B backbone.
+  assert {r["lr"] for r in module.sweep()} == {5e-4}
+
+
+def test_isobackbone_fixes_backbone_not_total():
+  module = suite("suite_300m_isobackbone")
+  rows = list(listed_counts(module))
+  totals = [counts["total"] for *_, counts in rows]
+  assert rows[0][2] == shapes.Shape(16, 1216)
+  assert totals[-1] < 0.85 * totals[0]  # Deep-narrow is smaller in total.
+
+
+def test_solver_smoke_picks_nearest_grid_point():
+  module = suite("smoke")
+  model = module.solver_model()
+  shape_set = module.SHAPE_SETS["smoke"]
+  for solution, listed in zip(shapes.solve_shape_set(shape_set, model, module.ffn_rule()),
+                              shape_set.parsed()):
+    assert solution.shape == listed
+    g = 2 * model.n_heads
+    for d in (solution.shape.d_model - g, solution.shape.d_model + g):
+      other = shapes.param_counts(shapes.shaped_model(model, shapes.Shape(listed.n_layers, d),
+                                                      module.ffn_rule()))["total"]
+      assert abs(other / shape_set.target - 1) >= abs(solution.rel_error)
+
+
+def test_solver_backbone_count_and_design_option():
+  model = suite("smoke").solver_model()
+  total = shapes.iso_param_width(5e5, 4, model)
+  backbone = shapes.iso_param_width(5e5, 4, model, count="non_embedding")
+  assert backbone.counts["non_embedding"] == backbone.achieved
+  assert backbone.shape.d_model >= total.shape.d_model  # The embedding no longer counts.
+  hc = shapes.iso_param_width(5e5, 4, model, design="mhc")
+  assert hc.counts["total"] >= shapes.param_counts(
+      shapes.shaped_model(model, hc.shape, design="preln"))["total"]
+  with pytest.raises(ConfigError, match="allowed"):
+    shapes.iso_param_width(5e5, 4, model, count="embedding")
+  with pytest.raises(ConfigError, match="multiple of n_heads"):
+    shapes.iso_param_width(5e5, 4, model, granularity=6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", SUITES)
+def test_suite_shapes_are_the_solver_picks(name):
+  """Every listed shape is exactly what iso_param_width picks at its depth (no hand table)."""
+  module = suite(name)
+  for key, shape_set in module.SHAPE_SETS.items():
+    solved = shapes.solve_shape_set(shape_set, module.solver_model(key), module.ffn_rule(key))
+    assert [s.shape.name for s in solved] == list(shape_set.shapes), (name, key)
