@@ -1,0 +1,421 @@
+"""Sweeps: list a suite's runs, skip finished ones, print the plan, launch the rest, pick best LRs.
+
+A suite is a config file (``configs/suite_400m.py``) with ``get_config(arg)`` taking
+``arch=...,shape=LxD,lr=...`` and a ``sweep()`` listing every run as such a dict; ``NAME`` names
+the results folder (``results/<NAME>/<design>_<L>x<d>_lr<lr>/``).
+
+    python -m depthbench_jax.sweep configs/suite_400m.py --dry_run   # the plan, nothing runs
+    python -m depthbench_jax.sweep configs/smoke.py                  # runs what is missing
+
+A run is finished when its ``summary.json`` exists with a final status ('ok' or 'diverged'); an
+unfinished run is launched again with the same workdir, and ``main.py`` resumes it from
+``WORKDIR/checkpoints``. Runs go one after another. ``LOCAL_PROCESSES=N`` starts each run as N
+local JAX processes (coordinator on a free localhost port). On a multi-host pod, start this
+once per host (``srun``, or ``JAX_COORDINATOR_ADDRESS/JAX_NUM_PROCESSES/JAX_PROCESS_ID``); every
+host walks the same list, so the results dir must be on a filesystem all hosts share.
+A run that crashes or diverges is recorded and the sweep goes on.
+
+Plan FLOPs are ``systems.flops.train_flops_per_token`` (PaLM convention: 6 N_matmul per token
+plus the causal attention term, forward + backward) times tokens; device-hours assume
+``--mfu`` of ``--peak_flops`` per device (defaults 0.4 of 989e12, H100 dense bf16).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import json
+import math
+import os
+import shlex
+import socket
+import subprocess
+import sys
+import time
+from typing import Any, Iterable, Sequence
+
+import ml_collections
+
+from depthbench_jax.errors import ConfigError
+from depthbench_jax.shapes import FFNRule, Shape, parse_shape, shaped_model
+
+SUMMARY = "summary.json"
+FINAL_STATUSES = ("ok", "diverged")
+DEFAULT_MFU = 0.4
+DEFAULT_PEAK_FLOPS = 989e12  # H100 SXM dense bf16 FLOP/s.
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Run arguments and names (used by every suite's get_config).
+# ---------------------------------------------------------------------------------------------
+
+def format_lr(lr: float) -> str:
+  """Shortest mantissa-exponent form: 3e-4 -> '3e-4', 0.0012 -> '1.2e-3'."""
+  mantissa, exponent = f"{float(lr):.6e}".split("e")
+  mantissa = mantissa.rstrip("0").rstrip(".")
+  return f"{mantissa}e{int(exponent)}"
+
+
+def run_name(design: str, shape: Shape, lr: float) -> str:
+  """``<design>_<L>x<d>_lr<lr>``, e.g. ``hc_16x1216_lr3e-4``."""
+  return f"{design}_{shape.name}_lr{format_lr(lr)}"
+
+
+def parse_run_arg(arg: str | None, defaults: dict[str, Any]) -> dict[str, Any]:
+  """``'arch=hc,shape=16x1216,lr=3e-4'`` -> ``{'arch': 'hc', 'shape': Shape(16,1216), 'lr':
+  3e-4, ...}`` over ``defaults``; unknown keys are a ConfigError naming the allowed ones."""
+  out = dict(defaults)
+  for item in (arg or "").split(","):
+    item = item.strip()
+    if not item:
+      continue
+    key, sep, value = item.partition("=")
+    key = key.strip()
+    if not sep or key not in defaults:
+      raise ConfigError(f"config argument {item!r}; allowed: key=value with key in "
+                        f"{', '.join(sorted(defaults))}")
+    out[key] = value.strip()
+  if isinstance(out.get("shape"), str):
+    out["shape"] = parse_shape(out["shape"])
+  try:
+    out["lr"] = float(out["lr"])
+  except (TypeError, ValueError):
+    raise ConfigError(f"config argument lr={out['lr']!r}; allowed: a positive number") from None
+  return out
+
+
+def arg_string(entry: dict[str, Any]) -> str:
+  """A sweep entry dict -> the ``get_config`` argument string (``arch=..,shape=..,lr=..``)."""
+  parts = []
+  for key, value in entry.items():
+    if isinstance(value, Shape):
+      value = value.name
+    elif key == "lr":
+      value = format_lr(value)
+    parts.append(f"{key}={value}")
+  return ",".join(parts)
+
+
+def apply_run(config: ml_collections.ConfigDict, run: dict[str, Any],
+              ffn: FFNRule | None = None) -> ml_collections.ConfigDict:
+  """Sets the shape (via ``shapes.shaped_model``), the design with its default hyperparameters,
+  the LR and the run name on a suite's base config."""
+  from depthbench_jax.residual import registry  # Local: pulls in jax/flax.
+  design = registry.get(run["arch"])  # ConfigError listing the registered names.
+  model = shaped_model(config.model, run["shape"], ffn)
+  model.residual = ml_collections.ConfigDict({**design.defaults, "name": run["arch"]})
+  config.model = model
+  config.lr = run["lr"]
+  config.name = run_name(run["arch"], run["shape"], run["lr"])
+  return config
+
+
+# ---------------------------------------------------------------------------------------------
+# Listing runs and their state.
+# ---------------------------------------------------------------------------------------------
+
+def load_config_module(path: str):
+  """Imports a config file by path (repo root on sys.path so ``from configs import base`` works)."""
+  if REPO_ROOT not in sys.path:
+    sys.path.insert(0, REPO_ROOT)
+  if not os.path.exists(path):
+    raise ConfigError(f"config file {path!r} does not exist; allowed: a configs/*.py file")
+  name = "depthbench_suite_" + os.path.splitext(os.path.basename(path))[0]
+  spec = importlib.util.spec_from_file_location(name, path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  name: str
+  arg: str
+  design: str
+  shape: Shape
+  lr: float
+  workdir: str
+
+
+def suite_name(module) -> str:
+  return getattr(module, "NAME", None) or os.path.splitext(os.path.basename(module.__file__))[0]
+
+
+def list_runs(config_path: str, results_dir: str | None = None) -> list[Run]:
+  """Every entry of the config file's ``sweep`` (a list or a function returning one)."""
+  module = load_config_module(config_path)
+  if not hasattr(module, "sweep"):
+    raise ConfigError(f"{config_path} has no `sweep`; allowed: a suite config listing its runs")
+  entries = module.sweep() if callable(module.sweep) else module.sweep
+  results_dir = results_dir or os.path.join("results", suite_name(module))
+  runs, seen = [], set()
+  for entry in entries:
+    parsed = parse_run_arg(arg_string(entry), {k: None for k in entry})
+    name = run_name(parsed["arch"], parsed["shape"], parsed["lr"])
+    if name in seen:
+      continue
+    seen.add(name)
+    runs.append(Run(name=name, arg=arg_string(entry), design=parsed["arch"],
+                    shape=parsed["shape"], lr=parsed["lr"],
+                    workdir=os.path.join(results_dir, name)))
+  return runs
+
+
+def read_summary(workdir: str) -> dict | None:
+  path = os.path.join(workdir, SUMMARY)
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except (OSError, json.JSONDecodeError):
+    return None
+
+
+def run_state(workdir: str) -> str:
+  """'done' (summary with a final status), 'partial' (started, e.g. checkpoints) or 'new'."""
+  summary = read_summary(workdir)
+  if summary is not None and summary.get("status", "ok") in FINAL_STATUSES:
+    return "done"
+  return "partial" if os.path.isdir(workdir) and os.listdir(workdir) else "new"
+
+
+def pending(runs: Iterable[Run]) -> list[Run]:
+  return [r for r in runs if run_state(r.workdir) != "done"]
+
+
+# ---------------------------------------------------------------------------------------------
+# The plan (--dry_run).
+# ---------------------------------------------------------------------------------------------
+
+def _total_steps(config, params_total: int) -> int:
+  try:
+    from depthbench_jax.train.loop import total_steps_of  # The trainer's own budget rule.
+  except ImportError:  # Trainer not importable (partial checkout): the same rule, stated here.
+    def total_steps_of(config, params_total):
+      if config.steps > 0:
+        return int(config.steps)
+      per_step = config.data.global_batch_size * config.data.seq_len
+      return max(1, math.ceil(config.tokens_per_param * params_total / per_step))
+  return total_steps_of(config, params_total)
+
+
+def plan_rows(config_path: str, runs: Sequence[Run], mfu: float = DEFAULT_MFU,
+              peak_flops: float = DEFAULT_PEAK_FLOPS) -> list[dict]:
+  """One row per run: params (the design's own, eval_shape), steps, tokens, FLOPs, hours."""
+  from depthbench_jax.model.config import model_config_from
+  from depthbench_jax.shapes import param_counts
+  from depthbench_jax.systems.flops import train_flops_per_token
+  module = load_config_module(config_path)
+  rows, flops_cache = [], {}
+  for run in runs:
+    config = module.get_config(run.arg)
+    counts = param_counts(config.model)
+    steps = _total_steps(config, counts["total"])
+    tokens = steps * config.data.global_batch_size * config.data.seq_len
+    key = json.dumps(config.model.to_dict(), sort_keys=True, default=str)
+    if key not in flops_cache:
+      flops_cache[key] = train_flops_per_token(model_config_from(config.model),
+                                               config.data.seq_len)
+    flops = flops_cache[key] * tokens
+    rows.append({"name": run.name, "design": run.design, "shape": run.shape.name,
+                 "aspect_ratio": run.shape.aspect_ratio, "lr": run.lr,
+                 "params_total": counts["total"], "params_non_embedding": counts["non_embedding"],
+                 "steps": steps, "tokens": tokens, "flops": flops,
+                 "device_hours": flops / (mfu * peak_flops) / 3600.0,
+                 "state": run_state(run.workdir), "workdir": run.workdir})
+  return rows
+
+
+def human(x: float) -> str:
+  """1234567 -> '1.23M' (K, M, B, T)."""
+  for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+    if abs(x) >= scale:
+      return f"{x / scale:.3g}{unit}"
+  return f"{x:.3g}"
+
+
+def format_plan(rows: Sequence[dict], mfu: float, peak_flops: float) -> str:
+  header = (f"{'run':<36} {'state':<8} {'AR':>6} {'params':>9} {'non-emb':>9} {'steps':>8} "
+            f"{'tokens':>9} {'FLOPs':>9} {'dev-h':>9}")
+  lines = [header, "-" * len(header)]
+  for r in rows:
+    lines.append(f"{r['name']:<36} {r['state']:<8} {r['aspect_ratio']:>6.1f} "
+                 f"{human(r['params_total']):>9} {human(r['params_non_embedding']):>9} "
+                 f"{r['steps']:>8d} {human(r['tokens']):>9} {r['flops']:>9.2e} "
+                 f"{r['device_hours']:>9.3g}")
+  todo = [r for r in rows if r["state"] != "done"]
+  lines.append("-" * len(header))
+  lines.append(f"{len(rows)} runs ({len(rows) - len(todo)} done, {len(todo)} to run); "
+               f"to run: {human(sum(r['tokens'] for r in todo))} tokens, "
+               f"{sum(r['flops'] for r in todo):.3e} FLOPs, "
+               f"{sum(r['device_hours'] for r in todo):.1f} device-hours at MFU {mfu:g} of "
+               f"{peak_flops:.3g} FLOP/s (all runs: "
+               f"{sum(r['device_hours'] for r in rows):.1f} device-hours)")
+  return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# Executing.
+# ---------------------------------------------------------------------------------------------
+
+def free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+def _without_fake_devices(xla_flags: str) -> str:
+  return " ".join(f for f in xla_flags.split()
+                  if not f.startswith("--xla_force_host_platform_device_count"))
+
+
+def launch(run: Run, config_path: str, main_cmd: Sequence[str], local_processes: int = 0,
+           env: dict | None = None) -> int:
+  """Runs one training job; returns its exit status (the largest over local processes)."""
+  cmd = list(main_cmd) + [f"--config={config_path}:{run.arg}", f"--workdir={run.workdir}"]
+  env = dict(os.environ if env is None else env)
+  os.makedirs(run.workdir, exist_ok=True)
+  if local_processes <= 1:
+    return subprocess.call(cmd, env=env)
+  port = free_port()
+  procs, logs = [], []
+  for i in range(local_processes):
+    penv = dict(env, JAX_COORDINATOR_ADDRESS=f"localhost:{port}",
+                JAX_NUM_PROCESSES=str(local_processes), JAX_PROCESS_ID=str(i))
+    penv["XLA_FLAGS"] = _without_fake_devices(penv.get("XLA_FLAGS", ""))
+    if i == 0:
+      procs.append(subprocess.Popen(cmd, env=penv))
+    else:  # Other processes log to the run dir, so the terminal shows one stream.
+      log = open(os.path.join(run.workdir, f"process_{i}.log"), "a")
+      logs.append(log)
+      procs.append(subprocess.Popen(cmd, env=penv, stdout=log, stderr=subprocess.STDOUT))
+  codes = [p.wait() for p in procs]
+  for log in logs:
+    log.close()
+  return max(codes, key=abs)
+
+
+def execute(config_path: str, runs: Sequence[Run], main_cmd: Sequence[str],
+            local_processes: int = 0) -> dict[str, list[str]]:
+  """Launches every unfinished run in order; never stops on a failure. Returns the outcome."""
+  outcome = {"skipped": [], "ok": [], "diverged": [], "failed": []}
+  todo = []
+  for run in runs:
+    (outcome["skipped"] if run_state(run.workdir) == "done" else todo).append(run)
+  for i, run in enumerate(todo):
+    print(f"[sweep] {i + 1}/{len(todo)} {run.name} ({run_state(run.workdir)}) -> {run.workdir}",
+          flush=True)
+    start = time.time()
+    try:
+      code = launch(run, config_path, main_cmd, local_processes)
+    except OSError as e:  # e.g. main_cmd not found: record and go on.
+      print(f"[sweep] {run.name}: could not start: {e}", flush=True)
+      code = -1
+    summary = read_summary(run.workdir)
+    status = (summary or {}).get("status")
+    if status == "ok" and code == 0:
+      outcome["ok"].append(run.name)
+    elif status == "diverged":
+      outcome["diverged"].append(run.name)
+    else:
+      outcome["failed"].append(run.name)
+      print(f"[sweep] {run.name}: exit {code}, status {status!r}; continuing", flush=True)
+    print(f"[sweep] {run.name}: {status or 'no summary'} in {time.time() - start:.0f}s",
+          flush=True)
+  print("[sweep] done: " + ", ".join(f"{k} {len(v)}" for k, v in outcome.items()), flush=True)
+  for key in ("diverged", "failed"):
+    if outcome[key]:
+      print(f"[sweep] {key}: {' '.join(outcome[key])}", flush=True)
+  return outcome
+
+
+# ---------------------------------------------------------------------------------------------
+# Best LR per (design, shape).
+# ---------------------------------------------------------------------------------------------
+
+def is_usable(record: dict) -> bool:
+  """Finished, not diverged, with a finite final val loss."""
+  loss = record.get("final_val_loss")
+  return (record.get("status") == "ok" and isinstance(loss, (int, float))
+          and math.isfinite(loss))
+
+
+def shape_key(record: dict) -> tuple[str, int, int]:
+  """``(design, n_layers, d_model)`` of a summary (from its own keys, else its config)."""
+  model = (record.get("config") or {}).get("model", {})
+  design = record.get("design") or model.get("residual", {}).get("name")
+  n_layers = record.get("n_layers") or model.get("n_layers")
+  d_model = record.get("d_model") or model.get("d_model")
+  return str(design), int(n_layers), int(d_model)
+
+
+def record_lr(record: dict) -> float:
+  lr = record.get("lr")
+  return float(lr if lr is not None else (record.get("config") or {}).get("lr"))
+
+
+def select_best_lr(records: Iterable[dict]) -> dict[tuple[str, int, int], dict]:
+  """``{(design, L, d): {'best': record | None, 'runs': [...], 'excluded': [...],
+  'lr_at_edge': bool}}``: the lowest final val loss among usable runs.
+
+  Diverged, unfinished or non-finite runs are excluded (listed, never chosen); a group with
+  none usable has ``best=None``. ``lr_at_edge`` flags a best LR at either end of the grid
+  tried (the optimum may lie outside it).
+  """
+  groups: dict[tuple[str, int, int], dict] = {}
+  for record in records:
+    group = groups.setdefault(shape_key(record), {"runs": [], "excluded": []})
+    group["runs"].append(record)
+    if not is_usable(record):
+      group["excluded"].append(record)
+  for group in groups.values():
+    usable = [r for r in group["runs"] if is_usable(r)]
+    group["best"] = min(usable, key=lambda r: (r["final_val_loss"], record_lr(r)),
+                        default=None)
+    lrs = sorted({record_lr(r) for r in group["runs"]})
+    group["lr_at_edge"] = bool(group["best"] is not None and len(lrs) > 1
+                               and record_lr(group["best"]) in (lrs[0], lrs[-1]))
+  return groups
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI (launch/run_sweep.sh calls this).
+# ---------------------------------------------------------------------------------------------
+
+def main(argv: Sequence[str] | None = None) -> int:
+  p = argparse.ArgumentParser(prog="python -m depthbench_jax.sweep", description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("config", help="suite config file, e.g. configs/suite_400m.py")
+  p.add_argument("--results_dir", default=None, help="default: results/<suite NAME>")
+  p.add_argument("--dry_run", action="store_true", help="print the plan and exit")
+  p.add_argument("--mfu", type=float, default=DEFAULT_MFU)
+  p.add_argument("--peak_flops", type=float, default=DEFAULT_PEAK_FLOPS,
+                 help="per-device peak FLOP/s for device-hours (default H100 bf16 dense)")
+  p.add_argument("--local_processes", type=int,
+                 default=int(os.environ.get("LOCAL_PROCESSES", "0") or 0))
+  p.add_argument("--main_cmd", default=f"{shlex.quote(sys.executable)} -m depthbench_jax.main",
+                 help="command prefix that trains one run (gets --config and --workdir)")
+  p.add_argument("--print_results_dir", action="store_true", help=argparse.SUPPRESS)
+  args = p.parse_args(argv)
+  try:
+    module = load_config_module(args.config)
+    results_dir = args.results_dir or os.path.join("results", suite_name(module))
+    if args.print_results_dir:
+      print(results_dir)
+      return 0
+    runs = list_runs(args.config, results_dir)
+    if args.dry_run:
+      rows = plan_rows(args.config, runs, args.mfu, args.peak_flops)
+      print(f"suite {suite_name(module)} -> {results_dir}")
+      print(format_plan(rows, args.mfu, args.peak_flops))
+      return 0
+    outcome = execute(args.config, runs, shlex.split(args.main_cmd), args.local_processes)
+  except ConfigError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  return 0 if not outcome["failed"] else 1
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,190 @@
+"""Sweep planning, resume, best-LR selection and the run_sweep.sh wrapper (with a fake trainer)."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from depthbench_jax import shapes, sweep
+from depthbench_jax.errors import ConfigError
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMOKE = os.path.join(REPO, "configs", "smoke.py")
+
+TINY_SUITE = textwrap.dedent("""
+    from configs import smoke
+    NAME = "tiny"
+    get_config = smoke.get_config
+    def sweep():
+      return ([dict(arch="preln", shape="4x128", lr=lr) for lr in (1e-3, 3e-3)]
+              + [dict(arch="preln", shape="8x96", lr=lr) for lr in (1e-3, 3e-3)])
+""")
+
+# Stands in for `python -m depthbench_jax.main`: logs its call, then writes a summary (or not).
+FAKE_MAIN = textwrap.dedent("""
+    import json, os, sys
+    args = dict(a.split("=", 1) for a in sys.argv[1:])
+    workdir, arg = args["--workdir"], args["--config"].split(":", 1)[1]
+    with open(os.environ["FAKE_LOG"], "a") as f:
+      f.write(json.dumps({"workdir": workdir, "arg": arg,
+                          "pid": os.environ.get("JAX_PROCESS_ID"),
+                          "n": os.environ.get("JAX_NUM_PROCESSES"),
+                          "coord": os.environ.get("JAX_COORDINATOR_ADDRESS"),
+                          "xla": os.environ.get("XLA_FLAGS", "")}) + "\\n")
+    if os.environ.get("JAX_PROCESS_ID", "0") != "0":
+      sys.exit(0)
+    if os.path.basename(workdir) in os.environ.get("FAKE_CRASH", "").split(","):
+      sys.exit(3)
+    os.makedirs(workdir, exist_ok=True)
+    with open(os.path.join(workdir, "summary.json"), "w") as f:
+      json.dump({"name": os.path.basename(workdir), "status": "ok", "final_val_loss": 3.0}, f)
+""")
+
+
+@pytest.fixture
+def tiny(tmp_path):
+  config = tmp_path / "tiny_suite.py"
+  config.write_text(TINY_SUITE)
+  fake = tmp_path / "fake_main.py"
+  fake.write_text(FAKE_MAIN)
+  return {"config": str(config), "results": str(tmp_path / "results"),
+          "main_cmd": [sys.executable, str(fake)], "log": str(tmp_path / "calls.jsonl")}
+
+
+def calls(path):
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    return [json.loads(line) for line in f]
+
+
+def write_summary(workdir, **kw):
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, "summary.json"), "w") as f:
+    json.dump({"status": "ok", "final_val_loss": 3.0, **kw}, f)
+
+
+def test_names_and_args():
+  assert sweep.format_lr(3e-4) == "3e-4"
+  assert sweep.format_lr(0.0012) == "1.2e-3"
+  assert sweep.format_lr(5e-4) == "5e-4"
+  assert sweep.run_name("hc", shapes.Shape(16, 1216), 3e-4) == "hc_16x1216_lr3e-4"
+  run = sweep.parse_run_arg("arch=hc,shape=16x1216,lr=3e-4", {"arch": "preln", "shape": "4x8",
+                                                                "lr": 1.0})
+  assert run == {"arch": "hc", "shape": shapes.Shape(16, 1216), "lr": 3e-4}
+  with pytest.raises(ConfigError, match="allowed"):
+    sweep.parse_run_arg("arch=hc,depth=3", {"arch": "preln", "shape": "4x8", "lr": 1.0})
+  with pytest.raises(ConfigError, match="lr"):
+    sweep.parse_run_arg("lr=fast", {"arch": "preln", "shape": "4x8", "lr": 1.0})
+
+
+def test_smoke_config_and_listing():
+  from depthbench_jax.residual import registry
+  c = sweep.load_config_module(SMOKE).get_config("arch=preln,shape=8x96")
+  assert (c.model.n_layers, c.model.d_model, c.name) == (8, 96, "preln_8x96_lr3e-3")
+  assert c.data.source == "embedded" and c.model.dtype == "float32"
+  with pytest.raises(ConfigError, match="allowed"):
+    sweep.load_config_module(SMOKE).get_config("arch=nope")
+  runs = sweep.list_runs(SMOKE, "/tmp/r")
+  assert len(runs) == 2 * len(registry.names())
+  assert {r.design for r in runs} == set(registry.names())
+  assert runs[0].workdir == os.path.join("/tmp/r", runs[0].name)
+
+
+def test_dry_run_plan(tiny, capsys):
+  from depthbench_jax.model.config import model_config_from
+  from depthbench_jax.systems.flops import train_flops_per_token
+  write_summary(os.path.join(tiny["results"], "preln_4x128_lr1e-3"))
+  assert sweep.main([tiny["config"], "--results_dir", tiny["results"], "--dry_run",
+                     "--main_cmd", "false"]) == 0
+  out = capsys.readouterr().out
+  assert "4 runs (1 done, 3 to run)" in out and "device-hours" in out
+  assert "preln_8x96_lr3e-3" in out and " done " in out
+  runs = sweep.list_runs(tiny["config"], tiny["results"])
+  rows = sweep.plan_rows(tiny["config"], runs, mfu=0.5, peak_flops=1e12)
+  config = sweep.load_config_module(tiny["config"]).get_config(runs[2].arg)
+  tokens = 150 * 8 * 128
+  assert rows[2]["tokens"] == tokens
+  assert rows[2]["flops"] == pytest.approx(
+      train_flops_per_token(model_config_from(config.model), 128) * tokens)
+  assert rows[2]["device_hours"] == pytest.approx(rows[2]["flops"] / 0.5e12 / 3600)
+  assert [r["state"] for r in rows] == ["done", "new", "new", "new"]
+  assert not calls(tiny["log"])  # A dry run launches nothing.
+
+
+def test_resume_runs_only_what_is_missing(tiny, monkeypatch):
+  monkeypatch.setenv("FAKE_LOG", tiny["log"])
+  res = tiny["results"]
+  write_summary(os.path.join(res, "preln_4x128_lr1e-3"))                      # finished
+  write_summary(os.path.join(res, "preln_4x128_lr3e-3"), status="diverged")   # finished
+  os.makedirs(os.path.join(res, "preln_8x96_lr1e-3", "checkpoints", "50"))    # interrupted
+  write_summary(os.path.join(res, "preln_8x96_lr3e-3"), status="running")     # interrupted
+  runs = sweep.list_runs(tiny["config"], res)
+  assert [sweep.run_state(r.workdir) for r in runs] == ["done", "done", "partial", "partial"]
+  outcome = sweep.execute(tiny["config"], runs, tiny["main_cmd"])
+  ran = [os.path.basename(c["workdir"]) for c in calls(tiny["log"])]
+  assert ran == ["preln_8x96_lr1e-3", "preln_8x96_lr3e-3"]
+  assert calls(tiny["log"])[0]["arg"] == "arch=preln,shape=8x96,lr=1e-3"
+  assert outcome["ok"] == ran and len(outcome["skipped"]) == 2
+  sweep.execute(tiny["config"], runs, tiny["main_cmd"])  # Everything done: nothing runs.
+  assert len(calls(tiny["log"])) == 2
+
+
+def test_crashed_run_does_not_stop_the_sweep(tiny, monkeypatch):
+  monkeypatch.setenv("FAKE_LOG", tiny["log"])
+  monkeypatch.setenv("FAKE_CRASH", "preln_4x128_lr3e-3")
+  runs = sweep.list_runs(tiny["config"], tiny["results"])
+  outcome = sweep.execute(tiny["config"], runs, tiny["main_cmd"])
+  assert outcome["failed"] == ["preln_4x128_lr3e-3"] and len(outcome["ok"]) == 3
+  assert sweep.main([tiny["config"], "--results_dir", tiny["results"], "--main_cmd",
+                     " ".join(tiny["main_cmd"])]) == 1  # Retried, crashes again: exit 1.
+
+
+def test_local_processes_env(tiny, monkeypatch):
+  monkeypatch.setenv("FAKE_LOG", tiny["log"])
+  monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_foo=1")
+  run = sweep.list_runs(tiny["config"], tiny["results"])[0]
+  assert sweep.launch(run, tiny["config"], tiny["main_cmd"], local_processes=2) == 0
+  got = sorted(calls(tiny["log"]), key=lambda c: c["pid"])
+  assert [c["pid"] for c in got] == ["0", "1"] and {c["n"] for c in got} == {"2"}
+  assert got[0]["coord"] == got[1]["coord"] and got[0]["coord"].startswith("localhost:")
+  assert all(c["xla"] == "--xla_foo=1" for c in got)
+
+
+def _rec(design, L, d, lr, loss, status="ok"):
+  return {"name": f"{design}_{L}x{d}_lr{lr}", "design": design, "n_layers": L, "d_model": d,
+          "lr": lr, "final_val_loss": loss, "status": status}
+
+
+def test_best_lr_ignores_diverged_runs():
+  records = [
+      _rec("hc", 16, 64, 1e-3, 3.10),
+      _rec("hc", 16, 64, 2e-3, 2.90),
+      _rec("hc", 16, 64, 4e-3, 1.00, status="diverged"),   # lower loss, but diverged
+      _rec("hc", 16, 64, 8e-3, math.nan, status="diverged"),
+      _rec("hc", 32, 48, 1e-3, math.inf),                  # "ok" but non-finite: excluded
+      _rec("hc", 32, 48, 2e-3, 3.00, status="running"),    # unfinished: excluded
+      {**_rec("preln", 16, 64, 1e-3, 3.2), "design": None, "n_layers": None, "d_model": None,
+       "lr": None, "config": {"lr": 1e-3, "model": {"n_layers": 16, "d_model": 64,
+                                                     "residual": {"name": "preln"}}}},
+  ]
+  groups = sweep.select_best_lr(records)
+  best = groups[("hc", 16, 64)]
+  assert best["best"]["lr"] == 2e-3 and len(best["excluded"]) == 2
+  assert not best["lr_at_edge"]
+  assert groups[("hc", 32, 48)]["best"] is None
+  assert len(groups[("hc", 32, 48)]["excluded"]) == 2
+  assert groups[("preln", 16, 64)]["best"]["final_val_loss"] == 3.2  # shape from its config
+
+
+def test_run_sweep_sh_dry_run(tiny):
+  out = subprocess.run([os.path.join(REPO, "launch", "run_sweep.sh"), tiny["config"],
+                        "--dry_run", "--results_dir", tiny["results"]], cwd=REPO,
+                       capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert "suite tiny" in out.stdout and "4 runs (0 done, 4 to run)" in out.stdout
+  assert not os.path.exists(tiny["results"])  # Nothing ran, no report.
