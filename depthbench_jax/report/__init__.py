@@ -1,0 +1,20 @@
+"""The scorecard report: ``python -m depthbench_jax.report RESULTS_DIR``.
+
+Reads every ``RUN/summary.json`` under RESULTS_DIR (recursively), picks the best LR per
+(design, shape) from the final val loss (diverged runs are marked and excluded), and writes
+
+    RESULTS_DIR/report.md                      the paper's table + per-shape LR table
+    RESULTS_DIR/runs.csv                       every run, one row each
+    RESULTS_DIR/plots/loss_vs_aspect_<design>.png, plots/loss_vs_aspect_all.png
+
+Optional sections come from the post-hoc modules when they exist and the runs carry their files:
+``depthbench_jax.diagnostics.diagnostics_table(runs)`` (runs with ``diagnostics.json``),
+``depthbench_jax.evals.evals_table(runs)`` (``evals.json``) and
+``depthbench_jax.systems.systems_table(runs)``; each takes the run records (dicts: the summary
+plus ``workdir``) and returns markdown, or None to skip.
+"""
+
+from depthbench_jax.report.scorecard import (build_report, collect_runs, depth_trend,
+                                             scorecard_rows, write_report)
+
+__all__ = ["build_report", "collect_runs", "depth_trend", "scorecard_rows", "write_report"]

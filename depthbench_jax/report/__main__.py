@@ -1,0 +1,25 @@
+"""``python -m depthbench_jax.report RESULTS_DIR``: writes report.md, runs.csv and plots/."""
+
+import argparse
+import sys
+
+from depthbench_jax.report.scorecard import write_report
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(prog="python -m depthbench_jax.report")
+  p.add_argument("results_dir", help="a sweep's results folder, e.g. results/suite_400m")
+  p.add_argument("--out", default=None, help="where to write (default: RESULTS_DIR)")
+  p.add_argument("--no_plots", action="store_true")
+  args = p.parse_args(argv)
+  paths = write_report(args.results_dir, out_dir=args.out, plots=not args.no_plots)
+  if paths is None:
+    print(f"no summary.json under {args.results_dir}; nothing to report", file=sys.stderr)
+    return 1
+  for path in paths:
+    print(path)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,100 @@
+"""Loss vs aspect ratio (d_model / n_layers): one PNG per design and one with every design.
+
+x: aspect ratio on a log axis, reversed, so depth grows to the right (shallow-wide on the left,
+deep-narrow on the right, as the paper reads). y: final val loss. The line joins each shape's
+best-LR run (per scale family); grey dots are the other LRs; diverged runs are red crosses on
+the lower edge, at their aspect ratio.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.ticker  # pylint: disable=g-import-not-at-top,wrong-import-position
+import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+from depthbench_jax.sweep import is_usable, shape_key  # pylint: disable=wrong-import-position
+
+
+def _best_curves(records: Sequence[dict], groups: dict, design: str) -> dict[int, list]:
+  """{family: [(aspect_ratio, loss, n_layers), ...] sorted by AR} at the best LR."""
+  curves: dict[int, list] = {}
+  seen = set()
+  for r in records:
+    key = shape_key(r)
+    if r["design"] != design or key in seen:
+      continue
+    seen.add(key)
+    best = groups[key]["best"]
+    if best is not None:
+      curves.setdefault(r["family"], []).append(
+          (r["aspect_ratio"], best["final_val_loss"], r["n_layers"]))
+  return {f: sorted(c, reverse=True) for f, c in curves.items()}
+
+
+def _axes(ax, title: str, aspect_ratios: Sequence[float]):
+  ax.set_xscale("log")
+  ticks = sorted(set(round(a, 1) for a in aspect_ratios))
+  if ticks:
+    ax.set_xticks(ticks, [f"{t:g}" for t in ticks], fontsize=7)
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+  ax.invert_xaxis()
+  ax.set_xlabel("aspect ratio d_model / n_layers (log; deeper to the right)")
+  ax.set_ylabel("final val loss")
+  ax.set_title(title)
+  ax.grid(True, alpha=0.3, which="both")
+
+
+def loss_vs_aspect(records: Sequence[dict], groups: dict, out_dir: str) -> list[str]:
+  """Writes ``loss_vs_aspect_<design>.png`` per design and ``loss_vs_aspect_all.png``."""
+  os.makedirs(out_dir, exist_ok=True)
+  designs = []
+  for r in records:
+    if r["design"] not in designs:
+      designs.append(r["design"])
+  paths = []
+  for design in designs:
+    fig, ax = plt.subplots(figsize=(6, 4))
+    mine = [r for r in records if r["design"] == design]
+    others = [r for r in mine if is_usable(r) and groups[shape_key(r)]["best"] is not r]
+    if others:
+      ax.scatter([r["aspect_ratio"] for r in others], [r["final_val_loss"] for r in others],
+                 s=12, color="0.6", label="other LRs", zorder=2)
+    for family, curve in sorted(_best_curves(records, groups, design).items()):
+      xs, ys, ls = zip(*curve)
+      ax.plot(xs, ys, "o-", label=f"best LR (family {family})" if family else "best LR",
+              zorder=3)
+      for x, y, L in curve:
+        ax.annotate(f"{L}L", (x, y), textcoords="offset points", xytext=(0, 5), fontsize=7,
+                    ha="center")
+    diverged = [r for r in mine if r.get("status") == "diverged"]
+    if diverged:
+      ax.scatter([r["aspect_ratio"] for r in diverged], [0.02] * len(diverged), marker="x",
+                 color="red", transform=ax.get_xaxis_transform(), label="diverged", zorder=4)
+    _axes(ax, f"{design}: val loss vs aspect ratio", [r["aspect_ratio"] for r in mine])
+    if ax.get_legend_handles_labels()[0]:
+      ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = os.path.join(out_dir, f"loss_vs_aspect_{design}.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    paths.append(path)
+
+  fig, ax = plt.subplots(figsize=(7, 4.5))
+  for design in designs:
+    for family, curve in sorted(_best_curves(records, groups, design).items()):
+      xs, ys, _ = zip(*curve)
+      ax.plot(xs, ys, "o-", ms=3, label=design if not family else f"{design} ({family})")
+  _axes(ax, "best-LR val loss vs aspect ratio, all designs", [r["aspect_ratio"] for r in records])
+  if ax.get_legend_handles_labels()[0]:
+    ax.legend(fontsize=7, ncol=2)
+  fig.tight_layout()
+  path = os.path.join(out_dir, "loss_vs_aspect_all.png")
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  paths.append(path)
+  return paths

@@ -1,0 +1,96 @@
+"""The scorecard renders from a small results fixture (three designs, three shapes, two LRs)."""
+
+import csv
+import os
+import shutil
+import sys
+import types
+
+import pytest
+
+from depthbench_jax import report
+from depthbench_jax.report import __main__ as report_main
+from depthbench_jax.report import scorecard
+
+FIXTURE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures",
+                       "results_small")
+
+
+def test_collect_runs_reads_every_summary():
+  records = report.collect_runs(FIXTURE)
+  assert len(records) == 15  # preln_32x896_lr4e-3 has checkpoints but no summary: not a run.
+  old = next(r for r in records if r["name"] == "attnres_block_16x1216_lr1e-3")
+  assert (old["n_layers"], old["d_model"], old["lr"]) == (16, 1216, 1e-3)  # from its config
+
+
+def test_trend_rule():
+  ref = (16, 32)
+  assert report.depth_trend({16: 2.759, 24: 2.763, 32: 2.782}, ref) == "worse when deeper"
+  assert report.depth_trend({16: 2.729, 24: 2.712, 32: 2.699}, ref) == "better when deeper"
+  assert report.depth_trend({16: 2.741, 20: 2.715, 32: 2.730}, ref) == "peak in the middle (L=20)"
+  assert report.depth_trend({16: 2.700, 32: 2.702}, ref) == "flat"
+  assert report.depth_trend({16: 2.7}, ref) == "n/a"
+
+
+def test_report_renders(tmp_path):
+  out = tmp_path / "out"
+  assert report_main.main([FIXTURE, "--out", str(out)]) == 0
+  text = (out / "report.md").read_text()
+  assert "| preln | 2.759 | 2.782 | worse when deeper | 16x1216 (76.0) | 2.759 | 2e-3 † |" in text
+  assert "| hc | 2.729 | 2.699 | better when deeper | 32x896 (28.0) | 2.699 | 1e-3 † |" in text
+  assert "peak in the middle (L=24) | 24x1024 (42.7) | 2.715" in text
+  assert "## Against the paper (400M)" in text
+  assert "diverged @1200" in text and "hc_32x896_lr2e-3 | diverged | 1200" in text
+  for design in ("preln", "hc", "attnres_block", "all"):
+    png = out / "plots" / f"loss_vs_aspect_{design}.png"
+    assert png.stat().st_size > 1000 and png.read_bytes()[:4] == b"\x89PNG"
+    assert f"plots/loss_vs_aspect_{design}.png" in text
+  with open(out / "runs.csv") as f:
+    rows = list(csv.DictReader(f))
+  assert len(rows) == 15
+  best = {r["name"] for r in rows if r["best_lr"] == "True"}
+  assert "hc_32x896_lr1e-3" in best and "hc_32x896_lr2e-3" not in best
+  assert len(best) == 9  # one per (design, shape)
+
+
+def test_report_into_results_dir_and_rerun(tmp_path):
+  results = tmp_path / "results"
+  shutil.copytree(FIXTURE, results)
+  paths = scorecard.write_report(str(results), plots=False)
+  assert paths and os.path.exists(results / "report.md")
+  # Re-running over a dir that now holds report.md / runs.csv reads the same runs.
+  assert len(report.collect_runs(str(results))) == 15
+  assert report_main.main([str(tmp_path / "empty")]) == 1
+
+
+def test_multiscale_families():
+  records = [
+      {"name": f"hc_{L}x{d}", "design": "hc", "n_layers": L, "d_model": d, "lr": 1e-3,
+       "aspect_ratio": d / L, "status": "ok", "final_val_loss": loss, "params_total": p,
+       "workdir": "/nonexistent"}
+      for L, d, loss, p in ((16, 800, 3.0, 205e6), (32, 608, 2.9, 205e6),
+                            (16, 1344, 2.7, 482e6), (32, 992, 2.8, 482e6))]
+  text = scorecard.build_report(records)
+  assert "Scale family 0" in text and "Scale family 1" in text
+  rows = scorecard.scorecard_rows(records)
+  assert [r["trend"] for r in rows] == ["better when deeper", "worse when deeper"]
+
+
+def test_hook_sections(tmp_path, monkeypatch):
+  run_dir = tmp_path / "run"
+  run_dir.mkdir()
+  (run_dir / "diagnostics.json").write_text("{}")
+  fake = types.ModuleType("depthbench_jax.evals")
+  fake.evals_table = lambda runs: "EVALS TABLE"
+  monkeypatch.setitem(sys.modules, "depthbench_jax.evals", fake)
+  diag = types.ModuleType("depthbench_jax.diagnostics")
+  diag.diagnostics_table = lambda runs: f"DIAG over {len(runs)} run(s)"
+  monkeypatch.setitem(sys.modules, "depthbench_jax.diagnostics", diag)
+  records = [{"name": "a", "workdir": str(run_dir)}, {"name": "b", "workdir": str(tmp_path)}]
+  sections = dict(scorecard.hook_sections(records))
+  assert sections["Diagnostics"] == "DIAG over 1 run(s)"
+  assert "Evals" not in sections  # No run has evals.json.
+  broken = types.ModuleType("depthbench_jax.systems")
+  broken.systems_table = lambda runs: 1 / 0
+  monkeypatch.setitem(sys.modules, "depthbench_jax.systems", broken)
+  assert "failed: ZeroDivisionError" in dict(scorecard.hook_sections(records))["Systems"]
