@@ -215,7 +215,7 @@ class Probes:
         "late_start": int(np.argmax(late)), "loss": loss,
         "angular": {"matrix": angular, "consecutive": consecutive,
                     # consecutive[l] = D[l, l+1]; late pairs of neighbours have l >= L/4.
-                    "late_consecutive_mean": float(np.mean(consecutive[late[:-1]]))},
+                    "late_consecutive_mean": _mean(consecutive[late[:-1]])},
     }
 
     if opt.run_causal:
@@ -251,12 +251,16 @@ class Probes:
     return to_jsonable(result)
 
 
+def _mean(values: np.ndarray) -> float:
+  return float(np.mean(values)) if values.size else float("nan")
+
+
 def _scored(matrix: np.ndarray, late_pairs: np.ndarray, threshold: float,
             curve_t: Sequence[float]) -> dict:
   finite = late_pairs & np.isfinite(matrix)
   return {"matrix": matrix, "threshold": float(threshold),
           "share": metrics.share_above(matrix, finite, threshold),
-          "late_mean": float(np.mean(matrix[finite])) if finite.any() else float("nan"),
+          "late_mean": _mean(matrix[finite]),
           "curve": {"thresholds": np.asarray(curve_t),
                     "share": metrics.share_curve(matrix, finite, curve_t)}}
 

@@ -1,0 +1,141 @@
+"""The diagnostics passes end to end on small models with constructed parameters."""
+
+import json
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from depthbench_jax.diagnostics import probes
+from depthbench_jax.model import transformer as tr
+from depthbench_jax.model.config import model_config_from
+from depthbench_jax.residual import registry
+from tests.helpers import tiny_config
+
+L = 4
+
+
+def _model(design="preln", n_layers=L, **residual):
+  c = tiny_config(**{"model.n_layers": n_layers})
+  c.model.residual = {"name": design, **residual}
+  cfg = model_config_from(c.model)
+  return cfg, nn.unbox(tr.init_params(cfg, jax.random.PRNGKey(0)))
+
+
+def _tokens(b=2, t=9, vocab=257):
+  return np.random.RandomState(0).randint(0, vocab, (b, t)).astype(np.int32)
+
+
+@pytest.fixture(scope="module")
+def preln():
+  cfg, params = _model()
+  return cfg, params, probes.Probes(cfg, probes.Options(causal_chunk=2, permutation_chunk=4))
+
+
+def test_preln_result_shapes_ranges_and_strict_json(preln):
+  cfg, params, pr = preln
+  r = pr.run(params, _tokens())
+  json.dumps(r, allow_nan=False)
+  assert r["design"] == "preln" and r["n_layers"] == L and r["late_start"] == 1
+  ang = np.array(r["angular"]["matrix"])
+  assert ang.shape == (L, L) and (ang >= -1e-6).all() and (ang <= 1 + 1e-6).all()
+  assert len(r["angular"]["consecutive"]) == L - 1
+  c = probes.from_jsonable_matrix(r["causal"]["matrix"])
+  p = probes.from_jsonable_matrix(r["permutation"]["matrix"])
+  assert np.isnan(np.tril(c)).all() == False and np.isnan(c[np.tril_indices(L)]).all()
+  assert np.isfinite(c[np.triu_indices(L, 1)]).all() and np.isfinite(p[np.triu_indices(L, 1)]).all()
+  for key in ("causal", "permutation"):
+    curve = r[key]["curve"]
+    assert len(curve["thresholds"]) == 101 and curve["thresholds"][0] == 0.0
+    assert all(a >= b for a, b in zip(curve["share"], curve["share"][1:]))  # non-increasing
+  assert "mixing" not in r and "dead_prefix" not in r
+  assert r["loss"] == pytest.approx(np.log(257), rel=0.05)   # init: near uniform
+
+
+def test_vmapped_passes_match_direct_calls(preln):
+  cfg, params, pr = preln
+  tokens = _tokens()
+  r = pr.run(params, tokens)
+  model = tr.Transformer(probes.diagnostics_model_config(cfg))
+  inputs = tokens[:, :-1]
+  layers_of = jax.jit(lambda p, g: model.apply({"params": p}, inputs, gate=g, return_layers=True)[1])
+  s, t = 1, 3
+  clean = layers_of(params, jnp.ones((L,)))
+  skipped = layers_of(params, jnp.ones((L,)).at[s].set(0.0))
+  u, v = clean["update"][t], skipped["update"][t]
+  want = jnp.mean(jnp.linalg.norm(u - v, axis=-1) / jnp.linalg.norm(u, axis=-1))
+  assert r["causal"]["matrix"][s][t] == pytest.approx(float(want), rel=1e-4)
+
+  @jax.jit
+  def loss_of(p):
+    logp = jax.nn.log_softmax(model.apply({"params": p}, inputs))
+    return -jnp.mean(jnp.take_along_axis(logp, tokens[:, 1:, None], -1))
+
+  loss = lambda p: float(loss_of(p))
+
+  base = loss(params)
+  assert r["loss"] == pytest.approx(base, rel=1e-5)
+  swapped = loss(tr.permute_layers(params, jnp.array([0, 2, 1, 3])))
+  assert r["permutation"]["matrix"][1][2] == pytest.approx((swapped - base) / base, abs=1e-6)
+
+
+def test_chunking_does_not_change_results(preln):
+  cfg, params, pr = preln
+  whole = probes.Probes(cfg, probes.Options(causal_chunk=0, permutation_chunk=0)).run(
+      params, _tokens())
+  chunked = pr.run(params, _tokens())
+  for key in ("causal", "permutation"):
+    np.testing.assert_allclose(probes.from_jsonable_matrix(whole[key]["matrix"]),
+                               probes.from_jsonable_matrix(chunked[key]["matrix"]),
+                               rtol=1e-4, atol=1e-6)
+
+
+def test_layer_that_writes_nothing_has_zero_causal_effect(preln):
+  cfg, params, pr = preln
+  s = 1  # layer s writes nothing, so no later layer can read anything of it
+  layers = jax.tree.map(lambda a: a, params["layers"])
+  layers["self_attn"]["o_proj"]["kernel"] = layers["self_attn"]["o_proj"]["kernel"].at[s].set(0)
+  layers["mlp"]["down_proj"]["kernel"] = layers["mlp"]["down_proj"]["kernel"].at[s].set(0)
+  r = pr.run({**params, "layers": layers}, _tokens())
+  c = probes.from_jsonable_matrix(r["causal"]["matrix"])
+  np.testing.assert_allclose(c[s, s + 1:], 0.0, atol=1e-6)
+  assert c[0, 1] == 0.0                               # layer 1's update is 0: nothing changes
+  assert (c[0, 2:] > 1e-3).all() and c[2, 3] > 1e-3   # the other layers do matter
+
+
+def test_swapping_identical_layers_scores_zero(preln):
+  cfg, params, pr = preln
+  i, j = 1, 3
+  layers = jax.tree.map(lambda a: a.at[j].set(a[i]), params["layers"])
+  r = pr.run({**params, "layers": layers}, _tokens())
+  p = probes.from_jsonable_matrix(r["permutation"]["matrix"])
+  assert p[i, j] == 0.0
+  assert np.abs(p[0, 1]) > 0.0
+
+
+def test_late_only_pairs_on_unscanned_params(preln):
+  cfg, params, _ = preln
+  unscanned = tr.unstack_layers(params, L)
+  assert "layers_0" in unscanned
+  cfg_unscanned = model_config_from(tiny_config(**{"model.n_layers": L,
+                                                   "model.scan_layers": False}).model)
+  r = probes.Probes(cfg_unscanned, probes.Options(permutation_pairs="late")).run(
+      unscanned, _tokens())
+  p = probes.from_jsonable_matrix(r["permutation"]["matrix"])
+  assert np.isnan(p[0]).all() and np.isfinite(p[1, 2:]).all() and np.isfinite(p[2, 3])
+  assert r["permutation"]["share"] is not None
+
+
+def test_bad_options_raise():
+  from depthbench_jax.errors import ConfigError
+  with pytest.raises(ConfigError, match="causal_reduction"):
+    probes.Options(causal_reduction="median").validate()
+  with pytest.raises(ConfigError, match="permutation_pairs"):
+    probes.Options(permutation_pairs="some").validate()
+
+
+def test_options_from_config_reads_thresholds_and_ignores_every():
+  opts = probes.Options.from_config({"every": 100, "thresholds": (0.3, 0.1), "causal_chunk": 2})
+  assert (opts.causal_threshold, opts.permutation_threshold, opts.causal_chunk) == (0.3, 0.1, 2)
