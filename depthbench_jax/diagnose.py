@@ -1,0 +1,91 @@
+"""``python -m depthbench_jax.diagnose --workdir=RUN_DIR``: layer diagnostics of a finished run.
+
+Restores the latest (or ``--step``) checkpoint's params, takes the first
+``config.diagnostics.batch_size`` rows of the first held-out batch, runs every diagnostic
+(``diagnostics/probes.py``) and writes ``RUN_DIR/diagnostics.json`` and ``RUN_DIR/plots/diag_*.png``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+from absl import app, flags, logging
+
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory with config.json and checkpoints/.")
+_STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
+_BATCH_SIZE = flags.DEFINE_integer("batch_size", None,
+                                   "Held-out rows (default: config.diagnostics.batch_size).")
+_SET = flags.DEFINE_multi_string("set", [], "KEY=VALUE overrides of config.diagnostics, e.g. "
+                                 "--set=permutation_chunk=4 --set=causal_reduction=max.")
+
+
+def diagnostics_options(config: Any, overrides: dict | None = None) -> dict:
+  """``config.diagnostics`` of the run (absent in older runs: defaults) plus overrides."""
+  diag = dict(config.get("diagnostics", {}) or {}) if hasattr(config, "get") else {}
+  diag.update(overrides or {})
+  return diag
+
+
+def diagnose(workdir: str, config: Any, params: Any, batch: Any, step: int | None = None,
+             overrides: dict | None = None) -> dict:
+  """Runs the diagnostics and writes ``workdir/diagnostics.json`` and ``workdir/plots/*.png``."""
+  from depthbench_jax.diagnostics import plots, probes
+  from depthbench_jax.model.config import model_config_from
+  from depthbench_jax.train import summary
+
+  diag = diagnostics_options(config, overrides)
+  cfg = model_config_from(config.model)
+  tokens = probes.heldout_tokens(batch, int(diag.get("batch_size", 2)))
+  t0 = time.perf_counter()
+  result = probes.Probes(cfg, probes.Options.from_config(diag)).run(params, tokens)
+  result["timing"]["total_s"] = time.perf_counter() - t0
+  result["step"] = step
+  result["name"] = config.get("name", None)
+  result["workdir"] = os.path.abspath(workdir)
+  pngs = plots.save_pngs(result, os.path.join(workdir, "plots"))
+  result["plots"] = {k: os.path.relpath(v, workdir) for k, v in pngs.items()}
+  summary.atomic_write_json(os.path.join(workdir, "diagnostics.json"), result)
+  return result
+
+
+def _parse_overrides(items: list[str]) -> dict:
+  out = {}
+  for item in items:
+    key, _, value = item.partition("=")
+    try:
+      out[key] = json.loads(value)
+    except json.JSONDecodeError:
+      out[key] = value
+  return out
+
+
+def main(argv):
+  del argv
+  from depthbench_jax.data import pipeline
+  from depthbench_jax.train import checkpoint
+
+  workdir = _WORKDIR.value
+  config, params = checkpoint.restore_params(workdir, _STEP.value)
+  step = _STEP.value
+  if step is None:
+    import orbax.checkpoint as ocp
+    step = ocp.CheckpointManager(checkpoint.checkpoint_dir(workdir)).latest_step()
+  overrides = _parse_overrides(_SET.value)
+  if _BATCH_SIZE.value:
+    overrides["batch_size"] = _BATCH_SIZE.value
+  val = pipeline.make_val_batches(config, process_index=0, process_count=1)
+  if not val:
+    raise app.UsageError(f"{workdir}: config.data.val_batches=0, no held-out batch to diagnose")
+  result = diagnose(workdir, config, params, val[0], step=step, overrides=overrides)
+  logging.info("diagnostics of %s (%s, L=%d) in %.1fs -> %s", workdir, result["design"],
+               result["n_layers"], result["timing"]["total_s"],
+               os.path.join(workdir, "diagnostics.json"))
+  print(json.dumps({k: result[k]["share"] for k in ("causal", "permutation") if k in result}))
+
+
+if __name__ == "__main__":
+  flags.mark_flags_as_required(["workdir"])
+  app.run(main)

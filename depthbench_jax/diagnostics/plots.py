@@ -1,0 +1,135 @@
+"""Heatmaps and curves of one diagnostics result (matplotlib, Agg): PNG files or uint8 images.
+
+Each figure marks the late boundary ``L/4`` (dashed): only pairs right of and below it enter the
+shares. Undefined entries (``i >= j``) are blank.
+"""
+
+from __future__ import annotations
+
+import os
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from depthbench_jax.diagnostics.probes import from_jsonable_matrix  # noqa: E402
+
+
+def _title(result: dict, what: str) -> str:
+  return f"{result.get('design', '?')} L={result.get('n_layers', '?')}: {what}"
+
+
+def _heatmap(matrix: np.ndarray, title: str, late_start: int, xlabel: str, ylabel: str,
+             vmin: float = 0.0, vmax: float | None = None, cmap: str = "viridis"):
+  fig, ax = plt.subplots(figsize=(4.8, 4.0), dpi=100)
+  finite = matrix[np.isfinite(matrix)]
+  if vmax is None:
+    vmax = float(finite.max()) if finite.size and finite.max() > vmin else vmin + 1e-6
+  image = ax.imshow(np.ma.masked_invalid(matrix), vmin=vmin, vmax=vmax, cmap=cmap,
+                    interpolation="nearest", origin="upper")
+  fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+  for line in (ax.axvline, ax.axhline):
+    line(late_start - 0.5, color="w", ls="--", lw=0.8)
+  ax.set_title(title, fontsize=9)
+  ax.set_xlabel(xlabel)
+  ax.set_ylabel(ylabel)
+  fig.tight_layout()
+  return fig
+
+
+def _line(series: dict[str, tuple[np.ndarray, np.ndarray]], title: str, xlabel: str,
+          ylabel: str, vlines: dict[str, float] | None = None, late_start: int | None = None):
+  fig, ax = plt.subplots(figsize=(4.8, 3.4), dpi=100)
+  for label, (x, y) in series.items():
+    ax.plot(x, y, marker="." if len(x) < 80 else None, label=label)
+  for label, x in (vlines or {}).items():
+    ax.axvline(x, color="gray", ls=":", lw=0.8)
+  if late_start is not None:
+    ax.axvline(late_start - 0.5, color="gray", ls="--", lw=0.8)
+  ax.set_title(title, fontsize=9)
+  ax.set_xlabel(xlabel)
+  ax.set_ylabel(ylabel)
+  if len(series) > 1:
+    ax.legend(fontsize=8)
+  fig.tight_layout()
+  return fig
+
+
+def figures(result: dict) -> dict:
+  """name -> matplotlib Figure for everything the result holds."""
+  late = int(result.get("late_start", 0))
+  figs = {}
+  ang = from_jsonable_matrix(result["angular"]["matrix"])
+  figs["angular"] = _heatmap(ang, _title(result, "angular distance of hidden states"), late,
+                             "layer j", "layer i")
+  if "causal" in result:
+    figs["causal"] = _heatmap(from_jsonable_matrix(result["causal"]["matrix"]),
+                              _title(result, f"causal score C[s,t] ({result['causal']['reduction']})"),
+                              late, "measured layer t", "skipped layer s", vmax=1.0)
+  if "permutation" in result:
+    p = from_jsonable_matrix(result["permutation"]["matrix"])
+    finite = p[np.isfinite(p)]
+    vmax = max(float(finite.max()) if finite.size else 0.0, 2 * result["permutation"]["threshold"])
+    figs["permutation"] = _heatmap(p, _title(result, "permutation score P[i,j]"), late,
+                                   "layer j", "layer i", vmin=min(0.0, float(finite.min())
+                                                                  if finite.size else 0.0),
+                                   vmax=vmax)
+  curves = {k: (np.asarray(result[k]["curve"]["thresholds"]),
+                np.asarray(result[k]["curve"]["share"], dtype=float))
+            for k in ("causal", "permutation") if k in result}
+  if curves:
+    figs["share_curves"] = _line(
+        curves, _title(result, "share of late pairs above threshold"), "threshold", "share",
+        vlines={k: result[k]["threshold"] for k in curves})
+  cons = np.asarray(result["angular"]["consecutive"], dtype=float)
+  figs["angular_consecutive"] = _line({"d(l, l+1)": (np.arange(len(cons)), cons)},
+                                      _title(result, "consecutive angular distance"), "layer l",
+                                      "distance", late_start=late)
+  if "mixing" in result:
+    e = np.asarray(result["mixing"]["erank_by_start"], dtype=float)
+    figs["erank"] = _line({"erank": (np.arange(len(e)), e)},
+                          _title(result, "erank of the mixing product, layers s..L-1"),
+                          "start layer s", "effective rank", late_start=late)
+  if "dead_prefix" in result and "per_sublayer" in result["dead_prefix"]:
+    own = np.asarray(result["dead_prefix"]["per_sublayer"], dtype=float)
+    series = {"own block": (np.arange(len(own)) / 2, own)}
+    emb = result["dead_prefix"].get("embedding_weight_per_sublayer")
+    if emb is not None:
+      series["embedding"] = (np.arange(len(emb)) / 2, np.asarray(emb, dtype=float))
+    figs["dead_prefix"] = _line(series, _title(result, "depth weight per sublayer"),
+                                "layer (sublayer / 2)", "mean weight", late_start=late)
+  return figs
+
+
+def to_uint8(fig) -> np.ndarray:
+  """uint8 [H, W, 3] RGB pixels of a figure (for TensorBoard images); closes the figure."""
+  fig.canvas.draw()
+  pixels = np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()
+  plt.close(fig)
+  return pixels
+
+
+def save_pngs(result: dict, directory: str, prefix: str = "diag_") -> dict[str, str]:
+  """Writes ``directory/<prefix><name>.png`` for every figure; returns name -> file path."""
+  os.makedirs(directory, exist_ok=True)
+  paths = {}
+  for name, fig in figures(result).items():
+    path = os.path.join(directory, f"{prefix}{name}.png")
+    fig.savefig(path)
+    plt.close(fig)
+    paths[name] = path
+  return paths
+
+
+def images(result: dict, names: tuple[str, ...] = ("angular", "causal", "permutation",
+                                                    "share_curves")) -> dict[str, np.ndarray]:
+  """name -> uint8 [1, H, W, 3], the selected figures as TensorBoard images."""
+  out = {}
+  for name, fig in figures(result).items():
+    if name in names:
+      out[name] = to_uint8(fig)[None]
+    else:
+      plt.close(fig)
+  return out

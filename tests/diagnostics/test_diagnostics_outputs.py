@@ -1,0 +1,89 @@
+"""Outputs of the diagnostics: diagnostics.json + PNGs, the training hook, the report section."""
+
+import json
+import os
+
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+
+from depthbench_jax import diagnose
+from depthbench_jax.diagnostics import periodic, report_section
+from depthbench_jax.model import transformer as tr
+from depthbench_jax.model.config import model_config_from
+from tests.helpers import tiny_config
+
+
+class FakeWriter:
+  def __init__(self):
+    self.scalars, self.images = {}, {}
+
+  def write_scalars(self, step, scalars):
+    self.scalars[step] = dict(scalars)
+
+  def write_images(self, step, images):
+    self.images[step] = dict(images)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+  config = tiny_config(**{"model.n_layers": 4})
+  config.diagnostics.every = 5
+  cfg = model_config_from(config.model)
+  params = nn.unbox(tr.init_params(cfg, jax.random.PRNGKey(0)))
+  batch = {"tokens": np.random.RandomState(0).randint(0, 257, (8, 17)).astype(np.int32)}
+  return config, cfg, params, batch
+
+
+def test_diagnose_writes_json_and_pngs_and_the_report_reads_them(run, tmp_path):
+  config, _, params, batch = run
+  result = diagnose.diagnose(str(tmp_path), config, params, batch, step=7)
+  with open(tmp_path / "diagnostics.json") as f:
+    loaded = json.load(f)
+  assert loaded["step"] == 7 and loaded["batch"] == [2, 17] and loaded["design"] == "preln"
+  for name in ("angular", "causal", "permutation", "share_curves", "angular_consecutive"):
+    path = tmp_path / loaded["plots"][name]
+    assert path.exists() and path.read_bytes()[:4] == b"\x89PNG", name
+  assert result["timing"]["total_s"] > 0
+
+  summary = {"name": "tiny", "design": "preln", "config": {"model": {"n_layers": 4}}}
+  other = dict(loaded, n_layers=8, design="hc", mixing={"erank_late": 2.61})
+  table = report_section.diagnostics_table([(summary, other), (summary, loaded)])
+  lines = table.strip().splitlines()
+  assert lines[0].startswith("| design | L | causal C>0.45 | permutation P>0.15")
+  assert lines[2].startswith("| hc | 8 |") and "| 2.61 |" in lines[2]
+  assert lines[3].startswith("| preln | 4 |")
+  share = loaded["causal"]["share"]
+  assert f"{100 * share:.1f}%" in lines[3]
+  paths = report_section.heatmap_paths([(summary, loaded)])
+  assert [c for c, _ in paths] == ["preln L=4: causal", "preln L=4: permutation",
+                                   "preln L=4: angular"]
+  assert all(os.path.exists(p) for _, p in paths)
+  md = report_section.section([(summary, loaded)], relative_to=str(tmp_path))
+  assert "![preln L=4: causal](plots/diag_causal.png)" in md
+  assert "| preln | " in report_section.share_pivot([(summary, loaded)])
+
+
+def test_hook_writes_scalars_and_uint8_images(run):
+  config, cfg, params, batch = run
+  hook = periodic.DiagnosticsHook(config, cfg, batch)
+  assert hook.tokens.shape == (2, 17)
+  writer = FakeWriter()
+  hook(5, params, writer)
+  scalars = writer.scalars[5]
+  for key in ("diagnostics/causal_share", "diagnostics/permutation_share",
+              "diagnostics/angular_late_consecutive", "diagnostics/loss"):
+    assert np.isfinite(scalars[key]), key
+  images = writer.images[5]
+  assert set(images) == {"diagnostics/angular", "diagnostics/causal", "diagnostics/permutation",
+                         "diagnostics/share_curves"}
+  for image in images.values():
+    assert image.dtype == np.uint8 and image.ndim == 4 and image.shape[0] == 1
+    assert image.shape[-1] == 3 and image.std() > 0
+
+
+def test_overrides_parse_json_values():
+  assert diagnose._parse_overrides(["permutation_chunk=4", "causal_reduction=max",
+                                    "thresholds=[0.3,0.1]"]) == {
+      "permutation_chunk": 4, "causal_reduction": "max", "thresholds": [0.3, 0.1]}
