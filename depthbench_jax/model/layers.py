@@ -88,11 +88,63 @@ def causal_attention(q: Array, k: Array, v: Array, *, q_offset: Array | int = 0,
   return out.reshape(b, tq, h, hd)
 
 
+def masked_attention(q: Array, k: Array, v: Array, mask: Array) -> Array:
+  """``softmax(q k^T / sqrt(hd) + mask) v`` with an explicit mask (the KV-cache decode path).
+
+  q: [B, Tq, H, hd]; k, v: [B, S, K, hd]; mask: [B, Tq, S] bool (True = query may see key).
+  Same GQA grouping and fp32 logits as ``causal_attention``. Returns [B, Tq, H, hd].
+  """
+  b, tq, h, hd = q.shape
+  kvh = k.shape[2]
+  qg = q.reshape(b, tq, kvh, h // kvh, hd)
+  logits = jnp.einsum("bqkgd,bskd->bkgqs", qg, k, preferred_element_type=jnp.float32)
+  logits = logits / jnp.sqrt(jnp.float32(hd))
+  logits = jnp.where(mask[:, None, None], logits, jnp.finfo(jnp.float32).min)
+  probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
+  out = jnp.einsum("bkgqs,bskd->bqkgd", probs, v)
+  return out.reshape(b, tq, h, hd)
+
+
+class KVCache(nn.Module):
+  """The ``cache`` collection of one attention layer: K/V [B,S,K,hd] and ``cache_index`` [B].
+
+  ``(k, v)`` [B,T,K,hd] are written at slots ``index[b] .. index[b]+T-1`` and the index advances
+  by T. Returns the whole cache and the mask [B,T,S] (query i of row b sees slots
+  ``<= index[b] + i``); on the call that creates the cache (sized from its input) returns
+  ``(k, v, None)`` and stores nothing.
+  """
+
+  @nn.compact
+  def __call__(self, k: Array, v: Array) -> tuple[Array, Array, Array | None]:
+    initialized = self.has_variable("cache", "cached_key")
+    cached_k = self.variable("cache", "cached_key", jnp.zeros, k.shape, k.dtype)
+    cached_v = self.variable("cache", "cached_value", jnp.zeros, v.shape, v.dtype)
+    index = self.variable("cache", "cache_index", jnp.zeros, (k.shape[0],), jnp.int32)
+    if not initialized:
+      return k, v, None
+    idx = index.value
+    write = jax.vmap(lambda c, new, i: jax.lax.dynamic_update_slice(c, new.astype(c.dtype),
+                                                                    (i, 0, 0)))
+    cached_k.value = write(cached_k.value, k, idx)
+    cached_v.value = write(cached_v.value, v, idx)
+    index.value = idx + k.shape[1]
+    q_pos = idx[:, None] + jnp.arange(k.shape[1])[None, :]                            # [B, T]
+    mask = jnp.arange(cached_k.value.shape[1])[None, None, :] <= q_pos[:, :, None]  # [B, T, S]
+    return cached_k.value, cached_v.value, mask
+
+
 class Attention(nn.Module):
   """Causal multi-head attention with RoPE, GQA (``n_kv_heads``) and optional QK-norm (Qwen3).
 
   Split into ``project_qkv`` / ``project_out`` so designs that change what attention attends to
   (MoDA's depth keys) reuse the same projections.
+
+  ``decode=True`` (inference only, ``model/decode.py``): K/V live in the ``cache`` collection
+  (submodule ``kv_cache``: ``cached_key``/``cached_value`` [B, S, K, hd], ``cache_index`` [B] = tokens already stored per
+  row). A call with T new tokens writes them at slots ``index[b] .. index[b]+T-1``, lets query i
+  see slots ``<= index[b] + i`` and advances the index by T; ``positions`` must be
+  ``index[b] + arange(T)``. The first call (cache creation, e.g. under ``init``) sizes the cache
+  from its input and runs plain causal attention.
   """
 
   d_model: int
@@ -108,6 +160,7 @@ class Attention(nn.Module):
   dtype: DType = jnp.float32
   param_dtype: DType = jnp.float32
   use_fused_kernel: bool = False  # jax.nn.dot_product_attention (cuDNN on GPU) when True.
+  decode: bool = False            # KV cache in the 'cache' collection (see the class docstring).
 
   def setup(self):
     dense = lambda heads, axes, std, name: nn.DenseGeneral(
@@ -125,6 +178,8 @@ class Attention(nn.Module):
     if self.qk_norm:
       self.q_norm = RMSNorm(self.norm_eps, dtype=self.dtype, name="q_norm")
       self.k_norm = RMSNorm(self.norm_eps, dtype=self.dtype, name="k_norm")
+    if self.decode:
+      self.kv_cache = KVCache(name="kv_cache")
 
   def project_qkv(self, x: Array, positions: Array) -> tuple[Array, Array, Array]:
     """x [B,T,d] -> q [B,T,H,hd], k, v [B,T,K,hd], RoPE (and QK-norm) applied."""
@@ -141,8 +196,17 @@ class Attention(nn.Module):
       return jax.nn.dot_product_attention(q, k, v, is_causal=True)
     return causal_attention(q, k, v)
 
+  def attend_cached(self, q: Array, k: Array, v: Array) -> Array:
+    """Appends k, v [B,T,K,hd] to the cache and attends q [B,T,H,hd] to everything stored."""
+    k_all, v_all, mask = self.kv_cache(k, v)
+    if mask is None:  # The call that created the cache.
+      return causal_attention(q, k, v)
+    return masked_attention(q, k_all, v_all, mask)
+
   def __call__(self, x: Array, positions: Array) -> Array:
     q, k, v = self.project_qkv(x, positions)
+    if self.decode:
+      return self.project_out(self.attend_cached(q, k, v))
     return self.project_out(self.attend(q, k, v))
 
 

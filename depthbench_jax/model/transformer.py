@@ -38,6 +38,7 @@ class Block(nn.Module):
 
   cfg: ModelConfig
   return_layers: bool = False
+  decode: bool = False  # KV-cached attention (model/decode.py); inference only.
 
   @nn.compact
   def __call__(self, state, xs, positions):
@@ -51,7 +52,7 @@ class Block(nn.Module):
         qk_norm=cfg.qk_norm, norm_eps=cfg.norm_eps, init_std=cfg.init_std,
         out_init_scale=scales.attn_out, value_init_scale=scales.attn_value, dtype=dtype,
         param_dtype=param_dtype, use_fused_kernel=cfg.attention_kernel == "fused",
-        name="self_attn")
+        decode=self.decode, name="self_attn")
     mlp = SwiGLU(cfg.d_model, cfg.ffn_dim, init_std=cfg.init_std, in_init_scale=scales.mlp_in,
                  out_init_scale=scales.mlp_out, dtype=dtype, param_dtype=param_dtype, name="mlp")
     layer, gate = xs["layer"], xs["gate"]
@@ -71,16 +72,21 @@ class Block(nn.Module):
     return state, outputs
 
 
-def _block_class(cfg: ModelConfig) -> type[nn.Module]:
-  if cfg.remat_policy == "none":
+def _block_class(cfg: ModelConfig, decode: bool = False) -> type[nn.Module]:
+  if cfg.remat_policy == "none" or decode:  # No backward pass when decoding: nothing to remat.
     return Block
   return nn.remat(Block, policy=_POLICIES[cfg.remat_policy], prevent_cse=not cfg.scan_layers)
 
 
 class Transformer(nn.Module):
-  """``tokens [B,T] int32 -> logits [B,T,V] float32`` (plus per-layer outputs on request)."""
+  """``tokens [B,T] int32 -> logits [B,T,V] float32`` (plus per-layer outputs on request).
+
+  ``decode=True`` keeps attention K/V in the mutable ``cache`` collection (``model/decode.py``
+  drives it); the default path is unchanged by it.
+  """
 
   cfg: ModelConfig
+  decode: bool = False
 
   @nn.compact
   def __call__(self, tokens: Array, gate: Array | None = None, return_layers: bool = False,
@@ -98,18 +104,23 @@ class Transformer(nn.Module):
     state = io.init_state(embed(tokens))
     xs = {"layer": jnp.arange(cfg.n_layers, dtype=jnp.int32),
           "gate": (jnp.ones((cfg.n_layers,), dtype) if gate is None else gate.astype(dtype))}
-    block_cls = _block_class(cfg)
+    block_cls = _block_class(cfg, self.decode)
+    variable_axes = {"params": 0, "intermediates": 0}
+    if self.decode:
+      variable_axes["cache"] = 0
     if cfg.scan_layers:
       stack = nn.scan(
-          block_cls, variable_axes={"params": 0, "intermediates": 0},
+          block_cls, variable_axes=variable_axes,
           split_rngs={"params": True}, in_axes=(0, nn.broadcast), length=cfg.n_layers,
           metadata_params={nn.PARTITION_NAME: "layers"})
-      state, layer_outputs = stack(cfg, return_layers, name="layers")(state, xs, positions)
+      state, layer_outputs = stack(cfg, return_layers, self.decode, name="layers")(
+          state, xs, positions)
     else:
       per_layer = []
       for i in range(cfg.n_layers):
         xs_i = jax.tree.map(lambda a: a[i], xs)
-        state, out = block_cls(cfg, return_layers, name=f"layers_{i}")(state, xs_i, positions)
+        state, out = block_cls(cfg, return_layers, self.decode, name=f"layers_{i}")(
+            state, xs_i, positions)
         per_layer.append(out)
       layer_outputs = (jax.tree.map(lambda *a: jnp.stack(a), *per_layer) if return_layers
                        else None)

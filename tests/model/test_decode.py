@@ -1,0 +1,70 @@
+"""KV-cache decoding equals full recompute; the default forward pass is untouched by decode."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs.base import get_config
+from depthbench_jax.model import decode
+from depthbench_jax.model.config import model_config_from
+from depthbench_jax.model.transformer import Transformer, abstract_params
+
+
+def cfg_of(**overrides):
+  m = get_config().model
+  m.vocab_size, m.d_model, m.n_layers, m.n_heads, m.ffn_dim = 61, 32, 2, 4, 64
+  m.remat_policy = "none"
+  for k, v in overrides.items():
+    setattr(m, k, v)
+  return model_config_from(m)
+
+
+PROMPTS = [[5, 9, 2, 33, 7, 1, 8], [4, 4, 4], [12, 50, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 9]]
+
+
+def random_params(cfg, seed=0, std=0.3):
+  """Random params of the model's shapes, drawn in numpy (no init compile); sharp logits."""
+  rng = np.random.RandomState(seed)
+  draw = lambda leaf: (std * rng.randn(*leaf.shape)).astype(np.float32)
+  return jax.tree.map(draw, nn.unbox(abstract_params(cfg)))
+
+
+@pytest.mark.parametrize("overrides", [dict(), dict(n_kv_heads=2, qk_norm=True,
+                                                     scan_layers=False)])
+def test_kv_cache_equals_full_recompute(overrides):
+  cfg = cfg_of(**overrides)
+  params = random_params(cfg)
+  cached, cached_logits = decode.greedy_generate(cfg, params, PROMPTS, 6, return_logits=True)
+  full, full_logits = decode.greedy_generate(cfg, params, PROMPTS, 6, use_cache=False,
+                                             return_logits=True)
+  assert cached == full
+  np.testing.assert_allclose(cached_logits, full_logits, atol=1e-5, rtol=1e-5)
+  # And against a plain forward pass of the unpadded prompt + generated tokens.
+  seq = PROMPTS[0] + cached[0][:-1]
+  logits = Transformer(cfg).apply({"params": params}, jnp.array([seq], jnp.int32))
+  np.testing.assert_allclose(cached_logits[:, 0], logits[0, len(PROMPTS[0]) - 1:], atol=1e-5)
+
+
+def test_eos_stops_a_row():
+  cfg = cfg_of()
+  params = random_params(cfg)
+  first = decode.greedy_generate(cfg, params, PROMPTS, 6)
+  eos = first[0][1]
+  out = decode.greedy_generate(cfg, params, PROMPTS, 6, eos_id=eos)
+  assert len(out[0]) <= 2
+  for row, ref in zip(out, first):  # Each row stops at its own first eos (included).
+    stop = ref.index(eos) + 1 if eos in ref else len(ref)
+    assert row == ref[:stop]
+
+
+def test_decode_mode_does_not_change_the_default_forward():
+  cfg = cfg_of()
+  params = random_params(cfg)
+  tokens = jnp.array(PROMPTS[:1], jnp.int32)
+  plain = Transformer(cfg).apply({"params": params}, tokens)
+  cache = decode.init_cache(cfg, 1, 16)
+  cached, _ = Transformer(cfg, decode=True).apply(
+      {"params": params, "cache": cache}, tokens, mutable=["cache"])
+  np.testing.assert_allclose(cached, plain, atol=1e-6)
