@@ -107,7 +107,7 @@ def test_dry_run_plan(tiny, capsys):
   runs = sweep.list_runs(tiny["config"], tiny["results"])
   rows = sweep.plan_rows(tiny["config"], runs, mfu=0.5, peak_flops=1e12)
   config = sweep.load_config_module(tiny["config"]).get_config(runs[2].arg)
-  tokens = 150 * 8 * 128
+  tokens = 120 * 8 * 128
   assert rows[2]["tokens"] == tokens
   assert rows[2]["flops"] == pytest.approx(
       train_flops_per_token(model_config_from(config.model), 128) * tokens)

@@ -184,7 +184,8 @@ def scorecard_markdown(rows: Sequence[dict]) -> str:
       out.append(f"| {r['design']} | {_fmt(r['loss_lo'])} | {_fmt(r['loss_hi'])} | "
                  f"{r['trend']} | {shape} | {_fmt(b['final_val_loss'] if b else None)} | {lr} |")
     out.append("")
-  out.append("† best LR at an edge of the grid tried: the optimum may lie outside it.")
+  if any(r["best_lr_at_edge"] for r in rows):
+    out.append("† best LR at an edge of the grid tried: the optimum may lie outside it.")
   return "\n".join(out)
 
 
