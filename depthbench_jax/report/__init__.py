@@ -7,7 +7,8 @@ Reads every ``RUN/summary.json`` under RESULTS_DIR (recursively), picks the best
     RESULTS_DIR/runs.csv                       every run, one row each
     RESULTS_DIR/plots/loss_vs_aspect_<design>.png, plots/loss_vs_aspect_all.png
 
-Optional sections come from the post-hoc modules when they exist and the runs carry their files:
+Optional sections come from the post-hoc modules when they exist and the runs carry their files
+(looked up in ``depthbench_jax.<pkg>``, then ``.report``, then ``.report_section``):
 ``depthbench_jax.diagnostics.diagnostics_table(runs)`` (runs with ``diagnostics.json``),
 ``depthbench_jax.evals.evals_table(runs)`` (``evals.json``) and
 ``depthbench_jax.systems.systems_table(runs)``; each takes the run records (dicts: the summary

@@ -255,7 +255,8 @@ def hook_sections(records: Sequence[dict]) -> list[tuple[str, str]]:
     if not runs:
       continue
     fn = None
-    for module_name in (f"depthbench_jax.{package}", f"depthbench_jax.{package}.report"):
+    for module_name in (f"depthbench_jax.{package}", f"depthbench_jax.{package}.report",
+                        f"depthbench_jax.{package}.report_section"):
       try:
         fn = getattr(importlib.import_module(module_name), fn_name, None)
       except ImportError:
