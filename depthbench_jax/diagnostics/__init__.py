@@ -1,0 +1,21 @@
+"""Layer diagnostics (DepthBench): angular distance, causal and permutation scores, the shares of
+late pairs above thresholds, HC/mHC mixing effective rank, Block AttnRes dead prefix.
+
+``metrics``   pure functions on arrays, with the definitions and choices in its docstring
+``probes``    the model passes (one clean pass; vmapped gate and swap batches), ``Probes.run``
+``periodic``  ``DiagnosticsHook`` for the training loop; ``plots`` heatmaps; ``report_section``
+
+Post hoc: ``python -m depthbench_jax.diagnose --workdir=RUN_DIR``.
+"""
+
+
+def diagnostics_table(runs):
+  """The scorecard's hook (``report/scorecard.py``): run records (dicts with ``workdir``) ->
+  markdown tables plus each design's deepest-run heatmaps (absolute paths); None if none has a
+  ``diagnostics.json``."""
+  from depthbench_jax.diagnostics import report_section
+  pairs = report_section.as_runs(runs)
+  if not pairs:
+    return None
+  return report_section.section(pairs, heading=False, heatmap_runs="deepest",
+                                which=("causal", "permutation"))

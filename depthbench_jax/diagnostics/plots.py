@@ -31,7 +31,7 @@ def _heatmap(matrix: np.ndarray, title: str, late_start: int, xlabel: str, ylabe
                     interpolation="nearest", origin="upper")
   fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
   for line in (ax.axvline, ax.axhline):
-    line(late_start - 0.5, color="w", ls="--", lw=0.8)
+    line(late_start - 0.5, color="0.5", ls="--", lw=0.8)
   ax.set_title(title, fontsize=9)
   ax.set_xlabel(xlabel)
   ax.set_ylabel(ylabel)

@@ -1,16 +1,38 @@
 """The report's layer-diagnostics section: a markdown table and the heatmaps to embed.
 
 ``runs`` is a list of ``(summary, diagnostics)``: a run's ``summary.json`` and its
-``diagnostics.json`` (``diagnose.py``). One row per run, sorted by design then depth.
+``diagnostics.json`` (``diagnose.py``). The scorecard's run records (dicts with ``workdir``, see
+``report/scorecard.py``) are accepted too: their ``diagnostics.json`` is read. One row per run,
+sorted by design, depth, width, LR.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from typing import Any, Iterable, Sequence
 
 Run = tuple[dict, dict]
+
+
+def as_runs(runs: Iterable[Any]) -> list[Run]:
+  """``(summary, diagnostics)`` pairs from pairs or from records with a ``workdir`` (records
+  without a readable ``diagnostics.json`` are dropped)."""
+  out = []
+  for run in runs:
+    if isinstance(run, dict):
+      try:
+        with open(os.path.join(run["workdir"], "diagnostics.json")) as f:
+          diag = json.load(f)
+      except (KeyError, OSError, json.JSONDecodeError):
+        continue
+      diag.setdefault("workdir", run["workdir"])
+      out.append((run, diag))
+    else:
+      summary, diag = run
+      out.append((summary, diag))
+  return out
 
 HEATMAPS = ("causal", "permutation", "angular")
 
@@ -36,8 +58,20 @@ def _num(value: Any, digits: int = 3) -> str:
       f"{value:.{digits}f}")
 
 
+def _width(summary: dict, diag: dict) -> int | None:
+  if summary.get("d_model") is not None:
+    return int(summary["d_model"])
+  return ((summary.get("config") or {}).get("model") or {}).get("d_model")
+
+
+def _lr(summary: dict) -> float | None:
+  lr = summary.get("lr", (summary.get("config") or {}).get("lr"))
+  return float(lr) if isinstance(lr, (int, float)) else None
+
+
 def _sorted(runs: Iterable[Run]) -> list[Run]:
-  return sorted(runs, key=lambda r: (_design(*r), _depth(*r) or 0, r[0].get("name") or ""))
+  return sorted(as_runs(runs), key=lambda r: (_design(*r), _depth(*r) or 0, _width(*r) or 0,
+                                              _lr(r[0]) or 0.0, r[0].get("name") or ""))
 
 
 def _threshold(runs: Sequence[Run], key: str, default: float) -> float:
@@ -57,15 +91,17 @@ def diagnostics_table(runs: Sequence[Run]) -> str:
   tc = _threshold(runs, "causal", 0.45)
   tp = _threshold(runs, "permutation", 0.15)
   lines = [
-      f"| design | L | causal C>{tc:g} | permutation P>{tp:g} | angular d(l,l+1) late | "
-      "erank (late) | dead prefix | loss |",
-      "|---|---:|---:|---:|---:|---:|---:|---:|",
+      f"| design | L | d | lr | causal C>{tc:g} | permutation P>{tp:g} | "
+      "angular d(l,l+1) late | erank (late) | dead prefix | loss |",
+      "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
   ]
   for summary, diag in runs:
     mixing = diag.get("mixing") or {}
     dead = diag.get("dead_prefix") or {}
+    lr = _lr(summary)
     lines.append(
         f"| {_design(summary, diag)} | {_depth(summary, diag) or '?'} "
+        f"| {_width(summary, diag) or '-'} | {'-' if lr is None else f'{lr:g}'} "
         f"| {_pct((diag.get('causal') or {}).get('share'))} "
         f"| {_pct((diag.get('permutation') or {}).get('share'))} "
         f"| {_num((diag.get('angular') or {}).get('late_consecutive_mean'))} "
@@ -76,8 +112,9 @@ def diagnostics_table(runs: Sequence[Run]) -> str:
 
 
 def share_pivot(runs: Sequence[Run], key: str = "causal") -> str:
-  """Markdown: rows = designs, columns = depths, cells = the ``key`` share (compact overview)."""
-  runs = _sorted(runs)
+  """Markdown: rows = designs, columns = depths, cells = the ``key`` share (compact overview;
+  with several runs per cell, e.g. an LR sweep, the lowest-loss run's share)."""
+  runs = sorted(_sorted(runs), key=lambda r: -_loss(r))
   depths = sorted({_depth(*r) for r in runs if _depth(*r) is not None})
   cells: dict[tuple[str, int], Any] = {}
   for summary, diag in runs:
@@ -106,13 +143,37 @@ def heatmap_paths(runs: Sequence[Run], which: Sequence[str] = HEATMAPS) -> list[
   return out
 
 
-def section(runs: Sequence[Run], relative_to: str | None = None) -> str:
-  """The whole markdown section: tables plus embedded heatmaps (paths relative to the report)."""
-  parts = ["## Layer diagnostics\n",
-           "Shares are over late pairs (both layers >= L/4); thresholds as in DepthBench.\n",
-           diagnostics_table(runs), "\nCausal share by depth:\n", share_pivot(runs, "causal"),
-           "\nPermutation share by depth:\n", share_pivot(runs, "permutation"), ""]
-  for caption, path in heatmap_paths(runs):
+def _loss(run: Run) -> float:
+  loss = run[1].get("loss")
+  return math.inf if loss is None else float(loss)
+
+
+def deepest_per_design(runs: Sequence[Run]) -> list[Run]:
+  """Each design's deepest run (lowest diagnostics loss among ties): the heatmaps worth showing."""
+  best: dict[str, Run] = {}
+  rank = lambda run: (_depth(*run) or 0, -_loss(run))
+  for run in _sorted(runs):
+    design = _design(*run)
+    if design not in best or rank(run) > rank(best[design]):
+      best[design] = run
+  return list(best.values())
+
+
+def section(runs: Sequence[Any], relative_to: str | None = None, heading: bool = True,
+            heatmap_runs: str = "all", which: Sequence[str] = HEATMAPS) -> str:
+  """The markdown section: tables plus embedded heatmaps.
+
+  Image paths are relative to ``relative_to`` (the report's folder) when given, else absolute.
+  ``heatmap_runs``: 'all' runs, or 'deepest' (each design's deepest run only).
+  """
+  runs = as_runs(runs)
+  parts = (["## Layer diagnostics\n"] if heading else []) + [
+      "Shares are over late pairs (both layers >= L/4); thresholds as in DepthBench; share "
+      "curves over thresholds are in each run's plots/diag_share_curves.png.\n",
+      diagnostics_table(runs), "\nCausal share by depth:\n", share_pivot(runs, "causal"),
+      "\nPermutation share by depth:\n", share_pivot(runs, "permutation"), ""]
+  shown = deepest_per_design(runs) if heatmap_runs == "deepest" else runs
+  for caption, path in heatmap_paths(shown, which):
     if relative_to:
       path = os.path.relpath(path, relative_to)
     parts.append(f"![{caption}]({path})")

@@ -51,8 +51,8 @@ def test_diagnose_writes_json_and_pngs_and_the_report_reads_them(run, tmp_path):
   other = dict(loaded, n_layers=8, design="hc", mixing={"erank_late": 2.61})
   table = report_section.diagnostics_table([(summary, other), (summary, loaded)])
   lines = table.strip().splitlines()
-  assert lines[0].startswith("| design | L | causal C>0.45 | permutation P>0.15")
-  assert lines[2].startswith("| hc | 8 |") and "| 2.61 |" in lines[2]
+  assert lines[0].startswith("| design | L | d | lr | causal C>0.45 | permutation P>0.15")
+  assert lines[2].startswith("| hc | 8 | - | - |") and "| 2.61 |" in lines[2]
   assert lines[3].startswith("| preln | 4 |")
   share = loaded["causal"]["share"]
   assert f"{100 * share:.1f}%" in lines[3]
@@ -63,6 +63,14 @@ def test_diagnose_writes_json_and_pngs_and_the_report_reads_them(run, tmp_path):
   md = report_section.section([(summary, loaded)], relative_to=str(tmp_path))
   assert "![preln L=4: causal](plots/diag_causal.png)" in md
   assert "| preln | " in report_section.share_pivot([(summary, loaded)])
+
+  # The scorecard's hook: records are summaries plus workdir; diagnostics.json is read from it.
+  from depthbench_jax import diagnostics
+  record = dict(summary, workdir=str(tmp_path), n_layers=4, d_model=32, lr=3e-3)
+  md = diagnostics.diagnostics_table([record, dict(record, workdir=str(tmp_path / "none"))])
+  assert "| preln | 4 | 32 | 0.003 |" in md and md.count("| preln | 4 |") == 1
+  assert f"]({tmp_path}/plots/diag_causal.png)" in md
+  assert diagnostics.diagnostics_table([dict(record, workdir=str(tmp_path / "none"))]) is None
 
 
 def test_hook_writes_scalars_and_uint8_images(run):
