@@ -31,8 +31,9 @@ def initialize_distributed(coordinator: str | None, num_processes: int | None,
   num_processes = num_processes or _env_int("JAX_NUM_PROCESSES")
   process_id = process_id if process_id is not None else _env_int("JAX_PROCESS_ID")
   if coordinator and num_processes and num_processes > 1:
-    if jax.default_backend() == "cpu" or os.environ.get("JAX_PLATFORMS", "") == "cpu":
-      jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    # CPU collectives over gloo (the GPU backend ignores this and uses NCCL). Must be set
+    # before the backend starts, so it cannot depend on jax.default_backend().
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
                                process_id=process_id,
                                initialization_timeout=int(os.environ.get(

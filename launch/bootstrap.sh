@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Creates .venv at the repo root (if absent or stale) with everything the project needs.
+# Needs only python3 and the package registries. Idempotent: a stamp records what was installed.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="$ROOT/.venv"
+STAMP="$VENV/.depthbench-installed"
+# Packages installed without their dependencies: openai-whisper only for its GPT-2 BPE file
+# (its deps would pull a CUDA torch); the reference residual implementations for parity tests.
+NO_DEPS=(openai-whisper==20250625 hyper-connections==0.4.11 attn-res==0.1.0 moda-attention==0.1.0)
+
+want="$(cat "$ROOT/setup.py" "$ROOT/launch/constraints.txt" "$ROOT/launch/bootstrap.sh" | sha256sum | cut -c1-16)"
+if [[ -x "$VENV/bin/python" && -f "$STAMP" && "$(cat "$STAMP")" == "$want" ]]; then
+  exit 0
+fi
+echo "[bootstrap] setting up $VENV (first time takes a few minutes)" >&2
+[[ -x "$VENV/bin/python" ]] || python3 -m venv "$VENV"
+PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check -q)
+"${PIP[@]}" --upgrade pip
+"${PIP[@]}" -c "$ROOT/launch/constraints.txt" -e "$ROOT[test]"
+"${PIP[@]}" --no-deps -c "$ROOT/launch/constraints.txt" "${NO_DEPS[@]}"
+echo "$want" > "$STAMP"
+echo "[bootstrap] done" >&2

