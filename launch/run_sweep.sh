@@ -13,7 +13,7 @@
 # Other flags go to `python -m depthbench_jax.sweep` (--results_dir, --mfu, --peak_flops, ...).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-[[ -x "$ROOT/.venv/bin/python" ]] || "$ROOT/launch/bootstrap.sh"
+"$ROOT/launch/bootstrap.sh"   # no-op when .venv is current
 cd "$ROOT"
 PY="$ROOT/.venv/bin/python"
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
