@@ -131,13 +131,17 @@ def depth_softmax(query: Array, sources: Array, mask: Array | None = None,
   """AttnRes depth attention: ``h = sum_i softmax_i(w . N0(v_i)) v_i``.
 
   query: [d] pseudo-query ``w``; sources: [S, B, T, d] values ``v_i``; mask: [S] bool (False =
-  source absent, weight 0). Keys are the gain-free RMS-normalised values, no 1/sqrt(d)
-  temperature (Kimi Team, 2026, Eq. 2-4). Returns (h [B,T,d], weights [S,B,T]).
+  source absent, weight 0) or float presence ``p_i`` in [0, 1] (weights ``p_i e^(z_i) / sum_j
+  p_j e^(z_j)``: 0 = absent, 1 = present, between = a softly gated source). Keys are the gain-free
+  RMS-normalised values, no 1/sqrt(d) temperature (Kimi Team, 2026, Eq. 2-4). Returns
+  (h [B,T,d], weights [S,B,T]).
   """
   keys = rms_norm_nogain(sources, eps)
   logits = jnp.einsum("d,sbtd->sbt", query.astype(jnp.float32), keys)
   if mask is not None:
-    logits = jnp.where(mask[:, None, None], logits, -jnp.inf)
+    present = mask > 0
+    log_p = jnp.log(jnp.where(present, mask, 1).astype(jnp.float32))
+    logits = jnp.where(present[:, None, None], logits + log_p[:, None, None], -jnp.inf)
   weights = jax.nn.softmax(logits, axis=0)
   h = jnp.einsum("sbt,sbtd->btd", weights.astype(sources.dtype), sources)
   return h, weights

@@ -7,9 +7,13 @@ import importlib
 from depthbench_jax.errors import ConfigError
 from depthbench_jax.residual.base import Design
 
-# name -> module that defines ``DESIGN`` (a ``base.Design``).
+# name -> module that defines ``DESIGN`` (a ``base.Design``); "module:ATTR" when one family module
+# defines several designs.
 _MODULES = {
     "preln": "depthbench_jax.residual.preln",
+    "attnres_full": "depthbench_jax.residual.attnres:FULL",
+    "attnres_block": "depthbench_jax.residual.attnres:BLOCK",
+    "moda": "depthbench_jax.residual.moda",
 }
 
 _cache: dict[str, Design] = {}
@@ -23,5 +27,6 @@ def get(name: str) -> Design:
   if name not in _MODULES:
     raise ConfigError(f"config.model.residual.name={name!r}; allowed: {', '.join(names())}")
   if name not in _cache:
-    _cache[name] = importlib.import_module(_MODULES[name]).DESIGN
+    module, _, attr = _MODULES[name].partition(":")
+    _cache[name] = getattr(importlib.import_module(module), attr or "DESIGN")
   return _cache[name]

@@ -1,0 +1,267 @@
+"""Attention Residuals (Kimi Team, 2026, arXiv 2603.15031): Full and Block AttnRes.
+
+Every sublayer reads its input as a softmax mixture over stored sources instead of one summed
+stream (paper Eq. 2-4):
+
+  h_k = sum_i alpha_(i->k) v_i,   alpha_(i->k) = softmax_i( w_k . (g_k * N0(v_i)) ),
+
+one zero-init pseudo-query ``w_k`` [d] and one key RMSNorm (gain ``g_k``, init 1) per sublayer,
+no 1/sqrt(d) temperature; the sublayer computes ``v = F(N(h_k))`` with its usual pre-norm ``N``.
+
+Conventions (shared by both designs, from the paper):
+* Sublayers are the unit: attention and MLP are each a source, global index ``k = 2*layer + sub``
+  (the paper counts every Attn and MLP as a "layer", L_AR = 2 * n_layers). ``v_0`` = embedding.
+* Key RMSNorm is learnable: the paper adds "one RMSNorm and one pseudo-query vector w_l per
+  layer" and the official README pseudocode uses a weighted ``RMSNorm`` for the keys. Since
+  ``w . (g * N0(v)) = (w * g) . N0(v)``, the gain is folded into the query and the shared
+  ``base.depth_softmax`` (gain-free keys) does the math. The PyPI reference ``attn-res==0.1.0``
+  uses a gain-free key norm instead (``RMSNormNoWeight``): equal at init and whenever
+  ``g = 1``; in general ``ours(w, g) == reference(w * g)`` (tests/residual/test_attnres_parity.py).
+* Readout: one more aggregation over all sources with its own zero-init query (and key gain),
+  then the final RMSNorm; for Block this is the paper's "the final output layer aggregates all N
+  block representations", for Full the same rule (an extrapolation shared by the reimplementations
+  the spec cites). ``attn-res==0.1.0`` instead returns the plain *sum* of the final sources; at
+  init (zero readout query) ours is that sum divided by the number of sources ``S``, which the
+  parity test checks.
+* Presence and the diagnostics gate: the state carries ``presence`` [S] (1 = written, 0 = not yet
+  written or its layer absent). A source's softmax weight is ``p_i e^(z_i) / sum_j p_j e^(z_j)``,
+  so unwritten slots are masked and a layer with gate 0 simply disappears from every later
+  sublayer's source set (and from the readout), as if the network did not contain it. ``skip``
+  only blends ``presence`` (and, for Block, the one or two block slots the layer touched), never
+  the whole buffer.
+* ``hidden(state)``: the residual-equivalent stream ``x = sum_i p_i v_i`` (embedding plus every
+  present sublayer output). It is what a Pre-LN network with the same sublayer outputs would carry,
+  is the same quantity for Full and Block (block slots sum the same outputs), and needs no query of
+  the next layer. (The latest stored output is available from ``return_layers['update']``.)
+
+Diagnostics (``intermediates``, once per sublayer): ``depth_weights`` [S,B,T] (zero on absent
+slots) and, Block only, ``own_block_weight`` [B,T] (weight on the current block's partial sum, 0 for
+a block's first sublayer).
+"""
+
+from __future__ import annotations
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from depthbench_jax.model.layers import dtype_of
+from depthbench_jax.residual.base import Design, LayerWiring, StateIO, check_fields, depth_softmax
+
+Array = jax.Array
+
+
+# ---------------------------------------------------------------------------------------------
+# Pieces both designs share.
+# ---------------------------------------------------------------------------------------------
+
+class _DepthQueries(LayerWiring):
+  """Per-layer params of both designs: two pseudo-queries, two key gains, two pre-norms."""
+
+  def setup(self):
+    d = self.cfg.d_model
+    vec = lambda init, name: self.param(
+        name, nn.with_logical_partitioning(init, ("norm",)), (d,), jnp.float32)
+    # [sub] -> param; sub 0 = attention, 1 = MLP. Zero queries: uniform weights at init (AR §5).
+    self.queries = (vec(nn.initializers.zeros, "attn_res_query_attn"),
+                    vec(nn.initializers.zeros, "attn_res_query_mlp"))
+    self.key_gains = (vec(nn.initializers.ones, "attn_res_key_norm_attn"),
+                      vec(nn.initializers.ones, "attn_res_key_norm_mlp"))
+    self.input_norm = self.norm("input_layernorm")
+    self.post_attention_norm = self.norm("post_attention_layernorm")
+
+  def aggregate(self, state, sub: int) -> tuple[Array, Array]:
+    """``h = sum_i softmax_i((w * g) . N0(v_i)) v_i`` over present slots; also the weights."""
+    query = self.queries[sub] * self.key_gains[sub]
+    h, weights = depth_softmax(query, state["values"], state["presence"], self.cfg.norm_eps)
+    self.sow("intermediates", "depth_weights", weights)
+    return h, weights
+
+  def pre_norm(self, h: Array, sub: int) -> Array:
+    return self.input_norm(h) if sub == 0 else self.post_attention_norm(h)
+
+  def hidden(self, state) -> Array:
+    """Residual-equivalent stream ``sum_i p_i v_i`` [B,T,d] (see the module docstring)."""
+    p = state["presence"].astype(state["values"].dtype)
+    return jnp.einsum("s,sbtd->btd", p, state["values"])
+
+
+class DepthReadout(StateIO):
+  """Final aggregation with its own zero-init query and key gain, then the final RMSNorm."""
+
+  def setup(self):
+    super().setup()
+    d = self.cfg.d_model
+    self.readout_query = self.param(
+        "readout_query", nn.with_logical_partitioning(nn.initializers.zeros, ("norm",)), (d,),
+        jnp.float32)
+    self.readout_key_gain = self.param(
+        "readout_key_norm", nn.with_logical_partitioning(nn.initializers.ones, ("norm",)), (d,),
+        jnp.float32)
+
+  def n_slots(self) -> int:
+    raise NotImplementedError
+
+  def init_state(self, x0: Array):
+    """``values`` [S,B,T,d] zeros with slot 0 = embedding; ``presence`` [S] = e_0."""
+    values = jnp.zeros((self.n_slots(),) + x0.shape, x0.dtype).at[0].set(x0)
+    presence = jnp.zeros((self.n_slots(),), jnp.float32).at[0].set(1.0)
+    return {"values": values, "presence": presence, "slot": jnp.zeros((), jnp.int32)}
+
+  def readout(self, state) -> Array:
+    h, weights = depth_softmax(self.readout_query * self.readout_key_gain, state["values"],
+                               state["presence"], self.cfg.norm_eps)
+    self.sow("intermediates", "readout_depth_weights", weights)
+    return self.final_norm(h.astype(dtype_of(self.cfg.dtype)))
+
+
+def _blend(old: Array, new: Array, gate: Array) -> Array:
+  return (gate * new + (1.0 - gate) * old).astype(new.dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# Full AttnRes.
+# ---------------------------------------------------------------------------------------------
+
+class FullAttnRes(_DepthQueries):
+  """Full AttnRes: every sublayer attends over the embedding and all earlier sublayer outputs.
+
+  State: ``values`` [2L+1, B, T, d], one preallocated buffer carried by the scan (slot 0 = ``v_0``
+  = embedding, slot ``k+1`` = output of global sublayer ``k = 2*layer + sub``), written with
+  ``dynamic_update_slice`` at the traced index; ``presence`` [2L+1] masks slots not yet written
+  (and layers gated out); ``slot`` (int32) = the last slot written. Sublayer ``k`` reads slots
+  ``0..k`` (all that are present): ``h_k = sum_i softmax_i(w_k . N0(v_i)) v_i``; then
+  ``v_(k+1) = F(N(h_k))`` is stored. Memory O(L d) per token (paper §3.1), but note that
+  reverse-mode through ``nn.scan`` saves each iteration's carry, so training stores O(L^2 d).
+  """
+
+  def read(self, state, sub, layer):
+    h, _ = self.aggregate(state, sub)
+    return self.pre_norm(h.astype(state["values"].dtype), sub)
+
+  def write(self, state, y, sub, layer):
+    slot = 2 * layer + sub + 1
+    values = jax.lax.dynamic_update_slice_in_dim(
+        state["values"], y[None].astype(state["values"].dtype), slot, axis=0)
+    return {"values": values, "presence": state["presence"].at[slot].set(1.0),
+            "slot": jnp.asarray(slot, jnp.int32)}
+
+  def skip(self, old, new, gate):
+    """Gate 0 = layer absent: its two slots keep their values but get presence 0 (masked)."""
+    return {"values": new["values"], "presence": _blend(old["presence"], new["presence"], gate),
+            "slot": new["slot"]}
+
+
+class FullAttnResIO(DepthReadout):
+
+  def n_slots(self) -> int:
+    return 2 * self.cfg.n_layers + 1
+
+
+def _check_full(residual, n_layers):
+  check_fields(residual, {})
+
+
+# ---------------------------------------------------------------------------------------------
+# Block AttnRes.
+# ---------------------------------------------------------------------------------------------
+
+BLOCK_UNITS = ("layer", "sublayer")
+
+
+def block_schedule(n_layers: int, n_blocks: int, unit: str = "layer") -> tuple[int, int]:
+  """(sublayers per block, number of blocks) under the Kimi K3 schedule.
+
+  Block size = ``ceil(units / n_blocks)`` units, units = Transformer layers (``unit='layer'``, the
+  K3 convention: 93 layers, 8 blocks -> 12-layer blocks, last block 9 layers) or sublayers
+  (``unit='sublayer'``, the paper's S counted in sublayers; ``n_blocks >= 2L`` gives one sublayer
+  per block = Full AttnRes). The block size therefore grows with depth at fixed ``n_blocks``
+  (L=16 -> 2 layers, L=32 -> 4), the last block may be partial, and there are
+  ``ceil(units / size) <= n_blocks`` blocks.
+  """
+  units = n_layers if unit == "layer" else 2 * n_layers
+  size = math.ceil(units / n_blocks)
+  per_unit = 2 if unit == "layer" else 1
+  return size * per_unit, math.ceil(units / size)
+
+
+class BlockAttnRes(_DepthQueries):
+  """Block AttnRes: sublayers grouped into blocks; attention over block summaries (paper §3.2).
+
+  ``b_0`` = embedding, ``b_n`` = sum of block ``n``'s sublayer outputs, ``b_n^i`` = partial sum of
+  its first ``i``. Sources of the ``i``-th sublayer of block ``n`` (paper Eq. 6): ``[b_0..b_(n-1)]``
+  for ``i = 1`` and ``[b_0..b_(n-1), b_n^(i-1)]`` for ``i >= 2``; then ``b_n^i = b_n^(i-1) + v``.
+  Block size: ``block_schedule`` (config ``n_blocks``, default 8, and ``block_unit``, default
+  'layer': K3 counts the block size in decoder layers).
+
+  State: ``values`` [n_blocks+1, B, T, d] (slot 0 = ``b_0``, slot ``n`` = block ``n``'s summary;
+  the running partial sum ``b_n^i`` lives in its own slot ``n`` until the block completes, so no
+  separate partial-sum array is needed), ``presence`` [n_blocks+1] (a block's slot turns present
+  with its first written sublayer, which makes Eq. 6's "no partial sum for i = 1" automatic), and
+  ``slot`` = the last slot written. Memory O(n_blocks d) per token.
+
+  Gate 0 = layer absent: the layer's outputs are not added to its block's partial sum (the one or
+  two slots it touched are restored) and a slot it opened stays absent.
+  """
+
+  def schedule(self) -> tuple[int, int]:
+    res = self.cfg.residual
+    return block_schedule(self.cfg.n_layers, res.get("n_blocks", 8),
+                          res.get("block_unit", "layer"))
+
+  def _position(self, sub, layer):
+    per_block, _ = self.schedule()
+    k = 2 * layer + sub
+    return k // per_block + 1, k % per_block  # (block slot n, index i in block, 0-based)
+
+  def read(self, state, sub, layer):
+    h, weights = self.aggregate(state, sub)
+    n, _ = self._position(sub, layer)
+    self.sow("intermediates", "own_block_weight", jnp.take(weights, n, axis=0))
+    return self.pre_norm(h.astype(state["values"].dtype), sub)
+
+  def write(self, state, y, sub, layer):
+    n, _ = self._position(sub, layer)
+    values = state["values"]
+    # A slot is zero until its block's first sublayer writes, so "+=" also starts the partial sum.
+    current = jax.lax.dynamic_index_in_dim(values, n, axis=0, keepdims=True)
+    values = jax.lax.dynamic_update_slice_in_dim(
+        values, current + y[None].astype(values.dtype), n, axis=0)
+    return {"values": values, "presence": state["presence"].at[n].set(1.0),
+            "slot": jnp.asarray(n, jnp.int32)}
+
+  def skip(self, old, new, gate):
+    # The layer touched slot new.slot and possibly new.slot - 1 (a block boundary between its
+    # attention and MLP sublayers): blend a 2-slot window ending there (start clamped to >= 0).
+    start = jnp.maximum(new["slot"] - 1, 0)
+    window = lambda v: jax.lax.dynamic_slice_in_dim(v, start, 2, axis=0)
+    values = jax.lax.dynamic_update_slice_in_dim(
+        new["values"], _blend(window(old["values"]), window(new["values"]), gate), start, axis=0)
+    return {"values": values, "presence": _blend(old["presence"], new["presence"], gate),
+            "slot": new["slot"]}
+
+
+class BlockAttnResIO(DepthReadout):
+
+  def n_slots(self) -> int:
+    res = self.cfg.residual
+    _, n_blocks = block_schedule(self.cfg.n_layers, res.get("n_blocks", 8),
+                                 res.get("block_unit", "layer"))
+    return n_blocks + 1
+
+
+def _check_block(residual, n_layers):
+  check_fields(residual, {
+      "n_blocks": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0,
+                   "a positive integer (Kimi K3 schedule: 8)"),
+      "block_unit": (lambda v: v in BLOCK_UNITS, ", ".join(BLOCK_UNITS)),
+  })
+
+
+FULL = Design(name="attnres_full", layer=FullAttnRes, io=FullAttnResIO, check=_check_full,
+              description="h_k = sum_i softmax_i(w_k . N0(v_i)) v_i over all earlier sublayers")
+BLOCK = Design(name="attnres_block", layer=BlockAttnRes, io=BlockAttnResIO,
+               defaults={"n_blocks": 8, "block_unit": "layer"}, check=_check_block,
+               description="AttnRes over block summaries + the current partial sum (Eq. 6)")

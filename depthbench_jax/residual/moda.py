@@ -1,0 +1,155 @@
+"""MoDA, Mixture-of-Depths Attention (Zhu et al., 2026, arXiv 2603.15619; code hustvl/MoDA).
+
+Each attention head attends, under **one softmax** with scale 1/sqrt(hd), to the causal sequence
+keys/values of its own layer and to the *depth* keys/values that earlier sublayers produced at
+the **same position**:
+
+  o_t = sum_(j<=t) a_tj V_j + sum_(i<2l) a_ti Vd_i[t],
+  (a_t.) = softmax([ q_t . K_j / sqrt(hd) ]_(j<=t) ++ [ q_t . Kd_i[t] / sqrt(hd) ]_(i present)),
+
+with GQA groups sharing depth K/V (query head h reads KV head h // (H/K)). The residual stream
+itself stays Pre-LN (``x <- x + F(N(x))``); DepthBench runs MoDA on the shared Pre-LN backbone
+(the paper reports post-norm helps MoDA more; the project compares residual wirings, so MoDA keeps
+the baseline norm layout; recorded here as the spec asks).
+
+What is written to the depth stream (the paper's default variant, Table 3 row 4, matching the
+authors' LM code ``bla_gpt_moda_depth_scaling.py``):
+* attention sublayer of layer l -> slot 2l: that layer's own K/V projections of its input
+  (``k_proj(u)``, ``v_proj(u)``), stored before QK-norm and RoPE as the authors' code does
+  (``origin_k``); the reading layer applies its own ``k_norm`` to depth keys when QK-norm is on,
+  and no RoPE (the query carries RoPE; depth keys do not).
+* MLP sublayer of layer l -> slot 2l+1: a light extra KV projection of the FFN's input ``u``
+  (``ffn_depth_k_proj`` / ``ffn_depth_v_proj``, d -> K*hd each; ``ffn_kv=False`` drops it, giving
+  the attention-only variant of the DeiT code).
+Attention of layer l reads slots ``0..2l-1`` of layers ``< l``.
+
+State: ``x`` [B,T,d]; ``k``, ``v`` [2L, B, T, K, hd] preallocated depth buffers carried by the
+scan, written with ``dynamic_update_slice`` at the traced slot; ``presence`` [2L] (1 = written).
+A depth entry's softmax weight is multiplied by its presence, so unwritten slots are masked and
+a gated-out layer (gate 0) vanishes from later layers' depth keys; ``skip`` blends ``x`` and
+``presence`` only (never the buffers). ``hidden(state) = x``.
+
+The depth-augmented attention always runs the XLA einsum path below
+(``config.model.attention_kernel='fused'`` does not apply to it).
+
+Differences of the PyPI reference ``moda-attention==0.1.0`` (all checked in
+tests/residual/test_moda_parity.py): it reads its whole zero-initialised cache, so unwritten slots
+take part in the softmax as keys 0 / values 0 (the paper attends to preceding layers only); its
+attention writes separate ``k_depth_proj`` / ``v_depth_proj`` projections; its FFN projects the
+block *output* rather than the FFN input; it uses no RoPE, LayerNorm and a GELU MLP. Its kernel
+``moda_attention_naive`` on fully written depth KV equals ``moda_attention`` here.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from depthbench_jax.model.layers import apply_rope, dtype_of, normal_init
+from depthbench_jax.residual.base import Design, LayerWiring, StateIO, check_fields
+
+Array = jax.Array
+
+
+def moda_attention(q: Array, k: Array, v: Array, depth_k: Array, depth_v: Array,
+                   presence: Array) -> Array:
+  """Causal sequence attention and same-position depth attention under one softmax.
+
+  q: [B,T,H,hd]; k, v: [B,T,K,hd] (H a multiple of K, GQA); depth_k, depth_v: [S,B,T,K,hd];
+  presence: [S] float in [0,1] (0 = slot absent; weights are ``p_i e^(z_i) / Z``). Scale 1/sqrt(hd)
+  on both parts. Returns [B,T,H,hd].
+  """
+  b, t, h, hd = q.shape
+  kvh = k.shape[2]
+  qg = q.reshape(b, t, kvh, h // kvh, hd)
+  scale = 1.0 / jnp.sqrt(jnp.float32(hd))
+  seq = jnp.einsum("bqkgd,bskd->bkgqs", qg, k, preferred_element_type=jnp.float32) * scale
+  causal = jnp.arange(t)[None, :] <= jnp.arange(t)[:, None]
+  seq = jnp.where(causal, seq, -jnp.inf)
+  dep = jnp.einsum("bqkgd,nbqkd->bkgqn", qg, depth_k, preferred_element_type=jnp.float32) * scale
+  present = presence > 0
+  log_p = jnp.log(jnp.where(present, presence, 1.0).astype(jnp.float32))
+  dep = jnp.where(present, dep + log_p, -jnp.inf)
+  probs = jax.nn.softmax(jnp.concatenate([seq, dep], axis=-1), axis=-1)
+  p_seq, p_dep = probs[..., :t].astype(v.dtype), probs[..., t:].astype(v.dtype)
+  out = (jnp.einsum("bkgqs,bskd->bqkgd", p_seq, v)
+         + jnp.einsum("bkgqn,nbqkd->bqkgd", p_dep, depth_v))
+  return out.reshape(b, t, h, hd)
+
+
+class MoDA(LayerWiring):
+  """Pre-LN residual + MoDA attention over a preallocated depth-KV buffer (module docstring)."""
+
+  def setup(self):
+    cfg = self.cfg
+    self.input_norm = self.norm("input_layernorm")
+    self.post_attention_norm = self.norm("post_attention_layernorm")
+    if cfg.residual.get("ffn_kv", True):
+      dense = lambda name: nn.DenseGeneral(
+          (cfg.n_kv_heads, cfg.head_dim), use_bias=False, dtype=dtype_of(cfg.dtype),
+          param_dtype=dtype_of(cfg.param_dtype),
+          kernel_init=normal_init(cfg.init_std, "embed", "kv_heads", "head_dim"), name=name)
+      self.ffn_depth_k = dense("ffn_depth_k_proj")
+      self.ffn_depth_v = dense("ffn_depth_v_proj")
+
+  def read(self, state, sub, layer):
+    return self.input_norm(state["x"]) if sub == 0 else self.post_attention_norm(state["x"])
+
+  @staticmethod
+  def _store(state, slot, k, v):
+    put = lambda buf, val: jax.lax.dynamic_update_slice_in_dim(
+        buf, val[None].astype(buf.dtype), slot, axis=0)
+    return {**state, "k": put(state["k"], k), "v": put(state["v"], v),
+            "presence": state["presence"].at[slot].set(1.0)}
+
+  def attend(self, attn, u, positions, state, layer):
+    q, k_raw, v = attn.wq(u), attn.wk(u), attn.wv(u)
+    k, depth_k = k_raw, state["k"]
+    if attn.qk_norm:
+      q, k, depth_k = attn.q_norm(q), attn.k_norm(k), attn.k_norm(depth_k)
+    q = apply_rope(q, positions, attn.rope_theta)
+    k = apply_rope(k, positions, attn.rope_theta)
+    o = moda_attention(q, k, v, depth_k.astype(q.dtype), state["v"].astype(v.dtype),
+                       state["presence"])
+    return attn.project_out(o), self._store(state, 2 * layer, k_raw, v)
+
+  def write(self, state, y, sub, layer):
+    if sub == 1 and self.cfg.residual.get("ffn_kv", True):
+      u = self.post_attention_norm(state["x"])  # the FFN's input (same module, same value)
+      state = self._store(state, 2 * layer + 1, self.ffn_depth_k(u), self.ffn_depth_v(u))
+    return {**state, "x": state["x"] + y}
+
+  def hidden(self, state):
+    return state["x"]
+
+  def skip(self, old, new, gate):
+    """Gate 0: ``x`` as if the layer were absent, its depth slots masked (presence 0)."""
+    blend = lambda o, n: (gate * n + (1.0 - gate) * o).astype(n.dtype)
+    return {**new, "x": blend(old["x"], new["x"]),
+            "presence": blend(old["presence"], new["presence"])}
+
+
+class MoDAIO(StateIO):
+  """``init_state``: ``x = x0`` plus empty depth buffers [2L,B,T,K,hd]; readout ``N_f(x)``."""
+
+  def init_state(self, x0):
+    cfg = self.cfg
+    b, t, _ = x0.shape
+    shape = (2 * cfg.n_layers, b, t, cfg.n_kv_heads, cfg.head_dim)
+    return {"x": x0, "k": jnp.zeros(shape, x0.dtype), "v": jnp.zeros(shape, x0.dtype),
+            "presence": jnp.zeros((2 * cfg.n_layers,), jnp.float32)}
+
+  def readout(self, state):
+    return self.final_norm(state["x"])
+
+
+def _check(residual, n_layers):
+  check_fields(residual, {
+      "ffn_kv": (lambda v: isinstance(v, bool),
+                 "True (paper default: FFN KV projection writes depth KV) or False"),
+  })
+
+
+DESIGN = Design(name="moda", layer=MoDA, io=MoDAIO, defaults={"ffn_kv": True}, check=_check,
+                description="Pre-LN + attention over sequence KV and same-position depth KV")

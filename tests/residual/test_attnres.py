@@ -1,0 +1,229 @@
+"""Full and Block AttnRes: update equations by hand, init invariants, gate, schedule, training."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import residual_testkit as kit
+from depthbench_jax.errors import ConfigError
+from depthbench_jax.model.transformer import Transformer, permute_layers, unstack_layers
+from depthbench_jax.residual import attnres
+from depthbench_jax.residual.base import depth_softmax
+
+def test_depth_softmax_hand_computed():
+  # v0 = (1, -1) and v1 = (3, 3): N0 gives (1, -1) and (1, 1). w = (0, c), c = ln(2)/2:
+  # logits (-c, c), weights (1/3, 2/3), h = (1/3)(1, -1) + (2/3)(3, 3) = (7/3, 5/3).
+  sources = jnp.array([[1.0, -1.0], [3.0, 3.0]]).reshape(2, 1, 1, 2)
+  w = jnp.array([0.0, np.log(2.0) / 2])
+  h, weights = depth_softmax(w, sources)
+  np.testing.assert_allclose(weights[:, 0, 0], [1 / 3, 2 / 3], atol=1e-5)
+  np.testing.assert_allclose(h[0, 0], [7 / 3, 5 / 3], atol=1e-5)
+  # Bool mask: v1 absent. Float presence 1/2 on v1: weights (1/sqrt2, sqrt2/2) -> (1/2, 1/2).
+  h, weights = depth_softmax(w, sources, jnp.array([True, False]))
+  np.testing.assert_allclose(weights[:, 0, 0], [1, 0], atol=1e-6)
+  np.testing.assert_allclose(h[0, 0], [1, -1], atol=1e-5)
+  _, weights = depth_softmax(w, sources, jnp.array([1.0, 0.5]))
+  np.testing.assert_allclose(weights[:, 0, 0], [0.5, 0.5], atol=1e-5)
+
+
+def test_full_update_equation_hand_computed():
+  """read = N(sum_i softmax(w.(g*N0(v_i))) v_i) over written slots; write stores at 2l+sub+1."""
+  cfg = kit.tiny_cfg("attnres_full", n_layers=2, d_model=8)
+  params = jax.tree.map(lambda a: a[1], kit.init(cfg)["layers"]["residual"])  # layer 1
+  rng = np.random.RandomState(0)
+  w, g, gain = rng.randn(8), 1 + 0.1 * rng.randn(8), 1 + 0.1 * rng.randn(8)
+  params["attn_res_query_attn"], params["attn_res_key_norm_attn"] = w, g
+  params["input_layernorm"]["scale"] = gain
+  values = np.zeros((5, 1, 2, 8), np.float32)
+  values[:3] = rng.randn(3, 1, 2, 8)  # slots 0..2 written (embedding, layer 0's two outputs)
+  state = {"values": jnp.asarray(values), "presence": jnp.array([1.0, 1, 1, 0, 0]),
+           "slot": jnp.array(2)}
+  u, inter = kit.wiring_call(cfg, params, "read", state, 0, jnp.array(1))
+  logits = np.einsum("d,sbtd->sbt", w * g, values[:3] / kit.rms(values[:3]))
+  alpha = np.exp(logits) / np.exp(logits).sum(0)
+  h = np.einsum("sbt,sbtd->btd", alpha, values[:3])
+  np.testing.assert_allclose(u, h / kit.rms(h) * gain, atol=1e-5)
+  sown = inter["intermediates"]["depth_weights"][0]
+  np.testing.assert_allclose(sown[:3], alpha, atol=1e-6)
+  np.testing.assert_array_equal(sown[3:], 0)
+  y = jnp.full((1, 2, 8), 7.0)
+  new, _ = kit.wiring_call(cfg, params, "write", state, y, 0, jnp.array(1))
+  np.testing.assert_array_equal(new["values"][3], y)  # slot 2*1 + 0 + 1
+  np.testing.assert_array_equal(new["values"][:3], values[:3])
+  np.testing.assert_array_equal(new["presence"], [1, 1, 1, 1, 0])
+
+
+def test_block_update_equation_hand_computed():
+  """Eq. 6 with 2-sublayer blocks: first sublayer of block 2 sees [b0, b1], then b2 = y."""
+  cfg = kit.tiny_cfg("attnres_block", n_layers=2, d_model=8, residual={"n_blocks": 2})
+  params = jax.tree.map(lambda a: a[1], kit.init(cfg)["layers"]["residual"])
+  rng = np.random.RandomState(1)
+  values = np.zeros((3, 1, 2, 8), np.float32)
+  values[:2] = rng.randn(2, 1, 2, 8)
+  state = {"values": jnp.asarray(values), "presence": jnp.array([1.0, 1, 0]), "slot": jnp.array(1)}
+  params["attn_res_query_attn"] = w = rng.randn(8)
+  _, inter = kit.wiring_call(cfg, params, "read", state, 0, jnp.array(1))
+  logits = np.einsum("d,sbtd->sbt", w, values[:2] / kit.rms(values[:2]))
+  alpha = np.exp(logits) / np.exp(logits).sum(0)
+  np.testing.assert_allclose(inter["intermediates"]["depth_weights"][0][:2], alpha, atol=1e-6)
+  np.testing.assert_array_equal(inter["intermediates"]["own_block_weight"][0], 0)
+  y1, y2 = jnp.full((1, 2, 8), 2.0), jnp.full((1, 2, 8), 3.0)
+  s1, _ = kit.wiring_call(cfg, params, "write", state, y1, 0, jnp.array(1))
+  s2, _ = kit.wiring_call(cfg, params, "write", s1, y2, 1, jnp.array(1))
+  np.testing.assert_allclose(s1["values"][2], y1)  # b_2^1 = v
+  np.testing.assert_allclose(s2["values"][2], y1 + y2)  # b_2^2 = b_2^1 + v
+  np.testing.assert_array_equal(s2["values"][:2], values[:2])
+  np.testing.assert_array_equal(s2["presence"], [1, 1, 1])
+
+
+# Compiles are the cost of these tests on CPU: one jitted forward per config, shared by tests.
+TOKENS = jnp.asarray(kit.text_batch(2, 12))
+
+
+@functools.cache
+def forward(cfg):
+  """jit of ``(params, gate) -> (logits, {'hidden','update'}, intermediates)`` on TOKENS."""
+  def run(params, gate):
+    (logits, layers), inter = Transformer(cfg).apply(
+        {"params": params}, TOKENS, gate=gate, return_layers=True, mutable=["intermediates"])
+    return logits, layers, inter["intermediates"]
+  return jax.jit(run)
+
+
+@functools.cache
+def params_for(cfg, scale: float = 0.0):
+  """Init params (jitted init), plus noise of ``scale`` on every leaf when > 0."""
+  params = jax.jit(lambda: kit.nn.unbox(Transformer(cfg).init(
+      jax.random.PRNGKey(0), TOKENS)["params"]))()
+  return kit.perturb(params, scale) if scale else params
+
+
+def run(cfg, params, gate=None):
+  return forward(cfg)(params, jnp.ones((cfg.n_layers,)) if gate is None else gate)
+
+
+FULL3 = kit.tiny_cfg("attnres_full", n_layers=3)
+BLOCK3 = kit.tiny_cfg("attnres_block", n_layers=3, residual={"n_blocks": 2})
+BLOCK3_SUB = kit.tiny_cfg("attnres_block", n_layers=3,
+                          residual={"n_blocks": 3, "block_unit": "sublayer"})
+CONFIGS = {"full": FULL3, "block": BLOCK3, "block_sublayer": BLOCK3_SUB}
+
+
+def test_full_at_init_averages_sources_uniformly():
+  _, _, sown = run(FULL3, params_for(FULL3))
+  weights = sown["layers"]["residual"]["depth_weights"]  # (attn, mlp), each [L, S, B, T]
+  for layer in range(3):
+    for sub in range(2):
+      k = 2 * layer + sub
+      want = np.where(np.arange(7) <= k, 1.0 / (k + 1), 0.0)
+      np.testing.assert_allclose(weights[sub][layer][..., 0, 0], want, atol=1e-6)
+  np.testing.assert_allclose(sown["residual_io"]["readout_depth_weights"][0], 1 / 7, atol=1e-6)
+
+
+def test_block_sources_follow_eq6_at_init():
+  """L=4, 2 blocks of 2 layers: sources [b0], [b0,b1^i], ..., then [b0,b1], [b0,b1,b2^1], ..."""
+  cfg = kit.tiny_cfg("attnres_block", n_layers=4, residual={"n_blocks": 2})
+  sown = run(cfg, params_for(cfg))[2]["layers"]["residual"]
+  n_sources = [1, 2, 2, 2, 2, 3, 3, 3]  # per global sublayer k
+  own = [0, 1 / 2, 1 / 2, 1 / 2, 0, 1 / 3, 1 / 3, 1 / 3]
+  for k in range(8):
+    layer, sub = divmod(k, 2)
+    want = np.where(np.arange(3) < n_sources[k], 1.0 / n_sources[k], 0.0)
+    np.testing.assert_allclose(sown["depth_weights"][sub][layer][..., 0, 0], want, atol=1e-6)
+    np.testing.assert_allclose(sown["own_block_weight"][sub][layer], own[k], atol=1e-6)
+
+
+def test_block_with_one_sublayer_per_block_equals_full():
+  block = kit.tiny_cfg("attnres_block", n_layers=3,
+                       residual={"n_blocks": 6, "block_unit": "sublayer"})
+  params = params_for(FULL3, 0.3)  # non-zero queries: non-uniform weights
+  got, want = run(block, params), run(FULL3, params)
+  np.testing.assert_allclose(got[0], want[0], atol=1e-5)
+  np.testing.assert_allclose(got[1]["hidden"], want[1]["hidden"], atol=1e-5)
+  np.testing.assert_allclose(got[2]["layers"]["residual"]["depth_weights"][0],
+                             want[2]["layers"]["residual"]["depth_weights"][0], atol=1e-6)
+
+
+def test_block_schedule_k3():
+  assert attnres.block_schedule(93, 8) == (24, 8)  # K3: 12-layer blocks, last one 9 layers
+  assert attnres.block_schedule(16, 8) == (4, 8)
+  assert attnres.block_schedule(32, 8) == (8, 8)
+  assert attnres.block_schedule(70, 8) == (18, 8)  # 9-layer blocks, last one 7
+  assert attnres.block_schedule(4, 8) == (2, 4)  # fewer layers than blocks: one layer each
+  assert attnres.block_schedule(3, 6, "sublayer") == (1, 6)
+
+
+@pytest.mark.parametrize("kind", list(CONFIGS))
+def test_hidden_gate_and_permutation(kind):
+  """hidden = embedding + present outputs; gate 0 leaves it; identity order = the model."""
+  cfg = CONFIGS[kind]
+  params = params_for(cfg, 0.1)
+  logits, layers, _ = run(cfg, params)
+  x0 = params["embed"]["embedding"][TOKENS]
+  np.testing.assert_allclose(layers["hidden"], x0 + jnp.cumsum(layers["update"], 0), atol=1e-5)
+  gated, gated_layers, sown = run(cfg, params, jnp.array([1.0, 0.0, 1.0]))
+  np.testing.assert_allclose(gated_layers["hidden"][1], gated_layers["hidden"][0], atol=1e-6)
+  assert not np.allclose(gated, logits, atol=1e-4)
+  if kind == "full":  # the gated layer's slots 3, 4 carry zero weight for every later sublayer
+    np.testing.assert_array_equal(sown["layers"]["residual"]["depth_weights"][0][2][3:5], 0)
+  same = run(cfg, permute_layers(params, jnp.array([0, 1, 2])))[0]
+  np.testing.assert_allclose(same, logits, atol=1e-6)
+  assert not np.allclose(run(cfg, permute_layers(params, jnp.array([0, 2, 1])))[0], logits,
+                         atol=1e-4)
+
+
+@pytest.mark.parametrize("name,residual", [("attnres_full", None),
+                                           ("attnres_block", {"n_blocks": 3})])
+def test_gate_zero_is_the_layer_removed(name, residual):
+  """gate[1] = 0 equals the 2-layer network of layers 0 and 2: its sources are masked out.
+
+  (Block with n_blocks=3: one layer per block at L=3 and at L=2, so both share one layout.)
+  """
+  cfg3 = kit.tiny_cfg(name, n_layers=3, residual=residual)
+  cfg2 = kit.tiny_cfg(name, n_layers=2, residual=residual)
+  params = params_for(cfg3, 0.3)
+  params2 = dict(params, layers=jax.tree.map(lambda a: a[jnp.array([0, 2])], params["layers"]))
+  gated = run(cfg3, params, jnp.array([1.0, 0.0, 1.0]))[0]
+  np.testing.assert_allclose(gated, run(cfg2, params2)[0], atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["full", "block_sublayer"])
+def test_scan_matches_unrolled(kind):
+  cfg = CONFIGS[kind]
+  loop = kit.tiny_cfg(cfg.design, n_layers=3, residual=dict(cfg.residual), scan_layers=False,
+                      remat_policy="none")
+  params = params_for(cfg, 0.1)
+  got = run(cfg, params)
+  want = run(loop, unstack_layers(params, 3))
+  np.testing.assert_allclose(got[0], want[0], atol=2e-5, rtol=1e-5)
+  np.testing.assert_allclose(got[1]["hidden"], want[1]["hidden"], atol=2e-5, rtol=1e-5)
+
+
+def test_finite_gradients_reach_queries():
+  params = params_for(FULL3)
+  grads = jax.jit(jax.grad(kit.loss_fn, argnums=1), static_argnums=0)(FULL3, params, TOKENS)
+  assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads))
+  q = grads["layers"]["residual"]["attn_res_query_mlp"]
+  assert float(jnp.abs(q).min(axis=-1).max()) > 0  # zero-init queries still get gradient
+  assert float(jnp.abs(grads["residual_io"]["readout_query"]).max()) > 0
+
+
+@pytest.mark.parametrize("name,residual", [("attnres_full", None),
+                                           ("attnres_block", {"n_blocks": 2})])
+def test_training_lowers_loss(name, residual):
+  kit.check_training_lowers_loss(name, residual)
+
+
+def test_config_errors_name_the_field():
+  with pytest.raises(ConfigError, match=r"config\.model\.residual\.n_blocks=0; allowed"):
+    kit.tiny_cfg("attnres_block", residual={"n_blocks": 0})
+  with pytest.raises(ConfigError, match=r"config\.model\.residual\.block_unit='block'.*layer"):
+    kit.tiny_cfg("attnres_block", residual={"block_unit": "block"})
+  with pytest.raises(ConfigError, match=r"config\.model\.residual\.n_blocks"):
+    kit.tiny_cfg("attnres_full", residual={"n_blocks": 8})
+  assert kit.tiny_cfg("attnres_block").residual.n_blocks == 8  # Design.defaults merged
