@@ -97,7 +97,10 @@ def model_config_from(model: ml_collections.ConfigDict) -> ModelConfig:
   name = residual.get("name")
   _require(name in registry.names(),
            f"config.model.residual.name={name!r}; allowed: {', '.join(registry.names())}")
-  registry.get(name).validate(residual, model.n_layers)
+  design = registry.get(name)
+  # The design's own hyperparameters fill whatever the config leaves out (Design.defaults).
+  residual = ml_collections.ConfigDict({**design.defaults, **residual.to_dict()})
+  design.validate(residual, model.n_layers)
   return ModelConfig(
       vocab_size=model.vocab_size, d_model=d, n_layers=model.n_layers, n_heads=h, n_kv_heads=kv,
       head_dim=head_dim, ffn_dim=ffn, qk_norm=bool(model.qk_norm),

@@ -145,3 +145,22 @@ def depth_softmax(query: Array, sources: Array, mask: Array | None = None,
   weights = jax.nn.softmax(logits, axis=0)
   h = jnp.einsum("sbt,sbtd->btd", weights.astype(sources.dtype), sources)
   return h, weights
+
+
+def check_fields(residual, spec: dict[str, tuple[Callable[[Any], bool], str]]) -> None:
+  """Validates a design's ``config.model.residual`` (already merged with ``Design.defaults``).
+
+  spec: field -> (predicate on the value, text naming the allowed values). Unknown fields and
+  values failing their predicate raise ``ConfigError`` naming ``config.model.residual.<field>``.
+  """
+  from depthbench_jax.errors import ConfigError  # pylint: disable=g-import-not-at-top
+
+  known = {"name", *spec}
+  for key in residual.keys():
+    if key not in known:
+      raise ConfigError(f"config.model.residual.{key}: not a field of design "
+                        f"{residual.get('name')!r}; allowed: {', '.join(sorted(known))}")
+  for key, (ok, allowed) in spec.items():
+    value = residual.get(key)
+    if not ok(value):
+      raise ConfigError(f"config.model.residual.{key}={value!r}; allowed: {allowed}")

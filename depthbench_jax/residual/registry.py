@@ -11,6 +11,12 @@ from depthbench_jax.residual.base import Design
 # defines several designs.
 _MODULES = {
     "preln": "depthbench_jax.residual.preln",
+    "lns": "depthbench_jax.residual.lns",
+    "sandwich": "depthbench_jax.residual.sandwich",
+    "deepnorm": "depthbench_jax.residual.deepnorm",
+    "keel": "depthbench_jax.residual.keel",
+    "hc": "depthbench_jax.residual.hc",
+    "mhc": "depthbench_jax.residual.mhc",
     "attnres_full": "depthbench_jax.residual.attnres:FULL",
     "attnres_block": "depthbench_jax.residual.attnres:BLOCK",
     "moda": "depthbench_jax.residual.moda",

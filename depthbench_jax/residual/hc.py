@@ -1,0 +1,172 @@
+"""HC, Hyper-Connections (Zhu et al., ICLR 2025, arXiv 2409.19606), dynamic ("DHC") by default.
+
+State: ``H`` [n, B, T, d], n residual streams (``n_streams``, 4). Streams start as n copies of
+the embedding; the readout sums them, then the final norm (HC Algorithm 1). ``StreamIO`` and the
+stream helpers here are shared with mHC (``residual/mhc.py``).
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from depthbench_jax.model.layers import RMSNorm
+from depthbench_jax.residual.base import Design, LayerWiring, StateIO, check_fields
+
+Array = jax.Array
+
+
+def mix_streams(m: Array, h: Array) -> Array:
+  """``H_new[j] = sum_i M[j, i] H[i]``: m [B,T,n,n] (row j = new stream j), h [n,B,T,d]."""
+  out = jnp.einsum("btji,ibtd->jbtd", m.astype(jnp.float32), h.astype(jnp.float32))
+  return out.astype(h.dtype)
+
+
+def collapse_streams(w: Array, h: Array) -> Array:
+  """``sum_i w[i] H[i]``: w [B,T,n], h [n,B,T,d] -> [B,T,d]."""
+  out = jnp.einsum("bti,ibtd->btd", w.astype(jnp.float32), h.astype(jnp.float32))
+  return out.astype(h.dtype)
+
+
+def spread_output(w: Array, y: Array) -> Array:
+  """``w[j] * y`` for every stream j: w [B,T,n], y [B,T,d] -> [n,B,T,d]."""
+  return jnp.einsum("btj,btd->jbtd", w.astype(jnp.float32), y.astype(jnp.float32))
+
+
+def home_stream(k: Array, n: int) -> Array:
+  """``e_(k mod n)`` [n], the one-hot stream sublayer ``k = 2*layer + sub`` reads at init."""
+  return jax.nn.one_hot(jnp.asarray(k) % n, n, dtype=jnp.float32)
+
+
+def _param(module: nn.Module, name: str, init, *args, axes=None):
+  """A float32 connection parameter, boxed with logical axis names (all replicated by default)."""
+  def boxed_init(rng, *a):
+    value = init(rng, *a)
+    return nn.LogicallyPartitioned(value, axes or (None,) * value.ndim)
+  return nn.unbox(module.param(name, boxed_init, *args))
+
+
+def constant(value):
+  return lambda rng, shape: jnp.full(shape, value, jnp.float32)
+
+
+class HyperConnection(nn.Module):
+  """One sublayer's HC weights from the streams ``H`` [n,B,T,d] (HC Eq. 10-13).
+
+  ``H_bar = N(H)`` per stream over d (RMSNorm with learned gain, as the reference code
+  ``lucidrains/hyper-connections``; the paper's Algorithm 2 has LayerNorm). Each stream's
+  weights come from its own d-vector:
+    ``[A_m | A_r](H) = s_alpha * tanh(H_bar W_alpha) + [A_m | A_r]``   [n, 1+n], row = source i
+    ``B(H)          = s_beta  * tanh(H_bar W_beta)  + B``              [n]
+  One scale ``s_alpha`` shared by A_m and A_r, one ``s_beta``; both init 0.01, ``W`` init 0
+  (so the dynamic part starts at exactly zero). ``tanh=False`` drops the tanh,
+  ``dynamic=False`` gives static HC (no norm, W or s).
+
+  Static init (HC Eq. 14): ``A_m = e_(k mod n)`` with ``k = 2*layer + sub`` the global sublayer
+  index, ``A_r = I``, ``B = 1``. Under ``nn.scan`` the layer index is a traced scan input, so
+  ``static_alpha``'s init function takes ``k`` as an init argument: the one-hot is computed from
+  the traced index once, at init, and stored in the param. It is therefore an ordinary
+  per-layer parameter that moves with its layer under ``permute_layers`` (spec section 6.3).
+  Static params (``static_*``) get no weight decay in the paper; the dynamic ones do.
+
+  Returns ``a_m`` [B,T,n], ``a_r`` [B,T,n,n] (``a_r[i, j]`` = source i -> stream j) and
+  ``b`` [B,T,n].
+  """
+
+  n: int
+  dynamic: bool = True
+  tanh: bool = True
+  eps: float = 1e-6
+
+  @nn.compact
+  def __call__(self, h: Array, k: Array):
+    n, d = self.n, h.shape[-1]
+    batch_shape = h.shape[1:3]
+
+    def static_alpha_init(rng, k):
+      return jnp.concatenate([home_stream(k, n)[:, None], jnp.eye(n, dtype=jnp.float32)], axis=1)
+
+    alpha = _param(self, "static_alpha", static_alpha_init, k)                       # [n, 1+n]
+    beta = _param(self, "static_beta", constant(1.0), (n,))                          # [n]
+    alpha = jnp.broadcast_to(alpha, (*batch_shape, n, n + 1))
+    beta = jnp.broadcast_to(beta, (*batch_shape, n))
+    if self.dynamic:
+      act = jnp.tanh if self.tanh else (lambda v: v)
+      h_bar = RMSNorm(self.eps, name="norm")(h).astype(jnp.float32)                  # [n,B,T,d]
+      w_alpha = _param(self, "dynamic_alpha", constant(0.0), (d, n + 1), axes=("embed", None))
+      w_beta = _param(self, "dynamic_beta", constant(0.0), (d,), axes=("embed",))
+      s_alpha = _param(self, "dynamic_alpha_scale", constant(0.01), ())
+      s_beta = _param(self, "dynamic_beta_scale", constant(0.01), ())
+      alpha = alpha + s_alpha * act(jnp.einsum("ibtd,de->btie", h_bar, w_alpha))
+      beta = beta + s_beta * act(jnp.einsum("ibtd,d->bti", h_bar, w_beta))
+    return alpha[..., 0], alpha[..., 1:], beta
+
+
+class HC(LayerWiring):
+  """Per sublayer ``k = 2*layer + sub`` (HC Eq. 2-5):
+
+    ``u = N(A_m^T H)``  (the block's own pre-norm after the width connection, Algorithm 3)
+    ``y = F(u)``;   ``H_j <- sum_i A_r[i, j] H_i + B[j] y``, i.e. ``H <- A_r^T H + B^T y``.
+
+  At init (W = 0, A_m one-hot, A_r = I, B = 1) every stream stays equal to the Pre-LN state, so
+  the sum readout is ``n x_L`` and the model equals Pre-LN after the final norm (up to eps).
+  Sows ``mixing`` = ``A_r^T`` [B,T,n,n] once per sublayer. The output projections are *not*
+  rescaled by sqrt(n) (the paper's OLMo recipe): the RMSNorm after the stream sum makes that
+  scale irrelevant at init and keeps HC == Pre-LN at init with identical backbone weights.
+  ``hidden`` = sum of streams.
+  """
+
+  def setup(self):
+    self.input_norm = self.norm("input_layernorm")
+    self.post_attention_norm = self.norm("post_attention_layernorm")
+    res = self.cfg.residual
+    make = lambda name: HyperConnection(
+        res["n_streams"], dynamic=res["dynamic"], tanh=res["tanh"], eps=self.cfg.norm_eps,
+        name=name)
+    self.connections = (make("hc_attn"), make("hc_mlp"))
+
+  def _weights(self, h, sub, layer):
+    return self.connections[sub](h, 2 * jnp.asarray(layer) + sub)
+
+  def read(self, h, sub, layer):
+    a_m, _, _ = self._weights(h, sub, layer)
+    x = collapse_streams(a_m, h)
+    return self.input_norm(x) if sub == 0 else self.post_attention_norm(x)
+
+  def write(self, h, y, sub, layer):
+    _, a_r, b = self._weights(h, sub, layer)
+    m = jnp.swapaxes(a_r, -1, -2)
+    self.sow("intermediates", "mixing", m)
+    return (mix_streams(m, h) + spread_output(b, y)).astype(h.dtype)
+
+  def hidden(self, h):
+    return jnp.sum(h, axis=0)
+
+
+class StreamIO(StateIO):
+  """``H_0`` = n copies of the embedding [n,B,T,d]; readout ``N_final(sum_i H_i)``."""
+
+  def init_state(self, x0):
+    n = self.cfg.residual["n_streams"]
+    return jnp.broadcast_to(x0[None], (n, *x0.shape))
+
+  def readout(self, h):
+    return self.final_norm(jnp.sum(h, axis=0))
+
+
+def _is_int(v, low=1):
+  return isinstance(v, int) and not isinstance(v, bool) and v >= low
+
+
+def _check(residual, n_layers):
+  check_fields(residual, {
+      "n_streams": (_is_int, "a positive integer (the paper's best is 4)"),
+      "dynamic": (lambda v: isinstance(v, bool), "True (DHC) or False (static HC)"),
+      "tanh": (lambda v: isinstance(v, bool), "True or False"),
+  })
+
+
+DESIGN = Design(name="hc", layer=HC, io=StreamIO, check=_check,
+                defaults={"n_streams": 4, "dynamic": True, "tanh": True},
+                description="H <- A_r^T H + B^T F(N(A_m^T H)), n streams, dynamic tanh weights")

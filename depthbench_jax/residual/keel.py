@@ -1,0 +1,65 @@
+"""KEEL (Chen & Wei, 2026, "Post-LayerNorm Is Back: Stable, ExpressivE, and Deep", 2601.19895)."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from depthbench_jax.residual.base import Design, LayerWiring, check_fields
+
+
+def keel_alpha(residual, n_layers: int) -> float:
+  """The skip weight: ``config.model.residual.alpha``, or ``2 * n_layers`` (all sublayers)."""
+  alpha = residual.get("alpha")
+  return float(2 * n_layers if alpha is None else alpha)
+
+
+class Keel(LayerWiring):
+  """Post-LN with a Highway-style scaled skip: ``x <- N_out(alpha * x + F(N_in(x)))``.
+
+  Per sublayer an inner pre-norm on the branch input and an outer post-norm after the add
+  ("dual-LN"); ``alpha`` multiplies the skip path inside ``N_out``. ``alpha = L`` with L the
+  total number of *sublayers*, i.e. ``2 * n_layers``, fixed (not learned; override with
+  ``config.model.residual.alpha``). With ``alpha >> 1`` and ``N_out`` holding the state at unit
+  RMS, each branch contributes about ``1/alpha`` relative to the skip.
+
+  Sources: the paper's full text was not reachable. The abstract is primary; the equation,
+  ``alpha = L (total sub-layers)`` and RMSNorm come from secondary summaries (arxivlens,
+  emergentmind) and agree with independent ports. ``first_layer_plain`` (default on) follows
+  the one concrete port found (a Megatron fork's ``--keel``): layer 0's attention is a plain
+  Pre-LN sublayer ``x <- x + F(N_in(x))`` (no ``N_out``, scale 1) and layer 0's MLP has scale 1
+  with its post-norm; the rule above holds from layer 1 on. Readout: final norm, then head (as
+  that port). Init: standard ("without specialized initialization"). State ``x`` [B,T,d].
+  """
+
+  def setup(self):
+    self.in_norms = (self.norm("input_layernorm"), self.norm("pre_feedforward_layernorm"))
+    self.out_norms = (self.norm("post_attention_layernorm"),
+                      self.norm("post_feedforward_layernorm"))
+
+  def read(self, x, sub, layer):
+    return self.in_norms[sub](x)
+
+  def write(self, x, y, sub, layer):
+    alpha = keel_alpha(self.cfg.residual, self.cfg.n_layers)
+    if not self.cfg.residual_option("first_layer_plain", True):
+      return self.out_norms[sub](alpha * x + y).astype(x.dtype)
+    first = jnp.asarray(layer) == 0
+    scale = jnp.where(first, 1.0, alpha)
+    new = self.out_norms[sub](scale * x + y).astype(x.dtype)
+    if sub == 0:
+      new = jnp.where(first, (x + y).astype(x.dtype), new)
+    return new
+
+
+def _check(residual, n_layers):
+  check_fields(residual, {
+      "alpha": (lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)
+                                        and v > 0),
+                "None (= 2 * n_layers, the number of sublayers) or a positive number"),
+      "first_layer_plain": (lambda v: isinstance(v, bool), "True or False"),
+  })
+
+
+DESIGN = Design(name="keel", layer=Keel, check=_check,
+                defaults={"alpha": None, "first_layer_plain": True},
+                description="x <- N_out(alpha x + F(N_in(x))), alpha = 2L (sublayers)")

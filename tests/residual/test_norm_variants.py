@@ -1,0 +1,166 @@
+"""LNS, Sandwich-LN, DeepNorm, KEEL: update equations by hand, invariants, the shared checks."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from depthbench_jax.errors import ConfigError
+from depthbench_jax.residual.deepnorm import deepnorm_alpha, deepnorm_beta
+from residual_testkit import (check_gate_zero_removes_layer, check_permute_layers,
+                              check_scan_matches_unrolled, check_training_lowers_loss, init,
+                              perturb, rms, run, text_batch, tiny_cfg, wiring_call)
+
+DESIGNS = ("lns", "sandwich", "deepnorm", "keel")
+EPS = 1e-6
+X = np.array([[[1.0, 2.0, 3.0, 4.0]]], np.float32)        # [B=1, T=1, d=4]; mean(x^2) = 7.5
+Y = np.array([[[0.5, -1.0, 2.0, 0.0]]], np.float32)       # a sublayer output; mean(y^2) = 1.3125
+G1 = np.array([1.0, 0.5, 2.0, 1.0], np.float32)
+G2 = np.array([2.0, 1.0, 1.0, 0.5], np.float32)
+
+
+def small(name, n_layers=4, **residual):
+  return tiny_cfg(name, n_layers=n_layers, d_model=4, n_heads=2, residual=residual)
+
+
+def scales(**gains):
+  return {name: {"scale": jnp.asarray(g)} for name, g in gains.items()}
+
+
+# ----- update equations on a hand-computed case ----------------------------------------------
+
+def test_lns_update_by_hand():
+  cfg = small("lns")
+  params = scales(input_layernorm=G1, post_attention_layernorm=G2)
+  u, _ = wiring_call(cfg, params, "read", X, 1, jnp.int32(2))   # layer 3 (1-based): 1/sqrt(3)
+  np.testing.assert_allclose(u, X / np.sqrt(7.5 + EPS) * G2 / np.sqrt(3.0), rtol=1e-6)
+  u0, _ = wiring_call(cfg, params, "read", X, 0, jnp.int32(0))  # layer 1: factor 1
+  np.testing.assert_allclose(u0, X / np.sqrt(7.5 + EPS) * G1, rtol=1e-6)
+  new, _ = wiring_call(cfg, params, "write", X, Y, 0, jnp.int32(2))
+  np.testing.assert_allclose(new, X + Y)
+
+
+def test_sandwich_update_by_hand():
+  cfg = small("sandwich")
+  params = scales(input_layernorm=G1, pre_feedforward_layernorm=G2,
+                  post_attention_layernorm=G2, post_feedforward_layernorm=G1)
+  u, _ = wiring_call(cfg, params, "read", X, 1, jnp.int32(0))
+  np.testing.assert_allclose(u, X / np.sqrt(7.5 + EPS) * G2, rtol=1e-6)
+  new, _ = wiring_call(cfg, params, "write", X, Y, 0, jnp.int32(0))
+  np.testing.assert_allclose(new, X + Y / np.sqrt(1.3125 + EPS) * G2, rtol=1e-6)
+  new, _ = wiring_call(cfg, params, "write", X, Y, 1, jnp.int32(0))
+  np.testing.assert_allclose(new, X + Y / np.sqrt(1.3125 + EPS) * G1, rtol=1e-6)
+
+
+def test_deepnorm_update_by_hand():
+  cfg = small("deepnorm", n_layers=8)                          # alpha = 16^(1/4) = 2
+  params = scales(post_attention_layernorm=G1, post_feedforward_layernorm=G2)
+  u, _ = wiring_call(cfg, params, "read", X, 0, jnp.int32(3))
+  np.testing.assert_allclose(u, X)                             # the branch reads x itself
+  z = 2.0 * X + Y                                              # [2.5, 3, 8, 8]: mean z^2 = 35.8125
+  new, _ = wiring_call(cfg, params, "write", X, Y, 1, jnp.int32(3))
+  np.testing.assert_allclose(new, z / np.sqrt(35.8125 + EPS) * G2, rtol=1e-6)
+
+
+@pytest.mark.parametrize("n_layers, alpha, beta", [(8, 2.0, 0.125 ** 0.5),
+                                                   (32, 64 ** 0.25, 0.25),
+                                                   (16, 32 ** 0.25, 128 ** -0.25)])
+def test_deepnorm_constants_match_formula(n_layers, alpha, beta):
+  assert deepnorm_alpha(n_layers) == pytest.approx(alpha)
+  assert deepnorm_beta(n_layers) == pytest.approx(beta)
+
+
+def test_deepnorm_scales_v_o_mlp_init_and_has_no_final_norm():
+  cfg = tiny_cfg("deepnorm", n_layers=4, d_model=64)
+  params = init(cfg)
+  layers = params["layers"]
+  std = lambda *path: float(np.std(_get(layers, path)))
+  q = std("self_attn", "q_proj", "kernel")
+  assert q == pytest.approx(0.02, rel=0.05) and std("self_attn", "k_proj", "kernel") == pytest.approx(0.02, rel=0.05)
+  beta = deepnorm_beta(4)
+  for path in (("self_attn", "v_proj"), ("self_attn", "o_proj"), ("mlp", "gate_proj"),
+               ("mlp", "up_proj"), ("mlp", "down_proj")):
+    assert std(*path, "kernel") == pytest.approx(0.02 * beta, rel=0.05), path
+  assert not params.get("residual_io")
+  # The head reads the last post-norm output directly: replacing the readout by an identity is
+  # what the model does, so logits = N(x_L) @ W_head exactly.
+  tokens = jnp.asarray(text_batch(1, 8))
+  logits, layers_out = run(cfg, params, tokens)
+  np.testing.assert_allclose(logits, layers_out["hidden"][-1] @ params["lm_head"]["kernel"],
+                             atol=1e-5)
+
+
+def _get(tree, path):
+  for key in path:
+    tree = tree[key]
+  return tree
+
+
+def test_keel_update_by_hand():
+  cfg = small("keel", n_layers=2)                              # alpha = 2 * 2 = 4
+  params = scales(input_layernorm=G1, pre_feedforward_layernorm=G2,
+                  post_attention_layernorm=G2, post_feedforward_layernorm=G1)
+  u, _ = wiring_call(cfg, params, "read", X, 1, jnp.int32(1))
+  np.testing.assert_allclose(u, X / np.sqrt(7.5 + EPS) * G2, rtol=1e-6)
+  z = 4.0 * X + Y                                              # [4.5, 7, 14, 16]: mean z^2 = 130.3125
+  new, _ = wiring_call(cfg, params, "write", X, Y, 0, jnp.int32(1))
+  np.testing.assert_allclose(new, z / np.sqrt(130.3125 + EPS) * G2, rtol=1e-6)
+  # Layer 0: the attention sublayer is plain Pre-LN, the MLP one has scale 1 and its post-norm.
+  new, _ = wiring_call(cfg, params, "write", X, Y, 0, jnp.int32(0))
+  np.testing.assert_allclose(new, X + Y)
+  new, _ = wiring_call(cfg, params, "write", X, Y, 1, jnp.int32(0))
+  np.testing.assert_allclose(new, (X + Y) / rms(X + Y) * G1, rtol=1e-6)
+  plain_off = small("keel", n_layers=2, first_layer_plain=False, alpha=3.0)
+  new, _ = wiring_call(plain_off, params, "write", X, Y, 0, jnp.int32(0))
+  np.testing.assert_allclose(new, (3 * X + Y) / rms(3 * X + Y) * G2, rtol=1e-6)
+
+
+# ----- invariants ----------------------------------------------------------------------------
+
+def test_lns_at_layer_one_equals_preln():
+  """Same params: layer 1 (factor 1/sqrt(1)) matches Pre-LN, layer 2 (1/sqrt(2)) does not."""
+  tokens = jnp.asarray(text_batch(2, 12))
+  pre = tiny_cfg("preln")
+  params = perturb(init(pre))                                  # the same param tree as LNS
+  _, want = run(pre, params, tokens)
+  _, got = run(tiny_cfg("lns"), params, tokens)
+  np.testing.assert_allclose(got["hidden"][0], want["hidden"][0], atol=1e-6)
+  assert not np.allclose(got["hidden"][1], want["hidden"][1], atol=1e-3)
+
+
+def test_keel_alpha_defaults_to_number_of_sublayers():
+  from depthbench_jax.residual.keel import keel_alpha
+  assert keel_alpha(tiny_cfg("keel", n_layers=5).residual, 5) == 10.0
+  assert keel_alpha(tiny_cfg("keel", n_layers=5, residual={"alpha": 2.5}).residual, 5) == 2.5
+
+
+def test_config_defaults_are_merged_and_bad_fields_named():
+  cfg = tiny_cfg("keel")
+  assert cfg.residual["first_layer_plain"] is True and cfg.residual["alpha"] is None
+  with pytest.raises(ConfigError, match=r"config\.model\.residual\.alpha=-1.*allowed"):
+    tiny_cfg("keel", residual={"alpha": -1})
+  with pytest.raises(ConfigError, match=r"config\.model\.residual\.n_streams.*allowed: name"):
+    tiny_cfg("lns", residual={"n_streams": 4})
+  with pytest.raises(ConfigError, match=r"config\.model\.residual\.first_layer_plain"):
+    tiny_cfg("keel", residual={"first_layer_plain": "yes"})
+
+
+# ----- the checks every design passes --------------------------------------------------------
+
+@pytest.mark.parametrize("name", DESIGNS)
+def test_scan_matches_unrolled(name):
+  check_scan_matches_unrolled(name)
+
+
+@pytest.mark.parametrize("name", DESIGNS)
+def test_gate_zero_removes_layer(name):
+  check_gate_zero_removes_layer(name)
+
+
+@pytest.mark.parametrize("name", DESIGNS)
+def test_permute_layers(name):
+  check_permute_layers(name)
+
+
+@pytest.mark.parametrize("name", DESIGNS)
+def test_training_lowers_loss(name):
+  check_training_lowers_loss(name)
