@@ -28,7 +28,7 @@ def scalars_of(result: dict) -> dict[str, float]:
   if "mixing" in result:
     out["diagnostics/erank_late"] = result["mixing"]["erank_late"]
     out["diagnostics/amax_forward"] = result["mixing"]["amax_forward"]
-  if "dead_prefix" in result and "dead_prefix" in result["dead_prefix"]:
+  if "dead_prefix" in result:
     out["diagnostics/dead_prefix"] = result["dead_prefix"]["dead_prefix"]
   return {k: float(v) for k, v in out.items() if v is not None}
 

@@ -95,11 +95,16 @@ def figures(result: dict) -> dict:
   if "dead_prefix" in result and "per_sublayer" in result["dead_prefix"]:
     own = np.asarray(result["dead_prefix"]["per_sublayer"], dtype=float)
     series = {"own block": (np.arange(len(own)) / 2, own)}
-    emb = result["dead_prefix"].get("embedding_weight_per_sublayer")
+    emb = (result.get("depth_weights") or {}).get("embedding_per_sublayer")
     if emb is not None:
       series["embedding"] = (np.arange(len(emb)) / 2, np.asarray(emb, dtype=float))
     figs["dead_prefix"] = _line(series, _title(result, "depth weight per sublayer"),
                                 "layer (sublayer / 2)", "mean weight", late_start=late)
+  elif "depth_weights" in result:
+    emb = np.asarray(result["depth_weights"]["embedding_per_sublayer"], dtype=float)
+    figs["depth_weights"] = _line({"embedding": (np.arange(len(emb)) / 2, emb)},
+                                  _title(result, "depth weight on the embedding per sublayer"),
+                                  "layer (sublayer / 2)", "mean weight", late_start=late)
   return figs
 
 

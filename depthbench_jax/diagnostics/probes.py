@@ -44,7 +44,7 @@ class Options:
   curve_points: int = 101            # thresholds linspace(0, 1, curve_points) for the share curves
   causal_reduction: str = "mean"     # 'mean' over tokens (spec) | 'max' (Csordas et al.)
   causal_chunk: int = 0              # gated networks per vmapped batch; 0 = all L at once
-  permutation_chunk: int = 16        # swap orders per vmapped batch; 0 = all at once
+  permutation_chunk: int = 8         # swap orders per vmapped batch; 0 = all at once
   permutation_pairs: str = "all"     # 'all' i<j pairs (full heatmap) | 'late' (only the share's)
   dead_threshold: float = 0.05       # Block AttnRes: own-block weight below this = dead layer
   run_causal: bool = True
@@ -244,9 +244,10 @@ class Probes:
       own = np.asarray(clean["own_block_weight"])
       result["dead_prefix"] = metrics.dead_prefix(own, opt.dead_threshold)
       result["dead_prefix"]["per_sublayer"] = own.reshape(-1)
-    if "embedding_weight" in clean:
-      result.setdefault("dead_prefix", {})["embedding_weight_per_sublayer"] = np.asarray(
-          clean["embedding_weight"]).reshape(-1)
+    if "embedding_weight" in clean:  # Full and Block AttnRes: mass on v_0 / b_0, per sublayer
+      emb = np.asarray(clean["embedding_weight"]).reshape(-1)
+      result["depth_weights"] = {"embedding_per_sublayer": emb,
+                                 "non_embedding_per_sublayer": 1.0 - emb}
     result["timing"] = timing
     return to_jsonable(result)
 

@@ -1,0 +1,85 @@
+"""Diagnostics end to end on the registered designs, through the same scan hooks.
+
+Fast: the clean pass (sown HC/mHC mixing, AttnRes depth weights) with known answers at init.
+Slow: every registered design through the full causal + permutation passes.
+"""
+
+import json
+
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+
+from depthbench_jax.diagnostics import metrics, probes
+from depthbench_jax.model import transformer as tr
+from depthbench_jax.model.config import model_config_from
+from depthbench_jax.residual import registry
+from tests.helpers import tiny_config
+
+L = 4
+CLEAN_ONLY = probes.Options(run_causal=False, run_permutation=False)
+
+
+def _run(design, options=CLEAN_ONLY, n_layers=L, **residual):
+  if design not in registry.names():
+    pytest.skip(f"design {design!r} not registered yet")
+  c = tiny_config(**{"model.n_layers": n_layers})
+  c.model.residual = {"name": design, **residual}
+  cfg = model_config_from(c.model)
+  params = nn.unbox(tr.init_params(cfg, jax.random.PRNGKey(0)))
+  tokens = np.random.RandomState(0).randint(0, 257, (2, 9)).astype(np.int32)
+  result = probes.Probes(cfg, options).run(params, tokens)
+  json.dumps(result, allow_nan=False)
+  return result
+
+
+def test_hc_mixing_is_identity_at_init_so_erank_is_n():
+  r = _run("hc")
+  n = 4  # the default n_streams
+  assert r["mixing"]["erank_late"] == pytest.approx(n, rel=1e-4)
+  np.testing.assert_allclose(r["mixing"]["erank_by_start"], n, rtol=1e-4)
+  assert r["mixing"]["amax_forward"] == pytest.approx(1.0, rel=1e-4)
+  assert "dead_prefix" not in r
+
+
+def test_mhc_mixing_erank_in_range_and_doubly_stochastic_gain():
+  r = _run("mhc")
+  e = np.asarray(r["mixing"]["erank_by_start"])
+  assert ((e >= 1 - 1e-4) & (e <= 4 + 1e-4)).all()
+  # Products of doubly stochastic matrices keep unit row sums: forward Amax gain 1.
+  assert r["mixing"]["amax_forward"] == pytest.approx(1.0, abs=1e-3)
+
+
+def test_block_attnres_own_block_weight_at_init():
+  # L=4, 8 blocks, unit 'layer': one layer per block. Zero queries = uniform over the present
+  # sources. Layer l's attention sees b_0..b_l (no partial sum yet: own weight 0), its MLP sees
+  # those plus b_(l+1)^1: own weight 1/(l+2). The layer's own weight is the max: 1/(l+2).
+  r = _run("attnres_block")
+  dead = r["dead_prefix"]
+  np.testing.assert_allclose(dead["per_layer"], [1 / (l + 2) for l in range(L)], rtol=1e-5)
+  np.testing.assert_allclose(dead["per_sublayer"][0::2], 0.0, atol=1e-7)
+  assert dead["dead_prefix"] == 0 and dead["dead_layers"] == []
+  emb = np.asarray(r["depth_weights"]["embedding_per_sublayer"])
+  np.testing.assert_allclose(emb[0::2], [1 / (l + 1) for l in range(L)], rtol=1e-5)
+  np.testing.assert_allclose(emb[1::2], [1 / (l + 2) for l in range(L)], rtol=1e-5)
+  strict = metrics.dead_prefix(np.reshape(dead["per_sublayer"], (L, 2)), threshold=0.4)
+  assert strict["dead_layers"] == [1, 2, 3] and strict["dead_prefix"] == 0
+
+
+def test_full_attnres_embedding_weight_at_init():
+  r = _run("attnres_full")
+  emb = np.asarray(r["depth_weights"]["embedding_per_sublayer"])
+  np.testing.assert_allclose(emb, [1 / (k + 1) for k in range(2 * L)], rtol=1e-5)  # v_0..v_k
+  assert "dead_prefix" not in r and "mixing" not in r
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("design", registry.names())
+def test_every_design_full_diagnostics(design):
+  r = _run(design, probes.Options(causal_chunk=2, permutation_chunk=3))
+  for key in ("causal", "permutation"):
+    m = probes.from_jsonable_matrix(r[key]["matrix"])
+    assert np.isfinite(m[np.triu_indices(L, 1)]).all(), (design, key)
+    assert 0.0 <= r[key]["share"] <= 1.0
+  assert np.isfinite(np.asarray(r["angular"]["matrix"])).all()
