@@ -12,7 +12,7 @@ sublayers at the same position, which are not in the cache) fall back to full re
 step runs the model on a fixed-size ``[B, S]`` buffer (one compile) and reads the logits at the
 last filled position. Correct for every design, O(S) times slower per token.
 
-Batches: prompts are right-padded to a multiple of ``pad_to``. Prefill writes every padded slot;
+Batches: prompts are right-padded to a power of two (at least ``pad_to``). Prefill writes every padded slot;
 afterwards each row's ``cache_index`` is set to its true length, so the next token overwrites
 the first padded slot and the causal mask never lets a query see a slot beyond its own position.
 """
@@ -93,6 +93,13 @@ def _round_up(n: int, k: int) -> int:
   return max(k, -(-n // k) * k)
 
 
+def _pow2_at_least(n: int, smallest: int) -> int:
+  size = smallest
+  while size < n:
+    size *= 2
+  return size
+
+
 def greedy_generate(cfg: ModelConfig, params: Any, prompts: Sequence[Sequence[int]],
                     max_new_tokens: int, eos_id: int | None = None, *,
                     use_cache: bool | None = None, pad_to: int = 16,
@@ -113,8 +120,9 @@ def greedy_generate(cfg: ModelConfig, params: Any, prompts: Sequence[Sequence[in
   lens = np.array([len(p) for p in prompts], np.int32)
   if lens.min() < 1:
     raise ValueError("greedy_generate: every prompt needs at least one token")
-  batch, prompt_len = len(prompts), _round_up(int(lens.max()), pad_to)
-  total = _round_up(prompt_len + max_new_tokens, pad_to)
+  # Power-of-two prompt buckets: a whole eval set compiles a handful of shapes.
+  batch, prompt_len = len(prompts), _pow2_at_least(int(lens.max()), pad_to)
+  total = prompt_len + _round_up(max_new_tokens, pad_to)
   buffer = np.zeros((batch, total), np.int32)
   for b, p in enumerate(prompts):
     buffer[b, :len(p)] = p

@@ -1,0 +1,98 @@
+"""The report's domain-evaluation section: per-domain NLL by design x depth, and its depth trend.
+
+``evals_table(runs)``: ``runs`` is a list of ``(summary, evals)`` (a run's ``summary.json`` and
+its ``evals.json``) or of run records (``summary.json`` dicts with a ``workdir``, as
+``report.scorecard`` passes them; their ``evals.json`` is read here). Returns markdown, or None
+when no run has evals.
+
+Depth trend per design and domain: the least-squares slope of NLL against ``log2(n_layers)``
+(nats per doubling of depth; negative = deeper is better), over that design's depths.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any, Sequence
+
+DOMAINS = ("coding", "stem", "math")
+TASKS = (("humaneval", "pass@1"), ("mbpp", "pass@1"), ("sciq", "acc"), ("gpqa", "acc"),
+         ("gsm8k", "exact_match"), ("math500", "exact_match"))
+FLAT_TOL = 0.005  # |slope| below this (nats per doubling) reads 'flat'.
+
+
+def _as_pair(run: Any) -> tuple[dict, dict] | None:
+  if isinstance(run, (tuple, list)):
+    return run[0], run[1]
+  path = os.path.join(run.get("workdir", ""), "evals.json")
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return run, json.load(f)
+
+
+def _design(summary: dict, evals: dict) -> str:
+  return summary.get("design") or evals.get("design") or "?"
+
+
+def _depth(summary: dict, evals: dict) -> int | None:
+  if evals.get("n_layers") is not None:
+    return int(evals["n_layers"])
+  if summary.get("n_layers") is not None:
+    return int(summary["n_layers"])
+  return ((summary.get("config") or {}).get("model") or {}).get("n_layers")
+
+
+def _num(x: Any, digits: int = 3) -> str:
+  if x is None or (isinstance(x, float) and math.isnan(x)):
+    return "-"
+  return f"{x:.{digits}f}"
+
+
+def depth_slope(points: Sequence[tuple[int, float]]) -> float | None:
+  """Least-squares slope of value against log2(depth); None with fewer than two depths."""
+  pts = [(math.log2(d), v) for d, v in points if d and v is not None and not math.isnan(v)]
+  if len({x for x, _ in pts}) < 2:
+    return None
+  mx = sum(x for x, _ in pts) / len(pts)
+  my = sum(v for _, v in pts) / len(pts)
+  return (sum((x - mx) * (v - my) for x, v in pts) / sum((x - mx) ** 2 for x, _ in pts))
+
+
+def _trend(slope: float | None) -> str:
+  if slope is None:
+    return "-"
+  word = "flat" if abs(slope) < FLAT_TOL else ("deeper better" if slope < 0 else "deeper worse")
+  return f"{slope:+.3f} ({word})"
+
+
+def evals_table(runs: Sequence[Any]) -> str | None:
+  pairs = [p for p in (_as_pair(r) for r in runs) if p is not None and p[1].get("domains")]
+  if not pairs:
+    return None
+  pairs.sort(key=lambda p: (_design(*p), _depth(*p) or 0, p[0].get("name") or ""))
+  tasks = [(s, m) for s, m in TASKS if any(m in (e.get("sets", {}).get(s) or {}) for _, e in pairs)]
+  head = ["design", "L"] + [f"{d} NLL" for d in DOMAINS] + [f"{s} {m}" for s, m in tasks]
+  lines = ["Teacher-forced NLL of the reference answer (nats/token; per domain = mean over its "
+           "sets) and task scores.", "",
+           "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+  by_design: dict[str, list[tuple[int, dict]]] = {}
+  for summary, evals in pairs:
+    design, depth = _design(summary, evals), _depth(summary, evals)
+    doms = evals.get("domains", {})
+    row = [design, str(depth or "?")]
+    row += [_num((doms.get(d) or {}).get("nll_per_token")) for d in DOMAINS]
+    row += [_num((evals.get("sets", {}).get(s) or {}).get(m)) for s, m in tasks]
+    lines.append("| " + " | ".join(row) + " |")
+    by_design.setdefault(design, []).append((depth, doms))
+  lines += ["", "Depth trend: slope of domain NLL against log2(depth), nats per doubling "
+            f"(negative = deeper is better; |slope| < {FLAT_TOL}: flat).", "",
+            "| design | depths | " + " | ".join(DOMAINS) + " |",
+            "|---|---|" + "---|" * len(DOMAINS)]
+  for design, rows in sorted(by_design.items()):
+    depths = sorted({d for d, _ in rows if d})
+    cells = [_trend(depth_slope([(d, (doms.get(dom) or {}).get("nll_per_token"))
+                                 for d, doms in rows])) for dom in DOMAINS]
+    lines.append(f"| {design} | {', '.join(map(str, depths))} | " + " | ".join(cells) + " |")
+  return "\n".join(lines)

@@ -1,0 +1,130 @@
+"""Run untrusted generated code against its tests: a subprocess with limits and an audit hook.
+
+``run_program(code, timeout_s)`` writes nothing outside a fresh temp dir and returns
+``SandboxResult(status, returncode, output)`` with status 'passed' (exit 0), 'failed' or
+'timeout'. What confines the child:
+
+* a fresh ``python -I -B`` (isolated: no site/user paths, env vars ignored; no .pyc writes) in a
+  new session (its own process group, killed as a group on timeout), cwd = HOME = TMPDIR = a
+  temp dir removed afterwards, a minimal environment;
+* rlimits, set by the child itself before the untrusted code: CPU seconds (``RLIMIT_CPU``), address space (``RLIMIT_AS``), file size
+  (``RLIMIT_FSIZE``), open files, no core dumps, and ``RLIMIT_NPROC`` (no effect for root,
+  which Linux exempts);
+* a ``sys.addaudithook`` installed before the code runs that raises ``PermissionError`` on:
+  opening a file for writing (any of w/a/x/+ or O_WRONLY/O_RDWR/O_CREAT/O_APPEND/O_TRUNC)
+  outside the temp dir; remove/rename/mkdir/rmdir/chmod/chown/symlink/link/truncate/utime outside
+  it; any socket; subprocess/exec/spawn/fork/system; ctypes and loading native extensions
+  after start (``import ctypes`` would allow bypassing the hook).
+
+Honest limits: an audit hook is not a security boundary. It stops the accidents generated code
+makes (writing files, ``os.system``, network calls, fork loops) but a determined adversary can
+escape CPython-level hooks (e.g. through already-loaded native modules, ``gc`` tricks or
+``/proc/self/mem``). There is no network namespace or seccomp filter; run untrusted model output
+at scale inside a container without network for real isolation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+
+# Runs inside the child before the untrusted code. ``{root}`` = the temp dir.
+_PRELUDE = r'''
+import os, resource, sys
+for _limit, _value in ((resource.RLIMIT_CPU, {cpu_s}), (resource.RLIMIT_AS, {memory_bytes}),
+                       (resource.RLIMIT_FSIZE, {file_bytes}), (resource.RLIMIT_CORE, 0),
+                       (resource.RLIMIT_NOFILE, 64), (resource.RLIMIT_NPROC, 64)):
+  try:
+    resource.setrlimit(_limit, (_value, _value))
+  except (ValueError, OSError):
+    pass  # A hard limit below ours, or not permitted: keep what the system has.
+_ROOT = os.path.realpath({root!r})
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+_PATH_EVENTS = {{"os.remove", "os.rename", "os.mkdir", "os.rmdir", "os.chmod", "os.chown",
+                "os.symlink", "os.link", "os.truncate", "os.utime", "shutil.rmtree",
+                "shutil.copyfile", "shutil.copytree", "shutil.move"}}
+_DENY = ("socket.", "subprocess.", "os.exec", "os.spawn", "os.posix_spawn", "os.fork",
+         "os.forkpty", "os.system", "os.kill", "os.killpg", "pty.", "ctypes.", "_ctypes.",
+         "os.startfile", "winreg.", "resource.setrlimit", "resource.prlimit")
+_realpath, _fspath = os.path.realpath, os.fspath
+
+def _inside(path):
+  if isinstance(path, int):
+    return True
+  try:
+    p = _realpath(_fspath(path))
+  except Exception:
+    return False
+  return p == _ROOT or p.startswith(_ROOT + os.sep) or p == "/dev/null"
+
+def _hook(event, args):
+  if event == "open":
+    path, mode, flags = (list(args) + [None, None, None])[:3]
+    writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
+        isinstance(flags, int) and flags & _WRITE_FLAGS)
+    if writing and not _inside(path):
+      raise PermissionError(f"sandbox: write outside the temp dir: {{path}}")
+  elif event in _PATH_EVENTS:
+    for a in args[:2]:
+      if isinstance(a, (str, bytes, os.PathLike)) and not _inside(a):
+        raise PermissionError(f"sandbox: {{event}} outside the temp dir: {{a}}")
+  elif event.startswith(_DENY):
+    raise PermissionError(f"sandbox: {{event}} is not allowed")
+  elif event == "import" and args and args[0] in ("ctypes", "_ctypes"):
+    raise PermissionError(f"sandbox: import {{args[0]}} is not allowed")
+
+sys.addaudithook(_hook)
+del _hook
+'''
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxResult:
+  status: str          # 'passed' | 'failed' | 'timeout'
+  returncode: int | None
+  output: str          # last ~2000 characters of stdout + stderr
+
+  @property
+  def passed(self) -> bool:
+    return self.status == "passed"
+
+
+def run_program(code: str, timeout_s: float = 10.0, *, memory_mb: int = 1024,
+                file_mb: int = 16) -> SandboxResult:
+  """Runs ``code`` as ``__main__`` in the sandbox; passes when it exits 0 within ``timeout_s``."""
+  root = tempfile.mkdtemp(prefix="depthbench_sandbox_")
+  try:
+    program = os.path.join(root, "program.py")
+    with open(program, "w") as f:
+      f.write(code)
+    prelude = _PRELUDE.format(root=root, cpu_s=int(timeout_s) + 1, memory_bytes=memory_mb << 20,
+                              file_bytes=file_mb << 20)
+    runner = (prelude +
+              "\n__file__ = {0!r}\nsrc = open(__file__).read()\n"
+              "exec(compile(src, __file__, 'exec'), {{'__name__': '__main__', "
+              "'__file__': __file__}})\n".format(program))
+    env = {"PATH": "/usr/bin:/bin", "HOME": root, "TMPDIR": root, "LANG": "C.UTF-8",
+           "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0"}
+    proc = subprocess.Popen(
+        [sys.executable, "-I", "-B", "-c", runner], cwd=root, env=env,
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        start_new_session=True)  # No preexec_fn: forking a threaded (JAX) parent is unsafe.
+    try:
+      out, _ = proc.communicate(timeout=timeout_s)
+      status = "passed" if proc.returncode == 0 else "failed"
+    except subprocess.TimeoutExpired:
+      try:
+        os.killpg(proc.pid, signal.SIGKILL)
+      except ProcessLookupError:
+        pass
+      out, _ = proc.communicate()
+      status = "timeout"
+    text = out.decode("utf-8", "replace")[-2000:]
+    return SandboxResult(status, proc.returncode, text)
+  finally:
+    shutil.rmtree(root, ignore_errors=True)

@@ -1,0 +1,174 @@
+"""Per-set evaluation: teacher-forced NLL for every set, plus the task score of its kind.
+
+* NLL (all sets): ``nll_per_token`` = sum of answer-token NLLs / number of answer tokens (nats),
+  ``nll_per_example`` = mean over examples of the summed answer NLL. Context = ``<eos>`` +
+  prompt, tokenized separately from the answer (answers start with a space where the format
+  puts one, as in lm-eval-harness).
+* mc (SciQ, GPQA): ``acc`` = the correct choice has the strictly highest summed log-likelihood;
+  ``acc_norm`` = the same with log-likelihood divided by the choice's length in characters.
+* math (GSM8K, MATH-500): greedy generation, ``exact_match`` of the extracted final answer
+  (GSM8K: the number after ``####``, else the last number; MATH: the last ``\\boxed{...}``)
+  against the reference after normalisation.
+* code (HumanEval, MBPP): greedy generation, ``pass@1`` = the program (HumanEval: prompt +
+  completion + tests + ``check(entry_point)``; MBPP: completion + asserts) exits 0 in the sandbox.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Sequence
+
+import numpy as np
+
+from depthbench_jax.evals import sandbox
+from depthbench_jax.evals.datasets import SETS, Example
+from depthbench_jax.evals.scoring import continuation_logprobs, greedy_completions
+
+STOPS = {
+    "humaneval": ("\nclass", "\ndef", "\n#", "\nif", "\nprint"),   # Chen et al. (2021)
+    "mbpp": ('\n"""', "\nassert", "\nif __name__", "\nprint(", "\n#"),
+    "gsm8k": ("\nQuestion:", "\n\n\n"),
+    "math500": ("\nProblem:", "\n\n\n"),
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Answer extraction and normalisation.
+# ---------------------------------------------------------------------------------------------
+
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+def normalize_number(text: str) -> str:
+  """``'1,234.50'`` -> ``'1234.5'``; ``'$7.'`` -> ``'7'``; non-numbers are stripped text."""
+  t = text.strip().replace(",", "").replace("$", "").rstrip(".")
+  try:
+    value = float(t)
+  except ValueError:
+    return t
+  return str(int(value)) if value == int(value) else repr(value)
+
+
+def gsm8k_extract(text: str) -> str:
+  m = re.search(r"####\s*(-?[\d,]*\.?\d+)", text)
+  if m:
+    return normalize_number(m.group(1))
+  numbers = _NUMBER.findall(text)
+  return normalize_number(numbers[-1]) if numbers else ""
+
+
+def last_boxed(text: str) -> str | None:
+  """Contents of the last ``\\boxed{...}`` (balanced braces), or None."""
+  k = text.rfind("\\boxed")
+  if k == -1:
+    return None
+  i = text.find("{", k)
+  if i == -1:
+    return None
+  depth = 0
+  for j in range(i, len(text)):
+    depth += {"{": 1, "}": -1}.get(text[j], 0)
+    if depth == 0:
+      return text[i + 1:j]
+  return None
+
+
+def normalize_math(text: str) -> str:
+  """Light MATH normalisation: no spaces/``$``/``\\left``/``\\right``/``\\!``, ``dfrac`` ->
+  ``frac``, no ``^\\circ``/``\\%``/trailing period, ``\\text{x}`` -> ``x``; numbers canonical."""
+  t = text.strip()
+  t = re.sub(r"\\text\{([^}]*)\}", r"\1", t)
+  for old, new in (("\\left", ""), ("\\right", ""), ("\\!", ""), ("$", ""), ("dfrac", "frac"),
+                   ("tfrac", "frac"), ("^{\\circ}", ""), ("^\\circ", ""), ("\\%", ""),
+                   (" ", "")):
+    t = t.replace(old, new)
+  t = t.rstrip(".")
+  return normalize_number(t) if _NUMBER.fullmatch(t) else t
+
+
+def math_extract(text: str) -> str:
+  boxed = last_boxed(text)
+  return normalize_math(boxed) if boxed is not None else ""
+
+
+# ---------------------------------------------------------------------------------------------
+# Scoring one set.
+# ---------------------------------------------------------------------------------------------
+
+def nll_metrics(cfg, params, tokenizer, examples: Sequence[Example], *, batch_size: int = 8,
+                max_len: int | None = None) -> dict:
+  pairs = [([tokenizer.eos_id] + tokenizer.encode(e.prompt), tokenizer.encode(e.answer))
+           for e in examples]
+  logps = continuation_logprobs(cfg, params, pairs, batch_size=batch_size, max_len=max_len)
+  sums = np.array([-float(lp.sum()) for lp in logps])
+  counts = np.array([len(lp) for lp in logps])
+  return {"n": len(examples), "tokens": int(counts.sum()),
+          "nll_per_token": float(sums.sum() / max(1, counts.sum())),
+          "nll_per_example": float(sums.mean()) if len(sums) else float("nan"),
+          "per_example": [{"id": e.id, "nll": float(s), "tokens": int(c)}
+                          for e, s, c in zip(examples, sums, counts)]}
+
+
+def mc_metrics(cfg, params, tokenizer, examples: Sequence[Example], *, batch_size: int = 8,
+               max_len: int | None = None) -> dict:
+  pairs, owners = [], []
+  for i, e in enumerate(examples):
+    ctx = [tokenizer.eos_id] + tokenizer.encode(e.prompt)
+    for c in e.choices:
+      pairs.append((ctx, tokenizer.encode(c)))
+      owners.append(i)
+  logps = continuation_logprobs(cfg, params, pairs, batch_size=batch_size, max_len=max_len)
+  acc, acc_norm, k = [], [], 0
+  for e in examples:
+    ll = np.array([float(lp.sum()) for lp in logps[k:k + len(e.choices)]])
+    norm = ll / np.array([max(1, len(c)) for c in e.choices])
+    k += len(e.choices)
+    others = [j for j in range(len(e.choices)) if j != e.label]
+    acc.append(bool(ll[e.label] > ll[others].max()))
+    acc_norm.append(bool(norm[e.label] > norm[others].max()))
+  return {"acc": float(np.mean(acc)), "acc_norm": float(np.mean(acc_norm))}
+
+
+def code_program(name: str, example: Example, completion: str) -> str:
+  if name == "humaneval":
+    return example.prompt + completion + "\n\n" + example.test
+  return completion + "\n\n" + example.test
+
+
+def generation_metrics(name: str, cfg, params, tokenizer, examples: Sequence[Example], *,
+                       max_new_tokens: int = 256, batch_size: int = 8,
+                       max_len: int | None = None, timeout_s: float = 10.0) -> dict:
+  kind = SETS[name].kind
+  texts = greedy_completions(cfg, params, tokenizer, [e.prompt for e in examples],
+                             max_new_tokens=max_new_tokens, stops=STOPS.get(name, ()),
+                             batch_size=batch_size, max_len=max_len)
+  if kind == "math":
+    extract = gsm8k_extract if name == "gsm8k" else math_extract
+    target = (lambda e: normalize_number(e.target)) if name == "gsm8k" else (
+        lambda e: normalize_math(e.target))
+    hits = [extract(t) == target(e) and target(e) != "" for t, e in zip(texts, examples)]
+    return {"exact_match": float(np.mean(hits)), "samples": texts[:3]}
+  if kind == "code":
+    results = [sandbox.run_program(code_program(name, e, t), timeout_s)
+               for t, e in zip(texts, examples)]
+    return {"pass@1": float(np.mean([r.passed for r in results])),
+            "timeouts": sum(r.status == "timeout" for r in results), "samples": texts[:3]}
+  return {}
+
+
+def evaluate_set(name: str, cfg, params, tokenizer, examples: Sequence[Example], *,
+                 generate: bool = True, max_new_tokens: int = 256, batch_size: int = 8,
+                 max_len: int | None = None, timeout_s: float = 10.0) -> dict[str, Any]:
+  """All metrics of one set: NLL always; acc for mc; exact match / pass@1 when ``generate``."""
+  spec = SETS[name]
+  out: dict[str, Any] = {"domain": spec.domain, "kind": spec.kind}
+  out.update(nll_metrics(cfg, params, tokenizer, examples, batch_size=batch_size,
+                         max_len=max_len))
+  if spec.kind == "mc":
+    out.update(mc_metrics(cfg, params, tokenizer, examples, batch_size=batch_size,
+                          max_len=max_len))
+  elif generate:
+    out.update(generation_metrics(name, cfg, params, tokenizer, examples,
+                                  max_new_tokens=max_new_tokens, batch_size=batch_size,
+                                  max_len=max_len, timeout_s=timeout_s))
+  return out

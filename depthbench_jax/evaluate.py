@@ -1,0 +1,154 @@
+"""``python -m depthbench_jax.evaluate --workdir=RUN_DIR``: domain evals of a finished run.
+
+Restores the run's latest (or ``--step``) params and, for each eval set found under
+``--eval_data_dir`` (default ``~/.cache/depthbench_jax/evals``; formats in
+``evals/datasets.py``), computes the teacher-forced NLL of the reference answers and the set's
+task score (``evals/tasks.py``). Writes ``RUN_DIR/evals.json`` and scalars
+``evals/<set>/<metric>`` and ``evals/<domain>/nll_per_token`` to ``RUN_DIR/tensorboard``.
+Sets whose file is missing are skipped and listed under ``missing`` with the message saying
+where to put them (``--strict`` makes that an error). ``--export_hf`` also writes a Hugging Face
+checkpoint (Pre-LN family) to ``RUN_DIR/hf``.
+
+``evals.json``::
+
+  {"step", "name", "design", "n_layers", "tokenizer", "options",
+   "sets": {set: {"domain", "kind", "n", "tokens", "nll_per_token", "nll_per_example",
+                  "per_example": [{"id", "nll", "tokens"}], + "acc"/"acc_norm" (mc),
+                  "exact_match" (math), "pass@1"/"timeouts" (code), "samples"}},
+   "domains": {domain: {"nll_per_token": mean over the domain's sets, "sets": [...]}},
+   "missing": {set: message}}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, Sequence
+
+from absl import app, flags, logging
+
+from depthbench_jax.evals import datasets
+
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory with config.json and checkpoints/.")
+_STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
+_DATA_DIR = flags.DEFINE_string("eval_data_dir", None,
+                                "Root of the eval sets (<dir>/<set>/<file>); default "
+                                "~/.cache/depthbench_jax/evals.")
+_SETS = flags.DEFINE_list("sets", list(datasets.SETS), "Eval sets to run.")
+_MAX_EXAMPLES = flags.DEFINE_integer("max_examples", None, "First N examples of each set.")
+_GENERATE = flags.DEFINE_bool("generate", True,
+                              "Greedy generation + exact match / pass@1 (NLL and mc always run).")
+_MAX_NEW = flags.DEFINE_integer("max_new_tokens", 256, "Generation budget per example.")
+_BATCH = flags.DEFINE_integer("batch_size", 8, "Rows per model call.")
+_TIMEOUT = flags.DEFINE_float("timeout_s", 10.0, "Sandbox timeout per program.")
+_STRICT = flags.DEFINE_bool("strict", False, "Fail when a set's file is missing.")
+_EXPORT = flags.DEFINE_bool("export_hf", False, "Also export RUN_DIR/hf (Pre-LN family only).")
+
+
+def domain_means(sets: dict) -> dict:
+  """Per domain: the unweighted mean over its evaluated sets of ``nll_per_token``."""
+  out = {}
+  for domain, names in datasets.DOMAINS.items():
+    found = [n for n in names if n in sets]
+    if found:
+      out[domain] = {"nll_per_token": sum(sets[n]["nll_per_token"] for n in found) / len(found),
+                     "sets": found}
+  return out
+
+
+def evaluate(model_cfg, params, tokenizer, *, sets: Sequence[str] = tuple(datasets.SETS),
+             data_dir: str | None = None, max_examples: int | None = None,
+             generate: bool = True, max_new_tokens: int = 256, batch_size: int = 8,
+             timeout_s: float = 10.0, strict: bool = False) -> dict[str, Any]:
+  """Every requested set that is found: ``{'sets', 'domains', 'missing'}`` (see module doc)."""
+  from depthbench_jax.evals import tasks  # pylint: disable=g-import-not-at-top
+
+  unknown = [s for s in sets if s not in datasets.SETS]
+  if unknown:
+    raise ValueError(f"--sets: unknown {unknown}; allowed: {', '.join(datasets.SETS)}")
+  results, missing = {}, {}
+  for name in sets:
+    try:
+      examples = datasets.load_set(name, data_dir, max_examples)
+    except datasets.MissingEvalSet as e:
+      if strict:
+        raise
+      missing[name] = str(e)
+      logging.warning("%s", e)
+      continue
+    t0 = time.perf_counter()
+    results[name] = tasks.evaluate_set(
+        name, model_cfg, params, tokenizer, examples, generate=generate,
+        max_new_tokens=max_new_tokens, batch_size=batch_size, timeout_s=timeout_s)
+    results[name]["time_s"] = time.perf_counter() - t0
+    logging.info("%s: %s", name, {k: v for k, v in results[name].items()
+                                  if isinstance(v, (int, float))})
+  if not results:
+    raise FileNotFoundError("no eval set found:\n" + "\n".join(missing.values()))
+  return {"sets": results, "domains": domain_means(results), "missing": missing}
+
+
+def scalars(evals: dict) -> dict[str, float]:
+  """Flat ``evals/<set>/<metric>`` and ``evals/<domain>/nll_per_token`` scalars."""
+  out = {}
+  for name, res in evals["sets"].items():
+    for k, v in res.items():
+      if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "time_s":
+        out[f"evals/{name}/{k}"] = float(v)
+  for domain, res in evals["domains"].items():
+    out[f"evals/{domain}/nll_per_token"] = res["nll_per_token"]
+  return out
+
+
+def write_evals(workdir: str, evals: dict, step: int) -> str:
+  from clu import metric_writers  # pylint: disable=g-import-not-at-top
+  from depthbench_jax.train import summary  # pylint: disable=g-import-not-at-top
+
+  path = os.path.join(workdir, "evals.json")
+  summary.atomic_write_json(path, evals)
+  writer = metric_writers.create_default_writer(os.path.join(workdir, "tensorboard"),
+                                                asynchronous=False)
+  writer.write_scalars(step, scalars(evals))
+  writer.flush()
+  writer.close()
+  return path
+
+
+def main(argv):
+  del argv
+  from depthbench_jax.data.tokenizer import get_tokenizer  # pylint: disable=g-import-not-at-top
+  from depthbench_jax.model import hf  # pylint: disable=g-import-not-at-top
+  from depthbench_jax.model.config import model_config_from  # pylint: disable=g-import-not-at-top
+  from depthbench_jax.train import checkpoint  # pylint: disable=g-import-not-at-top
+
+  workdir = _WORKDIR.value
+  config, params = checkpoint.restore_params(workdir, _STEP.value)
+  step = _STEP.value
+  if step is None:
+    import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+    step = ocp.CheckpointManager(checkpoint.checkpoint_dir(workdir)).latest_step()
+  model_cfg = model_config_from(config.model)
+  if _EXPORT.value:
+    hf.check_exportable(model_cfg)  # Before any compute: a clear error for non-Pre-LN designs.
+  tokenizer = get_tokenizer(config.data.tokenizer)
+  options = {"eval_data_dir": _DATA_DIR.value or datasets.default_data_dir(),
+             "max_examples": _MAX_EXAMPLES.value, "generate": _GENERATE.value,
+             "max_new_tokens": _MAX_NEW.value, "batch_size": _BATCH.value}
+  evals = evaluate(model_cfg, params, tokenizer, sets=_SETS.value, data_dir=_DATA_DIR.value,
+                   max_examples=_MAX_EXAMPLES.value, generate=_GENERATE.value,
+                   max_new_tokens=_MAX_NEW.value, batch_size=_BATCH.value,
+                   timeout_s=_TIMEOUT.value, strict=_STRICT.value)
+  evals.update(step=step, name=config.get("name", None), design=model_cfg.design,
+               n_layers=model_cfg.n_layers, tokenizer=tokenizer.name, options=options)
+  path = write_evals(workdir, evals, int(step or 0))
+  if _EXPORT.value:
+    out = hf.export_hf(params, model_cfg, os.path.join(workdir, "hf"), tokenizer=tokenizer)
+    logging.info("exported Hugging Face checkpoint to %s", out)
+  logging.info("wrote %s", path)
+  print(json.dumps({d: round(v["nll_per_token"], 4) for d, v in evals["domains"].items()}))
+
+
+if __name__ == "__main__":
+  flags.mark_flags_as_required(["workdir"])
+  app.run(main)

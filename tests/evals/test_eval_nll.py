@@ -1,0 +1,122 @@
+"""NLL on a fixture equals a hand computation; answer extraction; evaluate() end to end."""
+
+import json
+import os
+
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+
+from depthbench_jax import evaluate
+from depthbench_jax.evals import datasets, report_section, tasks
+from depthbench_jax.model.transformer import abstract_params
+from evals_helpers import FIXTURES, ByteTok, tiny_model_cfg
+
+
+def bigram_model():
+  """Attention/MLP weights zero, so x_L = E[t]: logits(t) = rmsnorm(E[t]) @ W, a bigram model.
+
+  E[t] = one-hot(t mod d) gives rmsnorm(E[t]) = one-hot / sqrt(1/d + eps), so
+  logits(t) = W[t mod d] / sqrt(1/d + eps): computable by hand.
+  """
+  cfg = tiny_model_cfg()
+  params = jax.tree.map(lambda s: np.zeros(s.shape, np.float32), nn.unbox(abstract_params(cfg)))
+  d, v = cfg.d_model, cfg.vocab_size
+  params["embed"]["embedding"] = np.eye(d, dtype=np.float32)[np.arange(v) % d]
+  params["layers"]["residual"] = jax.tree.map(np.ones_like, params["layers"]["residual"])
+  params["residual_io"]["final_norm"]["scale"] = np.ones(d, np.float32)
+  w = np.random.RandomState(0).randn(d, v).astype(np.float32)
+  params["lm_head"]["kernel"] = w
+  table = w.astype(np.float64) / np.sqrt(1.0 / d + cfg.norm_eps)   # [d, V]
+  table = table - np.log(np.exp(table).sum(-1, keepdims=True))     # log-softmax rows
+  return cfg, params, table
+
+
+def hand_nll(table, d, prompt_ids, answer_ids):
+  seq = prompt_ids + answer_ids
+  return -sum(table[seq[j - 1] % d, seq[j]] for j in range(len(prompt_ids), len(seq)))
+
+
+def test_nll_equals_hand_computed_value():
+  cfg, params, table = bigram_model()
+  tok = ByteTok()
+  examples = datasets.load_set("gsm8k", FIXTURES)
+  got = tasks.nll_metrics(cfg, params, tok, examples, batch_size=2)
+  sums = [hand_nll(table, cfg.d_model, [tok.eos_id] + tok.encode(e.prompt), tok.encode(e.answer))
+          for e in examples]
+  counts = [len(tok.encode(e.answer)) for e in examples]
+  assert got["tokens"] == sum(counts)
+  np.testing.assert_allclose(got["nll_per_token"], sum(sums) / sum(counts), rtol=1e-5)
+  np.testing.assert_allclose(got["nll_per_example"], np.mean(sums), rtol=1e-5)
+  # Truncation: a 64-token window keeps the last 64 tokens and still scores the whole answer
+  # when it fits.
+  short = tasks.nll_metrics(cfg, params, tok, examples[:1], max_len=64, batch_size=2)
+  ids = ([tok.eos_id] + tok.encode(examples[0].prompt) + tok.encode(examples[0].answer))[-64:]
+  n = min(len(tok.encode(examples[0].answer)), 63)
+  want = -sum(table[ids[j - 1] % cfg.d_model, ids[j]] for j in range(len(ids) - n, len(ids)))
+  np.testing.assert_allclose(short["per_example"][0]["nll"], want, rtol=1e-5)
+
+
+def test_multiple_choice_matches_hand_log_likelihoods():
+  cfg, params, table = bigram_model()
+  tok = ByteTok()
+  examples = datasets.load_set("sciq", FIXTURES)
+  got = tasks.mc_metrics(cfg, params, tok, examples, batch_size=4)
+  acc = []
+  for e in examples:
+    ctx = [tok.eos_id] + tok.encode(e.prompt)
+    ll = [-hand_nll(table, cfg.d_model, ctx, tok.encode(c)) for c in e.choices]
+    acc.append(ll[e.label] > max(ll[:e.label] + ll[e.label + 1:]))
+  assert got["acc"] == np.mean(acc)
+
+
+def test_answer_extraction():
+  assert tasks.gsm8k_extract("so 3+4=7.\n#### 1,000") == "1000"
+  assert tasks.gsm8k_extract("The answer is 12.") == "12"
+  assert tasks.normalize_number("7.0") == "7"
+  assert tasks.math_extract(r"thus $\boxed{\dfrac{3}{4}}$.") == r"\frac{3}{4}"
+  assert tasks.math_extract(r"\boxed{x^{2}+1} and \boxed{ 42 }") == "42"
+  assert tasks.normalize_math(r"\left( 1, 2 \right)") == "(1,2)"
+  assert tasks.math_extract("no box") == ""
+
+
+def test_evaluate_on_fixtures_writes_evals_and_tensorboard(tmp_path):
+  cfg = tiny_model_cfg()
+  params = jax.tree.map(lambda s: (0.05 * np.random.RandomState(1).randn(*s.shape)).astype(
+      np.float32), nn.unbox(abstract_params(cfg)))
+  out = evaluate.evaluate(cfg, params, ByteTok(), data_dir=FIXTURES, max_new_tokens=4,
+                          batch_size=2, timeout_s=5)
+  assert set(out["sets"]) == set(datasets.SETS) and not out["missing"]
+  assert set(out["domains"]) == {"coding", "stem", "math"}
+  for name, res in out["sets"].items():
+    assert np.isfinite(res["nll_per_token"]) and res["nll_per_token"] > 0, name
+  assert "pass@1" in out["sets"]["humaneval"] and "exact_match" in out["sets"]["gsm8k"]
+  assert "acc" in out["sets"]["gpqa"]
+  path = evaluate.write_evals(str(tmp_path), out, step=7)
+  assert json.load(open(path))["domains"]["math"]["sets"] == ["gsm8k", "math500"]
+  assert os.listdir(tmp_path / "tensorboard")
+
+
+def test_missing_sets_are_listed_not_fatal(tmp_path):
+  cfg = tiny_model_cfg()
+  params = jax.tree.map(lambda s: np.zeros(s.shape, np.float32), nn.unbox(abstract_params(cfg)))
+  out = evaluate.evaluate(cfg, params, ByteTok(), sets=["gsm8k", "gpqa"], data_dir=FIXTURES,
+                          generate=False)
+  assert set(out["sets"]) == {"gsm8k", "gpqa"}
+  with pytest.raises(FileNotFoundError, match="gpqa_diamond.csv"):
+    evaluate.evaluate(cfg, params, ByteTok(), sets=["gpqa"], data_dir=str(tmp_path))
+
+
+def test_report_section_depth_trend():
+  def run(design, depth, nll):
+    summary = {"design": design, "n_layers": depth, "name": f"{design}{depth}"}
+    evals = {"domains": {"coding": {"nll_per_token": nll}, "math": {"nll_per_token": nll + 1}},
+             "sets": {"gsm8k": {"exact_match": 0.25}}}
+    return summary, evals
+  runs = [run("preln", 8, 2.0), run("preln", 16, 1.9), run("preln", 32, 1.8), run("hc", 8, 2.0)]
+  text = report_section.evals_table(runs)
+  assert "| preln | 16 | 1.900 | - | 2.900 | 0.250 |" in text
+  assert "| preln | 8, 16, 32 | -0.100 (deeper better) | - | -0.100 (deeper better) |" in text
+  assert "| hc | 8 | - | - | - |" in text
+  assert report_section.evals_table([({"design": "x"}, {})]) is None
