@@ -31,10 +31,20 @@ def test_depth_softmax_hand_computed():
   np.testing.assert_allclose(weights[:, 0, 0], [0.5, 0.5], atol=1e-5)
 
 
+def wiring_params(d):
+  """One layer's AttnRes params at init: zero queries, unit gains."""
+  ones = lambda: {"scale": np.ones(d, np.float32)}
+  return {"attn_res_query_attn": np.zeros(d, np.float32),
+          "attn_res_query_mlp": np.zeros(d, np.float32),
+          "attn_res_key_norm_attn": np.ones(d, np.float32),
+          "attn_res_key_norm_mlp": np.ones(d, np.float32),
+          "input_layernorm": ones(), "post_attention_layernorm": ones()}
+
+
 def test_full_update_equation_hand_computed():
   """read = N(sum_i softmax(w.(g*N0(v_i))) v_i) over written slots; write stores at 2l+sub+1."""
   cfg = kit.tiny_cfg("attnres_full", n_layers=2, d_model=8)
-  params = jax.tree.map(lambda a: a[1], kit.init(cfg)["layers"]["residual"])  # layer 1
+  params = wiring_params(8)  # layer 1's
   rng = np.random.RandomState(0)
   w, g, gain = rng.randn(8), 1 + 0.1 * rng.randn(8), 1 + 0.1 * rng.randn(8)
   params["attn_res_query_attn"], params["attn_res_key_norm_attn"] = w, g
@@ -61,7 +71,7 @@ def test_full_update_equation_hand_computed():
 def test_block_update_equation_hand_computed():
   """Eq. 6 with 2-sublayer blocks: first sublayer of block 2 sees [b0, b1], then b2 = y."""
   cfg = kit.tiny_cfg("attnres_block", n_layers=2, d_model=8, residual={"n_blocks": 2})
-  params = jax.tree.map(lambda a: a[1], kit.init(cfg)["layers"]["residual"])
+  params = wiring_params(8)
   rng = np.random.RandomState(1)
   values = np.zeros((3, 1, 2, 8), np.float32)
   values[:2] = rng.randn(2, 1, 2, 8)

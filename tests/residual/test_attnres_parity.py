@@ -15,6 +15,7 @@ Test requirement: ``pip install --no-deps attn-res==0.1.0`` (and torch). Documen
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 import pytest
 
@@ -108,7 +109,7 @@ def compare(ref, name, n_layers, n_sources, residual=None, key_gain=None):
   ref.out_norm = MeanInsteadOfSum(ref.out_norm, n_sources)
   with torch.no_grad():
     want = ref(torch.from_numpy(tokens).long()).numpy()
-  got = np.asarray(Transformer(cfg).apply({"params": params}, tokens))
+  got = np.asarray(jax.jit(Transformer(cfg).apply)({"params": params}, tokens))
   np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
 
 
