@@ -181,9 +181,32 @@ This checkpoint was trained with the depthbench_jax tokenizer {name!r} (vocab_si
 eos_id={eos}). {detail}
 Load the model with `transformers.AutoModelForCausalLM.from_pretrained(this_dir)`; tokenize with
 `depthbench_jax.data.tokenizer.get_tokenizer({name!r})` (or the files here, when present).
-For lm-eval-harness: `lm_eval --model hf --model_args pretrained=this_dir,tokenizer=TOK` with
-TOK a Hugging Face tokenizer of the same vocabulary (GPT-2 BPE: the `gpt2` tokenizer files).
+For lm-eval-harness: `lm_eval --model hf --model_args pretrained=this_dir` when tokenizer.json is
+here, else add `,tokenizer=TOK` with TOK a Hugging Face tokenizer of the same vocabulary.
 """
+
+
+def save_hf_tokenizer(tokenizer: Any, out_dir: str) -> bool:
+  """Writes ``tokenizer.json`` + ``tokenizer_config.json`` for the GPT-2 BPE tokenizer.
+
+  Built offline from the same local merge table our tokenizer reads (transformers'
+  ``TikTokenConverter`` rebuilds the BPE merges from the ranks; ``<|endoftext|>`` = 50256 is
+  eos/bos/unk). Returns False (nothing written) for tokenizers without an HF equivalent.
+  """
+  if getattr(tokenizer, "name", None) != "gpt2":
+    return False
+  from transformers import PreTrainedTokenizerFast  # pylint: disable=g-import-not-at-top
+  from transformers.convert_slow_tokenizer import TikTokenConverter  # pylint: disable=g-import-not-at-top
+
+  from depthbench_jax.data import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
+
+  eos = tok_lib.GPT2_EOS
+  converted = TikTokenConverter(vocab_file=tok_lib.gpt2_bpe_path(),
+                                pattern=tok_lib.GPT2_SPLIT_PATTERN,
+                                extra_special_tokens=[eos]).converted()
+  PreTrainedTokenizerFast(tokenizer_object=converted, eos_token=eos, bos_token=eos,
+                          unk_token=eos, model_max_length=int(1e30)).save_pretrained(out_dir)
+  return True
 
 
 def export_hf(params: Any, cfg: ModelConfig, out_dir: str, arch: str | None = None, *,
@@ -191,7 +214,9 @@ def export_hf(params: Any, cfg: ModelConfig, out_dir: str, arch: str | None = No
   """Writes ``model.safetensors`` + ``config.json`` (+ ``generation_config.json``, tokenizer note).
 
   ``tokenizer``: a depthbench tokenizer (``.name``, ``.vocab_size``, ``.eos_id``) or None; its
-  eos id goes into the config and a ``TOKENIZER.md`` says how to tokenize. ``dtype``:
+  eos id goes into the config and a ``TOKENIZER.md`` says how to tokenize; for 'gpt2' the HF
+  tokenizer files are written too (``save_hf_tokenizer``), so ``AutoTokenizer`` and
+  lm-eval-harness load the directory as is. ``dtype``:
   'float32' or 'bfloat16' (stored weights; needs torch for bfloat16). Returns ``out_dir``.
   """
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
@@ -213,8 +238,9 @@ def export_hf(params: Any, cfg: ModelConfig, out_dir: str, arch: str | None = No
                metadata={"format": "pt"})
   config.save_pretrained(out_dir)
   if tokenizer is not None:
-    detail = ("GPT-2 BPE (tiktoken r50k_base), `<|endoftext|>` = 50256 = eos."
-              if tokenizer.name == "gpt2" else "")
+    detail = ("GPT-2 BPE (tiktoken r50k_base), `<|endoftext|>` = 50256 = eos; tokenizer.json here "
+              "is the same BPE (AutoTokenizer.from_pretrained(this_dir))."
+              if save_hf_tokenizer(tokenizer, out_dir) else "No Hugging Face tokenizer file.")
     with open(os.path.join(out_dir, "TOKENIZER.md"), "w") as f:
       f.write(_TOKENIZER_NOTE.format(name=tokenizer.name, vocab=tokenizer.vocab_size,
                                      eos=tokenizer.eos_id, detail=detail))

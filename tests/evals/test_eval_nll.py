@@ -108,7 +108,7 @@ def test_missing_sets_are_listed_not_fatal(tmp_path):
     evaluate.evaluate(cfg, params, ByteTok(), sets=["gpqa"], data_dir=str(tmp_path))
 
 
-def test_report_section_depth_trend():
+def test_report_section_depth_trend(tmp_path):
   def run(design, depth, nll):
     summary = {"design": design, "n_layers": depth, "name": f"{design}{depth}"}
     evals = {"domains": {"coding": {"nll_per_token": nll}, "math": {"nll_per_token": nll + 1}},
@@ -120,3 +120,11 @@ def test_report_section_depth_trend():
   assert "| preln | 8, 16, 32 | -0.100 (deeper better) | - | -0.100 (deeper better) |" in text
   assert "| hc | 8 | - | - | - |" in text
   assert report_section.evals_table([({"design": "x"}, {})]) is None
+  # Run records as report.scorecard passes them: summary dicts with a workdir holding evals.json.
+  records = []
+  for summary, evals in runs:
+    workdir = tmp_path / summary["name"]
+    workdir.mkdir()
+    (workdir / "evals.json").write_text(json.dumps(evals))
+    records.append(dict(summary, workdir=str(workdir)))
+  assert report_section.evals_table(records) == text

@@ -105,3 +105,18 @@ def test_unsupported_designs_raise_clear_errors():
       tiny_cfg(), residual=ml_collections.FrozenConfigDict({"name": "hc"}))
   with pytest.raises(ConfigError, match=r"config.model.residual.name='hc'.*allowed: preln"):
     hf.check_exportable(other)
+
+
+def test_gpt2_tokenizer_files_encode_like_ours(tmp_path):
+  try:
+    from depthbench_jax.data.tokenizer import get_tokenizer
+    ours_tok = get_tokenizer("gpt2")
+  except Exception as e:  # pylint: disable=broad-except
+    pytest.skip(f"gpt2 tokenizer unavailable: {e}")
+  assert hf.save_hf_tokenizer(ours_tok, str(tmp_path))
+  theirs_tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+  text = ("Hello world, naïve café 1234567 it's we'll  two  spaces\n\ttabs\r\n"
+          "def f(x):\n    return x ** 2  # 数学 émoji 🙂")  # (ours encodes "<|endoftext|>" in text as plain text)
+  assert theirs_tok.encode(text) == ours_tok.encode(text)
+  assert theirs_tok.eos_token_id == ours_tok.eos_id == 50256
+  assert theirs_tok.decode(ours_tok.encode(text)) == text

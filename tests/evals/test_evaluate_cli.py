@@ -1,0 +1,52 @@
+"""``python -m depthbench_jax.evaluate --workdir`` on a saved run dir, with the HF export."""
+
+import json
+import os
+import subprocess
+import sys
+
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+
+from evals_helpers import FIXTURES
+from tests import helpers
+
+
+@pytest.mark.slow
+def test_cli_writes_evals_json_and_a_loadable_hf_export(tmp_path):
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  from depthbench_jax.model.config import model_config_from
+  from depthbench_jax.model.transformer import Transformer, init_params
+  from depthbench_jax.train import checkpoint, summary
+
+  workdir = str(tmp_path / "run")
+  os.makedirs(workdir)
+  config = helpers.tiny_config()
+  summary.write_config(workdir, config)
+  cfg = model_config_from(config.model)
+  params = nn.unbox(init_params(cfg, jax.random.PRNGKey(0)))
+  manager = checkpoint.make_manager(workdir, keep=1, async_save=False)
+  checkpoint.save(manager, 5, {"params": params}, None, force=True)
+  manager.wait_until_finished()
+
+  proc = subprocess.run(
+      [sys.executable, "-m", "depthbench_jax.evaluate", f"--workdir={workdir}",
+       f"--eval_data_dir={FIXTURES}", "--sets=gsm8k,humaneval,sciq", "--max_examples=1",
+       "--max_new_tokens=4", "--export_hf"],
+      cwd=helpers.ROOT, env=helpers.subprocess_env(), capture_output=True, text=True,
+      timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  evals = json.load(open(os.path.join(workdir, "evals.json")))
+  assert evals["step"] == 5 and evals["design"] == "preln" and evals["tokenizer"] == "byte"
+  assert set(evals["domains"]) == {"coding", "stem", "math"}
+  assert os.listdir(os.path.join(workdir, "tensorboard"))
+
+  model = transformers.AutoModelForCausalLM.from_pretrained(os.path.join(workdir, "hf")).eval()
+  tokens = np.arange(1, 17, dtype=np.int32)[None] * 7 % 257
+  with torch.no_grad():
+    theirs = model(torch.from_numpy(tokens.astype(np.int64))).logits.float().numpy()
+  ours = np.asarray(Transformer(cfg).apply({"params": params}, tokens))
+  np.testing.assert_allclose(theirs, ours, atol=1e-4, rtol=0)
