@@ -1,0 +1,125 @@
+"""``python -m depthbench_jax.systems --config=configs/suite_400m.py --seq_len=4096``
+
+For every shape of the suite and every registered design (or ``--designs``/``--shapes``): prefill
+FLOPs per sequence (analytic, causal and full, the paper's approximation, and XLA's
+``cost_analysis`` of an abstract bf16 compile), KV-cache, residual-state and parameter bytes, peak
+memory from ``memory_analysis`` (no allocation), training FLOPs per token and device-hours for the
+suite's Chinchilla budget at ``--mfu`` of ``--peak_flops``. Then the same prefill FLOPs as a curve
+over context 2k..128k (the ``T^2 L d`` term), as a PNG.
+
+Writes ``OUT/systems.json`` (rows + curve + convention), ``OUT/systems.md`` and
+``OUT/context_curve.png`` (``--out``, default ``results/systems/<suite>``) and prints the tables.
+``--xla=false`` skips the compiles (analytic columns only, a second or two).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Sequence
+
+DEFAULT_SUITE_KEY = "400m"
+
+
+def suite_configs(config_path: str, designs: Sequence[str] | None = None,
+                  shapes: Sequence[str] | None = None):
+  """``(module, [(design, shape, ml_collections config)])`` for a suite file's first shape set."""
+  from depthbench_jax import sweep
+  from depthbench_jax.residual import registry
+  module = sweep.load_config_module(config_path)
+  shape_sets = getattr(module, "SHAPE_SETS", {})
+  if not shapes:
+    key = DEFAULT_SUITE_KEY if DEFAULT_SUITE_KEY in shape_sets else next(iter(shape_sets))
+    shapes = shape_sets[key].shapes
+  designs = designs or registry.names()
+  out = []
+  for design in designs:
+    for shape in shapes:
+      out.append((design, shape, module.get_config(f"arch={design},shape={shape}")))
+  return module, out
+
+
+def build(config_path: str, seq_len: int, *, designs=None, shapes=None, with_xla: bool = True,
+          mfu: float | None = None, peak_flops: float | None = None, dtype: str = "bfloat16",
+          batch: int = 1, log=print) -> dict:
+  from depthbench_jax import sweep
+  from depthbench_jax.model.config import model_config_from
+  from depthbench_jax.systems import costs, table, xla
+  mfu = sweep.DEFAULT_MFU if mfu is None else mfu
+  peak_flops = sweep.DEFAULT_PEAK_FLOPS if peak_flops is None else peak_flops
+  module, entries = suite_configs(config_path, designs, shapes)
+  rows, cfgs = [], {}
+  for design, shape, config in entries:
+    config.model.max_seq_len = max(config.model.max_seq_len, seq_len)
+    cfg = model_config_from(config.model)
+    start = time.perf_counter()
+    analysis = xla.prefill_analysis(cfg, seq_len, batch=batch, dtype=dtype) if with_xla else None
+    row = costs.cost_row(cfg, seq_len=seq_len, train_seq_len=config.data.seq_len,
+                         tokens_per_param=config.tokens_per_param, peak_flops=peak_flops,
+                         mfu=mfu, dtype=dtype, xla=analysis)
+    rows.append(row)
+    cfgs.setdefault(design, []).append(cfg)
+    log(f"  {design:14s} {shape:8s} causal {row['prefill_flops_causal'] / 1e12:6.2f} TFLOPs"
+        + (f"  XLA {row['xla_flops'] / 1e12:6.2f}  peak {row['peak_bytes'] / 2**30:5.2f} GiB"
+           if analysis else "") + f"  ({time.perf_counter() - start:.1f}s)")
+  lengths = table.context_lengths()
+  curve_design = "preln" if "preln" in cfgs else next(iter(cfgs))
+  curve = table.context_curve(cfgs[curve_design], lengths)
+  return {"suite": getattr(module, "NAME", os.path.basename(config_path)),
+          "seq_len": seq_len, "convention": table.CONVENTION, "rows": rows, "curve": curve,
+          "curve_design": curve_design}
+
+
+def render(result: dict) -> str:
+  from depthbench_jax.systems import table
+  parts = [f"## Systems cost of depth ({result['suite']})", "", table.CONVENTION, "",
+           table.markdown_table(result["rows"])]
+  summary = table.depth_cost_summary(result["rows"])
+  if summary:
+    parts += ["", "Shallowest -> deepest shape, per design:", "", summary]
+  curve = table.curve_markdown(result["curve"])
+  if curve:
+    parts += ["", f"Causal prefill FLOPs per sequence over context length "
+              f"({result['curve_design']}):", "", curve]
+  return "\n".join(parts)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  p = argparse.ArgumentParser(prog="python -m depthbench_jax.systems", description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--config", required=True, help="a suite file, e.g. configs/suite_400m.py")
+  p.add_argument("--seq_len", type=int, default=4096)
+  p.add_argument("--batch", type=int, default=1)
+  p.add_argument("--designs", default="", help="comma list (default: every registered design)")
+  p.add_argument("--shapes", default="", help="comma list of LxD (default: the suite's)")
+  p.add_argument("--xla", default="true", choices=("true", "false"),
+                 help="abstract-compile each model for cost_analysis / memory_analysis")
+  p.add_argument("--mfu", type=float, default=None)
+  p.add_argument("--peak_flops", type=float, default=None, help="per device, FLOP/s")
+  p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+  p.add_argument("--out", default="", help="output dir (default results/systems/<suite>)")
+  args = p.parse_args(argv)
+  split = lambda s: [x.strip() for x in s.split(",") if x.strip()] or None
+  result = build(args.config, args.seq_len, designs=split(args.designs),
+                 shapes=split(args.shapes), with_xla=args.xla == "true", mfu=args.mfu,
+                 peak_flops=args.peak_flops, dtype=args.dtype, batch=args.batch,
+                 log=lambda s: print(s, file=sys.stderr, flush=True))
+  out = args.out or os.path.join("results", "systems", str(result["suite"]))
+  os.makedirs(out, exist_ok=True)
+  from depthbench_jax.systems import table
+  png = table.plot_context_curve(result["curve"], os.path.join(out, "context_curve.png"))
+  text = render(result) + f"\n\n![prefill FLOPs vs context]({os.path.basename(png)})\n"
+  with open(os.path.join(out, "systems.json"), "w") as f:
+    json.dump(result, f, indent=1)
+  with open(os.path.join(out, "systems.md"), "w") as f:
+    f.write(text)
+  print(text)
+  print(f"wrote {out}/systems.json, systems.md, context_curve.png", file=sys.stderr)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

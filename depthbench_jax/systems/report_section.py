@@ -1,0 +1,102 @@
+"""The report's systems section: ``systems_table(runs) -> markdown`` (found by ``report/``).
+
+``runs`` are the scorecard's run records (a run's ``summary.json`` plus ``workdir``). One row per
+(design, shape) present in the runs, computed from the run's own config (analytic, no compile):
+prefill FLOPs at ``PREFILL_SEQ_LEN`` (causal and paper conventions), KV-cache and residual-state
+bytes, parameter bytes, training FLOPs per token, the Chinchilla device-hours estimate, and the
+wall-clock hours the runs actually took (summed over the LR grid). When ``python -m
+depthbench_jax.systems`` has written a ``systems.json`` in a run's directory or one of its two
+parents, its XLA FLOPs and peak memory are merged in.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Iterable
+
+import ml_collections
+
+PREFILL_SEQ_LEN = 4096
+
+
+def _deep_update(base: dict, over: dict) -> dict:
+  out = dict(base)
+  for k, v in (over or {}).items():
+    out[k] = _deep_update(out.get(k) or {}, v) if isinstance(v, dict) else v
+  return out
+
+
+def run_model_config(record: dict):
+  """The run's ``ModelConfig``: its saved ``config.model`` over ``configs/base.py`` defaults."""
+  from depthbench_jax import sweep
+  from depthbench_jax.model.config import model_config_from
+  defaults = sweep.load_config_module(os.path.join(sweep.REPO_ROOT, "configs", "base.py")).get_config()
+  model = _deep_update(defaults.model.to_dict(), (record.get("config") or {}).get("model") or {})
+  model["n_layers"], model["d_model"] = int(record["n_layers"]), int(record["d_model"])
+  model["max_seq_len"] = max(int(model.get("max_seq_len") or 0), PREFILL_SEQ_LEN)
+  return model_config_from(ml_collections.ConfigDict(model))
+
+
+def _xla_rows(records: Iterable[dict]) -> dict[tuple[str, str], dict]:
+  found: dict[tuple[str, str], dict] = {}
+  seen = set()
+  for r in records:
+    d = r.get("workdir") or ""
+    for path in (d, os.path.dirname(d), os.path.dirname(os.path.dirname(d))):
+      f = os.path.join(path, "systems.json")
+      if f in seen or not os.path.exists(f):
+        continue
+      seen.add(f)
+      try:
+        with open(f) as fh:
+          data = json.load(fh)
+      except (OSError, json.JSONDecodeError):
+        continue
+      if data.get("seq_len") != PREFILL_SEQ_LEN:
+        continue
+      for row in data.get("rows", []):
+        found.setdefault((row["design"], row["shape"]), row)
+  return found
+
+
+def systems_table(runs: Iterable[dict]) -> str | None:
+  from depthbench_jax import sweep
+  from depthbench_jax.systems import costs, table
+  records = [r for r in runs if r.get("design") and r.get("n_layers") and r.get("d_model")]
+  if not records:
+    return None
+  groups: dict[tuple[str, str], list[dict]] = {}
+  for r in records:
+    groups.setdefault((r["design"], f"{r['n_layers']}x{r['d_model']}"), []).append(r)
+  xla_rows = _xla_rows(records)
+  rows = []
+  for (design, shape), rs in sorted(groups.items(),
+                                    key=lambda kv: (kv[0][0], int(kv[0][1].split("x")[0]))):
+    try:
+      cfg = run_model_config(rs[0])
+    except Exception:  # pylint: disable=broad-except
+      continue  # A record whose config no longer validates is skipped, not fatal.
+    config: dict[str, Any] = rs[0].get("config") or {}
+    row = costs.cost_row(
+        cfg, seq_len=PREFILL_SEQ_LEN,
+        train_seq_len=int((config.get("data") or {}).get("seq_len") or 2048),
+        tokens_per_param=float(config.get("tokens_per_param") or 20.0),
+        peak_flops=sweep.DEFAULT_PEAK_FLOPS, mfu=sweep.DEFAULT_MFU)
+    extra = xla_rows.get((design, shape))
+    if extra:
+      row.update({k: extra[k] for k in ("xla_flops", "peak_bytes") if k in extra})
+    walls = [r.get("wall_time_s") for r in rs if r.get("wall_time_s")]
+    row["wall_hours"] = sum(walls) / 3600.0 if walls else None
+    rows.append(row)
+  if not rows:
+    return None
+  parts = [table.CONVENTION, "", table.markdown_table(rows)]
+  summary = table.depth_cost_summary(rows)
+  if summary:
+    parts += ["", summary]
+  walls = [(r["design"], r["shape"], r["wall_hours"]) for r in rows if r["wall_hours"]]
+  if walls:
+    parts += ["", "Measured wall-clock hours of the runs (all LRs of a shape summed): " +
+              ", ".join(f"{d} {s} {h:.1f}" for d, s, h in walls) + "."]
+  return "\n".join(parts)

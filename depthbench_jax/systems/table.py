@@ -1,0 +1,162 @@
+"""The systems table (markdown) and the context-length curve (PNG) from cost rows."""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from depthbench_jax.systems import flops
+
+CONVENTION = (
+    "Prefill = one forward pass over a length-T sequence, batch 1, all T logits; a multiply-add "
+    "is 2 FLOPs, only contractions count. **causal**: `2 N_matmul T + 2 L T^2 H hd` + design "
+    "terms (QK^T and AV counted over the keys each query sees, i.e. half of the full T x T; "
+    "the flops.py convention, also used for MFU). **full**: the same with the whole T x T "
+    "attention (`4 L T^2 H hd`), which is what XLA computes for a masked einsum. **paper**: "
+    "`2*12 L d^2 T + 2 L T^2 d` (no LM head, SwiGLU at exactly 8/3 d), the approximation behind "
+    "the paper's 3.0 -> 4.4 TFLOPs. **XLA**: `compiled.cost_analysis()['flops']` of the abstract "
+    "bf16 compile, with the scanned layer body counted L times. KV = K and V of every layer in "
+    "bf16; state = the residual state carried between layers; peak = "
+    "`memory_analysis()` arguments + outputs + temporaries - aliased, abstract compile on the "
+    "backend named (no allocation).")
+
+
+def _t(x) -> str:
+  return "-" if x is None else f"{x / 1e12:.2f}"
+
+
+def _mb(x) -> str:
+  return "-" if x is None else f"{x / 2**20:,.0f}"
+
+
+def _gb(x) -> str:
+  return "-" if x is None else f"{x / 2**30:.2f}"
+
+
+def markdown_table(rows: Sequence[dict]) -> str:
+  """One line per (design, shape): FLOPs (four ways), bytes, training cost."""
+  if not rows:
+    return ""
+  r0 = rows[0]
+  head = (f"Prefill at T={r0['seq_len']}, {r0['dtype']}; training at T={r0['train_seq_len']}, "
+          f"Chinchilla tokens, device-hours at {r0['peak_flops'] / 1e12:.0f} TFLOP/s peak and "
+          f"MFU {r0['mfu']:.2f}.")
+  lines = [head, "",
+           "| design | shape | AR | params | prefill TFLOPs causal | full | XLA | paper | "
+           "KV MiB | state MiB | params GiB | peak GiB | train GFLOPs/tok | device-h |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+  for r in rows:
+    lines.append(
+        f"| {r['design']} | {r['shape']} | {r['aspect_ratio']:.1f} | "
+        f"{r['params_total'] / 1e6:.1f}M | {_t(r['prefill_flops_causal'])} | "
+        f"{_t(r['prefill_flops_full'])} | {_t(r.get('xla_flops'))} | "
+        f"{_t(r['prefill_flops_paper'])} | {_mb(r['kv_cache_bytes'])} | "
+        f"{_mb(r['residual_state_bytes'])} | {_gb(r['param_bytes'])} | "
+        f"{_gb(r.get('peak_bytes'))} | {r['train_flops_per_token'] / 1e9:.2f} | "
+        f"{r['device_hours']:,.0f} |")
+  return "\n".join(lines)
+
+
+def depth_cost_summary(rows: Sequence[dict]) -> str:
+  """Per design: deepest over shallowest shape (prefill FLOPs, KV cache, peak memory, hours)."""
+  out = []
+  by_design: dict[str, list[dict]] = {}
+  for r in rows:
+    by_design.setdefault(r["design"], []).append(r)
+  for design, rs in by_design.items():
+    rs = sorted(rs, key=lambda r: r["n_layers"])
+    lo, hi = rs[0], rs[-1]
+    if lo is hi:
+      continue
+    ratio = lambda key: (f"x{hi[key] / lo[key]:.2f}" if lo.get(key) and hi.get(key) else "-")
+    out.append(f"| {design} | {lo['shape']} -> {hi['shape']} | "
+               f"{_t(lo['prefill_flops_paper'])} -> {_t(hi['prefill_flops_paper'])} | "
+               f"{_t(lo['prefill_flops_causal'])} -> {_t(hi['prefill_flops_causal'])} "
+               f"({ratio('prefill_flops_causal')}) | {ratio('kv_cache_bytes')} | "
+               f"{ratio('peak_bytes')} | {ratio('device_hours')} |")
+  if not out:
+    return ""
+  return "\n".join(["| design | shallow -> deep | paper approx TFLOPs | causal TFLOPs | KV | "
+                    "peak mem | device-h |", "|---|---|---|---|---|---|---|", *out])
+
+
+def context_lengths(low: int = 2048, high: int = 131072) -> list[int]:
+  """Powers of two from ``low`` to ``high`` (2k .. 128k)."""
+  out, t = [], low
+  while t <= high:
+    out.append(t)
+    t *= 2
+  return out
+
+
+def context_curve(cfgs: Sequence, lengths: Sequence[int]) -> list[dict]:
+  """Analytic causal prefill FLOPs and KV bytes per sequence for each config at each length."""
+  from depthbench_jax.systems.costs import kv_cache_bytes
+  rows = []
+  for cfg in cfgs:
+    for t in lengths:
+      rows.append({"design": cfg.design, "shape": f"{cfg.n_layers}x{cfg.d_model}",
+                   "n_layers": cfg.n_layers, "seq_len": t,
+                   "prefill_flops_causal": flops.prefill_flops(cfg, t, causal=True),
+                   "attention_flops": t * flops.attention_flops_per_token(cfg, t),
+                   "kv_cache_bytes": kv_cache_bytes(cfg, t)})
+  return rows
+
+
+def plot_context_curve(curve: Sequence[dict], path: str) -> str:
+  """Two panels: prefill TFLOPs per sequence vs T (log-log), and each shape over the shallowest."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  shapes = sorted({(r["n_layers"], r["shape"], r["design"]) for r in curve})
+  fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+  base = {r["seq_len"]: r["prefill_flops_causal"] for r in curve
+          if (r["n_layers"], r["shape"], r["design"]) == shapes[0]}
+  for n_layers, shape, design in shapes:
+    rs = sorted((r for r in curve if r["shape"] == shape and r["design"] == design),
+                key=lambda r: r["seq_len"])
+    t = [r["seq_len"] for r in rs]
+    f = [r["prefill_flops_causal"] / 1e12 for r in rs]
+    label = shape if len({s[2] for s in shapes}) == 1 else f"{design} {shape}"
+    ax1.plot(t, f, marker="o", ms=3, label=label)
+    ax2.plot(t, [r["prefill_flops_causal"] / base[r["seq_len"]] for r in rs], marker="o", ms=3,
+             label=label)
+  for ax in (ax1, ax2):
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("context length T (tokens)")
+    ax.grid(alpha=0.3)
+  ax1.set_yscale("log")
+  ax1.set_ylabel("prefill TFLOPs per sequence (causal)")
+  ax1.set_title("2 N T + 2 L T^2 d: the attention term takes over")
+  ax2.set_ylabel(f"prefill FLOPs / {shapes[0][1]}")
+  ax2.set_title("cost of depth at iso-parameters vs context")
+  ax2.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+  return path
+
+
+def curve_markdown(curve: Sequence[dict]) -> str:
+  """Deepest over shallowest prefill FLOPs at each context length (one line)."""
+  by_shape: dict[str, dict[int, float]] = {}
+  layers = {}
+  for r in curve:
+    by_shape.setdefault(r["shape"], {})[r["seq_len"]] = r["prefill_flops_causal"]
+    layers[r["shape"]] = r["n_layers"]
+  if len(by_shape) < 2:
+    return ""
+  lo = min(by_shape, key=lambda s: layers[s])
+  hi = max(by_shape, key=lambda s: layers[s])
+  ts = sorted(by_shape[lo])
+  head = "| T | " + " | ".join(f"{t // 1024}k" for t in ts) + " |"
+  sep = "|---|" + "---|" * len(ts)
+  row_lo = f"| {lo} TFLOPs | " + " | ".join(f"{by_shape[lo][t] / 1e12:.1f}" for t in ts) + " |"
+  row_hi = f"| {hi} TFLOPs | " + " | ".join(f"{by_shape[hi][t] / 1e12:.1f}" for t in ts) + " |"
+  ratio = f"| {hi} / {lo} | " + " | ".join(
+      f"{by_shape[hi][t] / by_shape[lo][t]:.2f}" for t in ts) + " |"
+  return "\n".join([head, sep, row_lo, row_hi, ratio])
+
+
+def _finite(x) -> bool:
+  return x is not None and math.isfinite(x)
