@@ -1,6 +1,7 @@
 """KV-cache decoding equals full recompute; the default forward pass is untouched by decode."""
 
 import flax.linen as nn
+import ml_collections
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,6 +11,7 @@ from configs.base import get_config
 from depthbench_jax.model import decode
 from depthbench_jax.model.config import model_config_from
 from depthbench_jax.model.transformer import Transformer, abstract_params
+from depthbench_jax.residual import registry
 
 
 def cfg_of(**overrides):
@@ -68,3 +70,24 @@ def test_decode_mode_does_not_change_the_default_forward():
   cached, _ = Transformer(cfg, decode=True).apply(
       {"params": params, "cache": cache}, tokens, mutable=["cache"])
   np.testing.assert_allclose(cached, plain, atol=1e-6)
+
+
+FAST_DESIGNS = ("hc", "moda")  # The rest are slow-marked (each ~3-12 s on 2 cores).
+
+
+@pytest.mark.parametrize("design", [
+    d if d in FAST_DESIGNS else pytest.param(d, marks=pytest.mark.slow)
+    for d in registry.names() if d != "preln"])
+def test_every_design_decodes_like_full_recompute(design):
+  """KV caching is exact for designs with the default attend; MoDA falls back to recompute."""
+  cfg = cfg_of(n_layers=4, residual=ml_collections.ConfigDict({"name": design}))
+  params = random_params(cfg, std=0.2)
+  if design == "moda":
+    assert not decode.supports_kv_cache(cfg)
+    with pytest.raises(ValueError, match="overrides attend"):
+      decode.greedy_generate(cfg, params, PROMPTS, 3, use_cache=True)
+  out, logits = decode.greedy_generate(cfg, params, PROMPTS, 3, return_logits=True)
+  full, full_logits = decode.greedy_generate(cfg, params, PROMPTS, 3, use_cache=False,
+                                             return_logits=True)
+  assert out == full
+  np.testing.assert_allclose(logits, full_logits, atol=2e-5, rtol=1e-5)
