@@ -21,6 +21,7 @@ The loss is the mean next-token cross entropy of the held-out batch ``{'tokens':
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from typing import Any, Sequence
 
@@ -130,11 +131,21 @@ def sown(intermediates: Any, name: str) -> tuple[Array, Array] | None:
 
 
 class Probes:
-  """Compiled diagnostics passes for one model shape; reuse across calls (one compile each)."""
+  """Compiled diagnostics passes for one model shape; reuse across calls (one compile each).
 
-  def __init__(self, cfg: ModelConfig, options: Options = Options()):
+  Instances for equal ``(cfg, options)`` share their jitted passes (``Probes.create`` is cached),
+  so the training hook and a post-hoc call in the same process compile once.
+  """
+
+  def __new__(cls, cfg: ModelConfig, options: Options = Options()):
+    return cls._create(diagnostics_model_config(cfg), options)
+
+  @classmethod
+  @functools.lru_cache(maxsize=8)
+  def _create(cls, cfg: ModelConfig, options: Options) -> "Probes":
     options.validate()
-    self.cfg = diagnostics_model_config(cfg)
+    self = super().__new__(cls)
+    self.cfg = cfg
     self.options = options
     self.n_layers = cfg.n_layers
     self.model = transformer_lib.Transformer(self.cfg)
@@ -143,6 +154,7 @@ class Probes:
     self._clean = jax.jit(self._clean_pass)
     self._causal = jax.jit(self._causal_pass)
     self._swapped = jax.jit(self._swapped_losses)
+    return self
 
   # -- pure passes ------------------------------------------------------------------------------
 

@@ -121,11 +121,18 @@ def test_late_only_pairs_on_unscanned_params(preln):
   assert "layers_0" in unscanned
   cfg_unscanned = model_config_from(tiny_config(**{"model.n_layers": L,
                                                    "model.scan_layers": False}).model)
-  r = probes.Probes(cfg_unscanned, probes.Options(permutation_pairs="late")).run(
-      unscanned, _tokens())
+  r = probes.Probes(cfg_unscanned, probes.Options(permutation_pairs="late",
+                                                  run_causal=False)).run(unscanned, _tokens())
+  assert "causal" not in r
   p = probes.from_jsonable_matrix(r["permutation"]["matrix"])
   assert np.isnan(p[0]).all() and np.isfinite(p[1, 2:]).all() and np.isfinite(p[2, 3])
   assert r["permutation"]["share"] is not None
+
+
+def test_equal_configs_share_compiled_passes(preln):
+  cfg, _, pr = preln
+  assert probes.Probes(cfg, pr.options) is pr
+  assert probes.Probes(cfg, probes.Options(causal_chunk=1)) is not pr
 
 
 def test_bad_options_raise():
@@ -134,6 +141,8 @@ def test_bad_options_raise():
     probes.Options(causal_reduction="median").validate()
   with pytest.raises(ConfigError, match="permutation_pairs"):
     probes.Options(permutation_pairs="some").validate()
+  with pytest.raises(ConfigError, match="causal_chunk"):
+    probes.Probes(model_config_from(tiny_config().model), probes.Options(causal_chunk=-1))
 
 
 def test_options_from_config_reads_thresholds_and_ignores_every():
