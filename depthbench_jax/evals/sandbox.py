@@ -7,20 +7,22 @@
 * a fresh ``python -I -B`` (isolated: no site/user paths, env vars ignored; no .pyc writes) in a
   new session (its own process group, killed as a group on timeout), cwd = HOME = TMPDIR = a
   temp dir removed afterwards, a minimal environment;
-* rlimits, set by the child itself before the untrusted code: CPU seconds (``RLIMIT_CPU``), address space (``RLIMIT_AS``), file size
-  (``RLIMIT_FSIZE``), open files, no core dumps, and ``RLIMIT_NPROC`` (no effect for root,
-  which Linux exempts);
+* rlimits, set by the child itself before the untrusted code (no ``preexec_fn``: forking a
+  threaded JAX parent is unsafe): CPU seconds (``RLIMIT_CPU``), address space (``RLIMIT_AS``),
+  file size (``RLIMIT_FSIZE``), open files, no core dumps, and ``RLIMIT_NPROC`` (no effect for
+  root, which Linux exempts; forks are refused by the hook below anyway);
 * a ``sys.addaudithook`` installed before the code runs that raises ``PermissionError`` on:
   opening a file for writing (any of w/a/x/+ or O_WRONLY/O_RDWR/O_CREAT/O_APPEND/O_TRUNC)
-  outside the temp dir; remove/rename/mkdir/rmdir/chmod/chown/symlink/link/truncate/utime outside
-  it; any socket; subprocess/exec/spawn/fork/system; ctypes and loading native extensions
-  after start (``import ctypes`` would allow bypassing the hook).
+  outside the temp dir; remove/rename/mkdir/rmdir/chmod/chown/symlink/link/truncate/utime and
+  shutil copy/move/rmtree outside it; any socket; subprocess/exec/spawn/fork/system/kill;
+  ``resource.setrlimit`` (root could raise its own limits); importing ``ctypes``.
 
 Honest limits: an audit hook is not a security boundary. It stops the accidents generated code
-makes (writing files, ``os.system``, network calls, fork loops) but a determined adversary can
-escape CPython-level hooks (e.g. through already-loaded native modules, ``gc`` tricks or
-``/proc/self/mem``). There is no network namespace or seccomp filter; run untrusted model output
-at scale inside a container without network for real isolation.
+makes (writing files, ``os.system``, network calls, fork loops, runaway loops and memory) but
+a determined adversary can get around CPython-level hooks (e.g. native code in an already
+loaded extension module). Reading files is not restricted. There is no network namespace or
+seccomp filter; for real isolation run untrusted model output inside a container without
+network.
 """
 
 from __future__ import annotations

@@ -12,9 +12,10 @@ sublayers at the same position, which are not in the cache) fall back to full re
 step runs the model on a fixed-size ``[B, S]`` buffer (one compile) and reads the logits at the
 last filled position. Correct for every design, O(S) times slower per token.
 
-Batches: prompts are right-padded to a power of two (at least ``pad_to``). Prefill writes every padded slot;
-afterwards each row's ``cache_index`` is set to its true length, so the next token overwrites
-the first padded slot and the causal mask never lets a query see a slot beyond its own position.
+Batches: prompts are right-padded to a power of two (at least ``pad_to``). Prefill writes every
+padded slot; afterwards each row's ``cache_index`` is set to its true length, so the next token
+overwrites the first padded slot and the causal mask never lets a query see a slot beyond its own
+position.
 """
 
 from __future__ import annotations

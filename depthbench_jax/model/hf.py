@@ -9,13 +9,13 @@ embed/embedding                      [V,d]       embed_tokens.weight            
 layers/self_attn/q_proj/kernel[l]    [d,H,hd]    layers.l.self_attn.q_proj.weight       [H*hd,d]
 layers/self_attn/{k,v}_proj/kernel[l][d,K,hd]    layers.l.self_attn.{k,v}_proj.weight   [K*hd,d]
 layers/self_attn/o_proj/kernel[l]    [H,hd,d]    layers.l.self_attn.o_proj.weight       [d,H*hd]
-layers/self_attn/{q,k}_norm/scale[l] [hd]        layers.l.self_attn.{q,k}_norm.weight   [hd]  (Qwen3)
+layers/self_attn/{q,k}_norm/scale[l] [hd]        layers.l.self_attn.{q,k}_norm.weight   [hd] Qwen3
 layers/mlp/{gate,up}_proj/kernel[l]  [d,F]       layers.l.mlp.{gate,up}_proj.weight     [F,d]
 layers/mlp/down_proj/kernel[l]       [F,d]       layers.l.mlp.down_proj.weight          [d,F]
 layers/residual/input_layernorm/scale[l]         layers.l.input_layernorm.weight        [d]
 layers/residual/post_attention_layernorm/scale[l] layers.l.post_attention_layernorm.weight [d]
 residual_io/final_norm/scale         [d]         norm.weight                            [d]
-lm_head/kernel                       [d,V]       lm_head.weight (no prefix)             [V,d]  (untied)
+lm_head/kernel (untied only)         [d,V]       lm_head.weight (no prefix)             [V,d]
 ```
 
 The math agrees term by term: RMSNorm ``x * rsqrt(mean(x^2) + eps) * w`` in fp32 with
@@ -92,7 +92,8 @@ def _stacked(params: Any, cfg: ModelConfig) -> Any:
   return params
 
 
-def to_hf_state_dict(params: Any, cfg: ModelConfig, arch: str | None = None) -> dict[str, np.ndarray]:
+def to_hf_state_dict(params: Any, cfg: ModelConfig,
+                     arch: str | None = None) -> dict[str, np.ndarray]:
   """Our params (scanned or unrolled layout) -> ``{hf_name: float32 numpy array}``."""
   arch = check_exportable(cfg, arch)
   p = jax.tree.map(lambda a: np.asarray(a, np.float32), _stacked(params, cfg))
@@ -131,12 +132,10 @@ def from_hf_state_dict(state_dict: Mapping[str, Any], cfg: ModelConfig,
   d, h, kv, hd = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
   layer = lambda suffix: [arr(f"model.layers.{l}.{suffix}") for l in range(cfg.n_layers)]
   stack = lambda xs: np.stack(xs)
-  attn = {
-      "q_proj": {"kernel": stack([w.T.reshape(d, h, hd) for w in layer("self_attn.q_proj.weight")])},
-      "k_proj": {"kernel": stack([w.T.reshape(d, kv, hd) for w in layer("self_attn.k_proj.weight")])},
-      "v_proj": {"kernel": stack([w.T.reshape(d, kv, hd) for w in layer("self_attn.v_proj.weight")])},
-      "o_proj": {"kernel": stack([w.T.reshape(h, hd, d) for w in layer("self_attn.o_proj.weight")])},
-  }
+  proj = lambda name, shape: {"kernel": stack(
+      [w.T.reshape(shape) for w in layer(f"self_attn.{name}.weight")])}
+  attn = {"q_proj": proj("q_proj", (d, h, hd)), "k_proj": proj("k_proj", (d, kv, hd)),
+          "v_proj": proj("v_proj", (d, kv, hd)), "o_proj": proj("o_proj", (h, hd, d))}
   if arch == "qwen3":
     attn["q_norm"] = {"scale": stack(layer("self_attn.q_norm.weight"))}
     attn["k_norm"] = {"scale": stack(layer("self_attn.k_norm.weight"))}
@@ -196,14 +195,14 @@ def save_hf_tokenizer(tokenizer: Any, out_dir: str) -> bool:
   if getattr(tokenizer, "name", None) != "gpt2":
     return False
   from transformers import PreTrainedTokenizerFast  # pylint: disable=g-import-not-at-top
-  from transformers.convert_slow_tokenizer import TikTokenConverter  # pylint: disable=g-import-not-at-top
+  from transformers import convert_slow_tokenizer  # pylint: disable=g-import-not-at-top
 
   from depthbench_jax.data import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
 
   eos = tok_lib.GPT2_EOS
-  converted = TikTokenConverter(vocab_file=tok_lib.gpt2_bpe_path(),
-                                pattern=tok_lib.GPT2_SPLIT_PATTERN,
-                                extra_special_tokens=[eos]).converted()
+  converted = convert_slow_tokenizer.TikTokenConverter(
+      vocab_file=tok_lib.gpt2_bpe_path(), pattern=tok_lib.GPT2_SPLIT_PATTERN,
+      extra_special_tokens=[eos]).converted()
   PreTrainedTokenizerFast(tokenizer_object=converted, eos_token=eos, bos_token=eos,
                           unk_token=eos, model_max_length=int(1e30)).save_pretrained(out_dir)
   return True

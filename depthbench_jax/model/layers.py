@@ -140,11 +140,11 @@ class Attention(nn.Module):
   (MoDA's depth keys) reuse the same projections.
 
   ``decode=True`` (inference only, ``model/decode.py``): K/V live in the ``cache`` collection
-  (submodule ``kv_cache``: ``cached_key``/``cached_value`` [B, S, K, hd], ``cache_index`` [B] = tokens already stored per
-  row). A call with T new tokens writes them at slots ``index[b] .. index[b]+T-1``, lets query i
-  see slots ``<= index[b] + i`` and advances the index by T; ``positions`` must be
-  ``index[b] + arange(T)``. The first call (cache creation, e.g. under ``init``) sizes the cache
-  from its input and runs plain causal attention.
+  (submodule ``kv_cache``: ``cached_key``/``cached_value`` [B, S, K, hd], ``cache_index`` [B] =
+  tokens already stored per row). A call with T new tokens writes them at slots
+  ``index[b] .. index[b]+T-1``, lets query i see slots ``<= index[b] + i`` and advances the index
+  by T; ``positions`` must be ``index[b] + arange(T)``. The first call (cache creation, e.g. under
+  ``init``) sizes the cache from its input and runs plain causal attention.
   """
 
   d_model: int
