@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import importlib.util
 import os
 
 import flax.linen as nn
@@ -17,6 +16,14 @@ from configs.base import get_config
 from depthbench_jax.model.config import model_config_from
 from depthbench_jax.model.transformer import Transformer
 from depthbench_jax.residual import registry
+
+# The tests compile many tiny programs and run each a few times: cheap codegen beats fast code.
+FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+
+
+def jit(f):
+  return jax.jit(f, compiler_options=FAST_COMPILE)
+
 
 VOCAB = 61
 # A character vocabulary of 61 symbols for real English text: id 0 = anything else.
@@ -37,25 +44,22 @@ def tiny_cfg(name: str, n_layers: int = 2, d_model: int = 32, residual=None, **m
 
 @functools.cache
 def text_tokens(n_tokens: int = 4096) -> np.ndarray:
-  """Real English text (the Lee news corpus shipped in the gensim wheel) as char ids [n].
+  """The first ``n_tokens`` characters of the embedded corpus's Lee news articles as ids [n].
 
-  Falls back to a fixed pseudo-text when gensim is absent, so the test still runs.
+  (``depthbench_jax.data.corpus``: real English text shipped in the gensim wheel; the wiki part
+  needs a slow markup parse, the Lee part is plain text.) Falls back to a fixed pseudo-text with
+  word structure when gensim is absent, so the test still runs.
   """
-  spec = importlib.util.find_spec("gensim")
-  path = None
-  if spec is not None and spec.submodule_search_locations:
-    root = list(spec.submodule_search_locations)[0]
-    path = os.path.join(root, "test", "test_data", "lee_background.cor")
-  if path and os.path.exists(path):
-    with open(path, encoding="utf-8") as f:
-      text = f.read(4 * n_tokens).lower()
-  else:  # Deterministic stand-in with word structure.
+  try:
+    from depthbench_jax.data import corpus  # pylint: disable=g-import-not-at-top
+    path = os.path.join(corpus.gensim_test_data_dir(), corpus.LEE_FILE)
+    text = "\n".join(corpus.lee_articles(path))[:n_tokens].lower()
+  except (ImportError, OSError, ValueError):
     rng = np.random.RandomState(0)
     words = ["the", "of", "and", "a", "to", "in", "is", "was", "it", "for", "on", "that"]
-    text = " ".join(words[i] for i in rng.randint(0, len(words), size=n_tokens))
+    text = " ".join(words[i] for i in rng.randint(0, len(words), size=n_tokens))[:n_tokens]
   index = {c: i + 1 for i, c in enumerate(ALPHABET)}
-  ids = np.array([index.get(c, 0) for c in text[:n_tokens]], np.int32)
-  return ids
+  return np.array([index.get(c, 0) for c in text], np.int32)
 
 
 def text_batch(batch: int = 4, seq: int = 32) -> np.ndarray:
@@ -66,7 +70,7 @@ def text_batch(batch: int = 4, seq: int = 32) -> np.ndarray:
 @functools.cache
 def _init_fn(cfg):
   tokens = jnp.zeros((1, 8), jnp.int32)
-  return jax.jit(lambda rng: nn.unbox(Transformer(cfg).init(rng, tokens)["params"]))
+  return jit(lambda rng: nn.unbox(Transformer(cfg).init(rng, tokens)["params"]))
 
 
 def init(cfg, seed: int = 0):
@@ -77,7 +81,7 @@ def init(cfg, seed: int = 0):
 @functools.cache
 def forward(cfg):
   """Jitted ``(params, tokens, gate) -> (logits, {'hidden', 'update'})``, cached per config."""
-  return jax.jit(lambda params, tokens, gate: Transformer(cfg).apply(
+  return jit(lambda params, tokens, gate: Transformer(cfg).apply(
       {"params": params}, tokens, gate=gate, return_layers=True))
 
 
@@ -131,7 +135,7 @@ def train(cfg, steps: int = 30, lr: float = 3e-3, seed: int = 0):
   opt = optax.adamw(lr, b1=0.9, b2=0.95, weight_decay=0.0)
   state = opt.init(params)
 
-  @jax.jit
+  @jit
   def step(params, state):
     loss, grads = jax.value_and_grad(functools.partial(loss_fn, cfg))(params, tokens)
     finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)]))

@@ -113,7 +113,8 @@ def mhc_params_from(m):
     for j in range(N):
       phi[rows, 2 * N + j * N + s] = w_alpha[:, 1 + j]                  # H_res[j, s] <- A[s, j]
   f32 = lambda v: np.asarray(v, np.float32)
-  return {"b_pre": f32(static[:, 0]), "b_res": f32(static[:, 1:].T), "b_post": f32(sd["static_beta"]),
+  return {"b_pre": f32(static[:, 0]), "b_res": f32(static[:, 1:].T),
+          "b_post": f32(sd["static_beta"]),
           "phi": f32(phi), "alpha_pre": f32(sd["pre_branch_scale"][0]),
           "alpha_res": f32(sd["residual_scale"][0]), "alpha_post": f32(sd["h_post_scale"])}
 
@@ -132,7 +133,8 @@ def run_both(m, h, sub=0, layer=1):
 
 @pytest.mark.parametrize("sub", [0, 1])
 def test_mhc_matches_reference_with_paper_sinkhorn_and_equal_stream_rms(sub):
-  m = hyper_connections.mHC(N, dim=D, layer_index=3, residual_mix_constraint_fn=paper_order_sinkhorn())
+  m = hyper_connections.mHC(N, dim=D, layer_index=3,
+                            residual_mix_constraint_fn=paper_order_sinkhorn())
   randomize(m, seed=7 + sub)
   got, want, _ = run_both(m, streams(seed=1, equal_rms=True), sub=sub)
   np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)

@@ -2,6 +2,7 @@
 
 import functools
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,12 +10,13 @@ import pytest
 
 from depthbench_jax.errors import ConfigError
 from depthbench_jax.model.transformer import Transformer, permute_layers
+from depthbench_jax.residual import registry
 from depthbench_jax.residual.base import sinkhorn_knopp
 from depthbench_jax.residual.hc import home_stream
 from depthbench_jax.residual.mhc import static_logits
 from residual_testkit import (check_gate_zero_removes_layer, check_permute_layers,
                               check_scan_matches_unrolled, check_training_lowers_loss, init,
-                              perturb, rms, run, text_batch, tiny_cfg, transplant, wiring_call)
+                              jit, perturb, rms, run, text_batch, tiny_cfg, transplant, wiring_call)
 
 DESIGNS = ("hc", "mhc")
 EPS = 1e-6
@@ -79,7 +81,8 @@ def test_static_hc_has_no_dynamic_part():
   cfg = small("hc", dynamic=False)
   conn = {k: v for k, v in random_hc_params().items() if k.startswith("static")}
   params = {"hc_attn": conn, "input_layernorm": {"scale": G_IN}}
-  zero = dict(random_hc_params(), dynamic_alpha_scale=np.float32(0), dynamic_beta_scale=np.float32(0))
+  zero = dict(random_hc_params(), dynamic_alpha_scale=np.float32(0),
+              dynamic_beta_scale=np.float32(0))
   zero.update(conn)
   u_ref, new_ref, _ = hc_reference(zero, H, Y, G_IN)
   u, _ = wiring_call(cfg, params, "read", H, 0, jnp.int32(0))
@@ -118,7 +121,8 @@ def random_mhc_params(n=2, d=4, seed=0):
   rng = np.random.RandomState(seed)
   f = lambda *shape: rng.standard_normal(shape).astype(np.float32)
   return {"b_pre": f(n), "b_post": f(n), "b_res": f(n, n), "phi": f(n * d, 2 * n + n * n),
-          "alpha_pre": np.float32(0.5), "alpha_post": np.float32(-0.3), "alpha_res": np.float32(0.8)}
+          "alpha_pre": np.float32(0.5), "alpha_post": np.float32(-0.3),
+          "alpha_res": np.float32(0.8)}
 
 
 def test_mhc_update_by_hand():
@@ -167,19 +171,24 @@ def sown_mixing(cfg):
   def f(params, tokens):
     logits, state = Transformer(cfg).apply({"params": params}, tokens, mutable=["intermediates"])
     return logits, state["intermediates"]["layers"]["residual"]["mixing"]
-  return jax.jit(f)
+  return jit(f)
 
 
-@pytest.mark.parametrize("name, residual", [("hc", {}), ("mhc", {}),
-                                            ("mhc", {"res_init": "uniform"})])
-def test_multistream_at_init_equals_preln(name, residual):
+@pytest.mark.parametrize("name, res_init", [("hc", None), ("mhc", "identity"),
+                                            ("mhc", "uniform")])
+def test_multistream_at_init_equals_preln(name, res_init):
   """Pre-LN's weights in HC / mHC at init give Pre-LN's logits; moving off init changes them."""
   tokens = jnp.asarray(text_batch(2, 12))
   pre = tiny_cfg("preln")
   pre_params = perturb(init(pre), scale=0.05)
   want = run(pre, pre_params, tokens)[0]
-  cfg = tiny_cfg(name, residual=residual)
+  cfg = tiny_cfg(name)
   params = transplant(pre_params, init(cfg))
+  if res_init == "uniform":  # res_init only sets b_res's init value: reuse the compiled model
+    assert static_logits(0, 4, "uniform")[2].sum() == 0
+    for conn in params["layers"]["residual"].values():
+      if "b_res" in conn:
+        conn["b_res"] = jnp.zeros_like(conn["b_res"])
   # Equal up to the norms' eps: the final norm sees n x_L (mHC's block norms 1.095 x) for x.
   np.testing.assert_allclose(run(cfg, params, tokens)[0], want, atol=1e-4, rtol=2e-4)
   moved = perturb(params, scale=0.3)
@@ -214,6 +223,13 @@ def test_mhc_static_init():
   np.testing.assert_allclose(np.diag(sinkhorn_knopp(b_res, 20)), 0.9926, atol=1e-4)
   _, _, b_uniform = static_logits(jnp.int32(5), 4, "uniform")
   np.testing.assert_allclose(sinkhorn_knopp(b_uniform, 20), np.full((4, 4), 0.25), atol=1e-7)
+  for res_init, b_res in (("identity", 6 * np.eye(2) - 3), ("uniform", np.zeros((2, 2)))):
+    cfg = small("mhc", res_init=res_init)                       # the option reaches the init
+    module = registry.get("mhc").layer(cfg)
+    params = module.init(jax.random.PRNGKey(0), H, 1, jnp.int32(1), method=type(module).read)
+    conn = nn.unbox(params["params"]["mhc_mlp"])
+    np.testing.assert_allclose(conn["b_res"], b_res)
+    np.testing.assert_allclose(conn["b_pre"], [-3, 3])          # k = 3: home stream 1
 
 
 def test_mhc_mixing_is_doubly_stochastic_in_the_model():

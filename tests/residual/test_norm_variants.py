@@ -70,16 +70,17 @@ def test_deepnorm_constants_match_formula(n_layers, alpha, beta):
 
 
 def test_deepnorm_scales_v_o_mlp_init_and_has_no_final_norm():
-  cfg = tiny_cfg("deepnorm", n_layers=4, d_model=64)
+  cfg = tiny_cfg("deepnorm")                                  # L=2: beta = 16^(-1/4) = 0.5
   params = init(cfg)
   layers = params["layers"]
   std = lambda *path: float(np.std(_get(layers, path)))
-  q = std("self_attn", "q_proj", "kernel")
-  assert q == pytest.approx(0.02, rel=0.05) and std("self_attn", "k_proj", "kernel") == pytest.approx(0.02, rel=0.05)
-  beta = deepnorm_beta(4)
+  for path in (("self_attn", "q_proj"), ("self_attn", "k_proj")):
+    assert std(*path, "kernel") == pytest.approx(0.02, rel=0.1), path
+  beta = deepnorm_beta(2)
+  assert beta == pytest.approx(0.5)
   for path in (("self_attn", "v_proj"), ("self_attn", "o_proj"), ("mlp", "gate_proj"),
                ("mlp", "up_proj"), ("mlp", "down_proj")):
-    assert std(*path, "kernel") == pytest.approx(0.02 * beta, rel=0.05), path
+    assert std(*path, "kernel") == pytest.approx(0.02 * beta, rel=0.1), path
   assert not params.get("residual_io")
   # The head reads the last post-norm output directly: replacing the readout by an identity is
   # what the model does, so logits = N(x_L) @ W_head exactly.
@@ -101,7 +102,7 @@ def test_keel_update_by_hand():
                   post_attention_layernorm=G2, post_feedforward_layernorm=G1)
   u, _ = wiring_call(cfg, params, "read", X, 1, jnp.int32(1))
   np.testing.assert_allclose(u, X / np.sqrt(7.5 + EPS) * G2, rtol=1e-6)
-  z = 4.0 * X + Y                                              # [4.5, 7, 14, 16]: mean z^2 = 130.3125
+  z = 4.0 * X + Y                                      # [4.5, 7, 14, 16]: mean z^2 = 130.3125
   new, _ = wiring_call(cfg, params, "write", X, Y, 0, jnp.int32(1))
   np.testing.assert_allclose(new, z / np.sqrt(130.3125 + EPS) * G2, rtol=1e-6)
   # Layer 0: the attention sublayer is plain Pre-LN, the MLP one has scale 1 and its post-norm.
