@@ -1,0 +1,36 @@
+"""End to end: train a tiny run with the in-loop hook, then ``python -m depthbench_jax.diagnose``."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import ROOT, run_main, subprocess_env, tiny_flags
+
+
+@pytest.mark.slow
+def test_training_hook_and_posthoc_cli(tmp_path):
+  workdir = str(tmp_path / "run")
+  run_main(workdir, tiny_flags(**{"model.n_layers": 4, "steps": 10, "diagnostics.every": 5}))
+
+  from tensorboard.backend.event_processing import event_accumulator
+  acc = event_accumulator.EventAccumulator(os.path.join(workdir, "tensorboard"),
+                                           size_guidance={"tensors": 0})
+  acc.Reload()
+  tags = set(acc.Tags()["tensors"])
+  assert {"diagnostics/causal_share", "diagnostics/permutation_share",
+          "diagnostics/causal", "diagnostics/permutation"} <= tags
+  assert [e.step for e in acc.Tensors("diagnostics/causal_share")] == [5, 10]
+
+  proc = subprocess.run([sys.executable, "-m", "depthbench_jax.diagnose", f"--workdir={workdir}",
+                         "--set=causal_reduction=max"], cwd=ROOT, env=subprocess_env(),
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  with open(os.path.join(workdir, "diagnostics.json")) as f:
+    result = json.load(f)
+  assert result["step"] == 10 and result["design"] == "preln"
+  assert result["causal"]["reduction"] == "max"
+  for rel in result["plots"].values():
+    assert os.path.exists(os.path.join(workdir, rel))
