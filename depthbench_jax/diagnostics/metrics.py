@@ -7,20 +7,29 @@ Definitions (DepthBench, residuals.md "Layer diagnostics"; choices where the pap
   permutation: ``L/4 <= i < j``).
 * **Angular distance** ``d(a, b) = arccos(cos(a, b)) / pi`` in [0, 1], per token, then the mean
   over all ``B*T`` tokens. A zero vector has no direction: its cosine is taken as 0 (distance
-  0.5), the NaN convention of the Curse-of-Depth code.
+  0.5), the NaN convention of the Curse-of-Depth code. Computed on ``return_layers['hidden']``,
+  each design's residual-equivalent state after each layer (``LayerWiring.hidden``: Pre-LN x,
+  HC/mHC the sum of streams, AttnRes the sum of present sources), so ``D`` is [L, L] over layer
+  outputs (the embedding is not included) and "consecutive" is ``D[l, l+1]``, l = 0..L-2.
 * **Causal score** ``C[s, t]`` for ``s < t``: ``||u_t - u_t^(skip s)|| / ||u_t||`` per token, where
   ``u_t`` is layer t's update (its two sublayer outputs summed) and ``skip s`` runs the network
   with layer s gated off (state unchanged by it). Reduced over tokens by the mean (the spec and
   [DIAG]); ``reduction='max'`` gives Csordas et al.'s max over sequence and prompts.
-  Entries with ``s >= t`` are NaN.
-* **Permutation score** ``P[i, j] = (loss_swapped - loss) / loss`` for ``i < j`` (signed, as the
-  spec and the seed's "raises LM loss"; [DIAG] uses ``|.|``, which only differs when a swap
-  *lowers* the loss, and then the signed score is below every positive threshold anyway).
-  Entries with ``i >= j`` are NaN.
+  Entries with ``s >= t`` are NaN. A token whose clean update is zero scores 0 (nothing to
+  change). "Update" is the ungated sum of layer t's two sublayer outputs in every design (for
+  Pre-LN exactly Csordas's ``h_(t+1) - h_t``); skipping sets layer s's contribution to the state
+  to zero through the design's own ``skip`` (Pre-LN: ``h_(s+1) := h_s``).
+* **Permutation score** ``P[i, j] = (loss_swapped - loss) / loss`` for ``i < j``: signed, as the
+  spec and the seed's "how much swapping raises LM loss". [DIAG] takes ``|.|``; the two differ
+  only for a swap that *lowers* the loss, which the signed score never counts above a positive
+  threshold. All parameters stacked on the layer axis move with the layer
+  (``model.transformer.permute_layers``). Entries with ``i >= j`` are NaN.
 * **Shares**: the fraction of late pairs with a score strictly above a threshold; the paper uses
   0.45 (causal) and 0.15 (permutation); ``share_curve`` gives it over a grid of thresholds.
 * **Effective rank** (Roy & Vetterli, 2007): ``erank(A) = exp(-sum_k p_k log p_k)``,
-  ``p_k = sigma_k / sum_j sigma_j``; 1 <= erank <= rank(A) <= n.
+  ``p_k = sigma_k / sum_j sigma_j``; 1 <= erank <= rank(A) <= n. Applied per token to the product
+  of the sown HC/mHC mixing matrices over a span of layers (``mixing_rank_stats``), then averaged
+  over tokens.
 * **Block AttnRes dead prefix**: the leading layers whose weight on their own block's partial sum
   is below a threshold (see ``dead_prefix``).
 """
@@ -230,6 +239,8 @@ def dead_prefix(own_weight: np.ndarray, threshold: float = 0.05) -> dict:
   **max over its two sublayers**: a layer is *dead* when neither sublayer reads its block's
   partial sum above ``threshold``. Returns ``per_layer`` [L], ``dead_layers`` (all indices below
   the threshold) and ``dead_prefix`` (the length of the run of dead layers starting at layer 0).
+  With ``block_unit='sublayer'`` and one-sublayer blocks no sublayer ever has a partial sum, so
+  every layer reads as dead: the measure needs blocks of at least two sublayers.
   """
   per_layer = np.max(np.asarray(own_weight, np.float64), axis=-1)
   dead = per_layer < threshold
