@@ -1,7 +1,8 @@
 """``python -m depthbench_jax.evaluate --workdir=RUN_DIR``: domain evals of a finished run.
 
 Restores the run's latest (or ``--step``) params and, for each eval set found under
-``--eval_data_dir`` (default ``~/.cache/depthbench_jax/evals``; formats in
+``--eval_data_dir`` (else ``config.evals.data_dir`` when set, else
+``~/.cache/depthbench_jax/evals``; formats in
 ``evals/datasets.py``), computes the teacher-forced NLL of the reference answers and the set's
 task score (``evals/tasks.py``). Writes ``RUN_DIR/evals.json`` and scalars
 ``evals/<set>/<metric>`` and ``evals/<domain>/nll_per_token`` to ``RUN_DIR/tensorboard``.
@@ -132,10 +133,12 @@ def main(argv):
   if _EXPORT.value:
     hf.check_exportable(model_cfg)  # Before any compute: a clear error for non-Pre-LN designs.
   tokenizer = get_tokenizer(config.data.tokenizer)
-  options = {"eval_data_dir": _DATA_DIR.value or datasets.default_data_dir(),
+  # --eval_data_dir, else the run's config.evals.data_dir (when the config has one), else default.
+  data_dir = _DATA_DIR.value or ((config.get("evals") or {}).get("data_dir") or None)
+  options = {"eval_data_dir": data_dir or datasets.default_data_dir(),
              "max_examples": _MAX_EXAMPLES.value, "generate": _GENERATE.value,
              "max_new_tokens": _MAX_NEW.value, "batch_size": _BATCH.value}
-  evals = evaluate(model_cfg, params, tokenizer, sets=_SETS.value, data_dir=_DATA_DIR.value,
+  evals = evaluate(model_cfg, params, tokenizer, sets=_SETS.value, data_dir=data_dir,
                    max_examples=_MAX_EXAMPLES.value, generate=_GENERATE.value,
                    max_new_tokens=_MAX_NEW.value, batch_size=_BATCH.value,
                    timeout_s=_TIMEOUT.value, strict=_STRICT.value)

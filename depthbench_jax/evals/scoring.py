@@ -100,7 +100,7 @@ def greedy_completions(cfg: ModelConfig, params: Any, tokenizer: Any, prompts: S
     chunk = ids[lo:lo + batch_size]
     padded = chunk + [[tokenizer.eos_id]] * (batch_size - len(chunk))  # One batch shape.
     outs = greedy_generate(cfg, params, padded, max_new_tokens, eos_id=tokenizer.eos_id,
-                           pad_to=32)[:len(chunk)]
+                           pad_to=32, n_real=len(chunk))[:len(chunk)]
     for o in outs:
       if o and o[-1] == tokenizer.eos_id:
         o = o[:-1]

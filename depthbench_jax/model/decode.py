@@ -104,13 +104,15 @@ def _pow2_at_least(n: int, smallest: int) -> int:
 def greedy_generate(cfg: ModelConfig, params: Any, prompts: Sequence[Sequence[int]],
                     max_new_tokens: int, eos_id: int | None = None, *,
                     use_cache: bool | None = None, pad_to: int = 16,
-                    return_logits: bool = False):
+                    return_logits: bool = False, n_real: int | None = None):
   """Greedy continuation of each prompt (list of token ids, at least one token each).
 
   Returns, per prompt, the generated ids (stopping after ``eos_id`` if given, which is
   included, or after ``max_new_tokens``). ``use_cache=None`` uses the KV cache when
   ``supports_kv_cache(cfg)``; ``False`` forces full recompute. With ``return_logits`` also
   returns the [steps, B, V] logits each step chose from (rows finished early keep stepping).
+  ``n_real``: rows from this index on only pad the batch to a fixed shape; they start finished
+  (empty output) so they never keep the loop running.
   """
   if use_cache is None:
     use_cache = supports_kv_cache(cfg)
@@ -130,6 +132,8 @@ def greedy_generate(cfg: ModelConfig, params: Any, prompts: Sequence[Sequence[in
 
   out: list[list[int]] = [[] for _ in prompts]
   done = np.zeros(batch, bool)
+  if n_real is not None:
+    done[n_real:] = True
   all_logits = []
 
   def record(next_ids, logits):
