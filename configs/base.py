@@ -75,5 +75,27 @@ def get_config() -> ml_collections.ConfigDict:
   g.permutation_pairs = "all"      # 'all' i<j (full heatmap) | 'late' (only the share's pairs)
   g.dead_threshold = 0.05          # Block AttnRes: own-block weight below this = dead layer
 
+  # Divergence (train/summary.py DivergenceGuard, checked on every step's loss): a non-finite
+  # loss or gradient, or after `min_steps` a loss above `spike_factor` x the best so far
+  # (0 = off), stops the run as 'diverged'; no checkpoint past the last good step is written.
+  # With skip_nonfinite_steps a non-finite step leaves the state untouched instead, and only
+  # more than `max_skipped_steps` of them in a row count as divergence.
+  c.divergence = v = ml_collections.ConfigDict()
+  v.spike_factor = 4.0
+  v.min_steps = 20
+  v.max_skipped_steps = 20
+  c.skip_nonfinite_steps = False
+
+  # Iso-parameter check (train/config_check.py): with iso_target_params > 0, the shape's
+  # Pre-LN-backbone `iso_count` ('total' | 'non_embedding') must be within iso_tolerance of it.
+  c.iso_target_params = 0.0
+  c.iso_count = "total"
+  c.iso_tolerance = 0.02
+
+  # Test-only fault injection. nan_at_step = k > 0 puts an out-of-vocabulary token in step k's
+  # batch: the embedding lookup yields NaN (jnp.take's fill mode), so that step's loss and
+  # gradients are NaN, as in a numerical blow-up. 0 = off.
+  c.debug = ml_collections.ConfigDict({"nan_at_step": 0})
+
   c.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1})
   return c

@@ -4,12 +4,23 @@ Multi-host: every host runs the same command. The coordinator comes from the fla
 ``JAX_COORDINATOR_ADDRESS`` / ``JAX_NUM_PROCESSES`` / ``JAX_PROCESS_ID``; with none of them set
 and a cluster JAX recognises (SLURM, ...), ``jax.distributed.initialize()`` auto-detects it.
 On CPU the processes exchange collectives over gloo.
+
+Failures. Bad input (a flag that does not parse, an unknown config field, a bad value, a
+``ConfigError`` from the config file's ``get_config``) prints one ``error: ...`` line naming the
+field and what is allowed and exits 2, before anything is compiled or written. In a
+multi-process run, a process whose collective fails because another process died prints an
+``error:`` line and exits 1 at once, skipping JAX's shutdown barrier (which would wait for the
+dead peer until the heartbeat timeout, then abort). A process blocked outside a collective is
+stopped by the coordination service after ``JAX_HEARTBEAT_TIMEOUT_S`` (default 100) seconds
+without a heartbeat from a peer.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
+import traceback
 
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -21,6 +32,85 @@ _COORD = flags.DEFINE_string("coordinator_address", None, "host:port of process 
 _NPROC = flags.DEFINE_integer("num_processes", None, "Number of JAX processes.")
 _PID = flags.DEFINE_integer("process_id", None, "This process's id.")
 flags.mark_flags_as_required(["config", "workdir"])
+
+USAGE = ("python -m depthbench_jax.main --config=configs/FILE.py[:ARG] --workdir=DIR "
+         "[--config.FIELD=VALUE ...]")
+
+
+def _fail(message: str, code: int = 2):
+  print(f"error: {message}", file=sys.stderr, flush=True)
+  sys.exit(code)
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl flag parsing, with every failure turned into one ``error:`` line and exit 2."""
+  try:
+    rest = flags.FLAGS(argv)
+  except Exception as err:  # flags.Error, and config_flags' KeyError on an unknown field.
+    _fail(flag_error_message(err, argv))
+  try:
+    flags.FLAGS["config"].value.get("name")  # config_flags defers a missing file's error.
+  except OSError:
+    _fail(f"flag --config={_config_flag(argv)}: no such file; allowed: a config file such as "
+          f"configs/base.py or configs/smoke.py[:ARG]")
+  return rest
+
+
+def _config_flag(argv: list[str]) -> str | None:
+  for i, arg in enumerate(argv[1:], 1):
+    if arg.startswith(("--config=", "-config=")):
+      return arg.split("=", 1)[1]
+    if arg in ("--config", "-config") and i + 1 < len(argv):
+      return argv[i + 1]
+  return None
+
+
+def flag_error_message(err: Exception, argv: list[str]) -> str:
+  """One line for a flag-parsing failure: the flag, what is wrong, and what is allowed."""
+  text = str(err)
+  # config_flags re-raises a get_config error with its traceback in the message; the
+  # ConfigError's own text (e.g. ``config argument arch='x'; allowed: ...``) is its last line.
+  found = re.findall(r"ConfigError: (.*)", text)
+  if found:
+    return found[-1]
+  config_arg = _config_flag(argv)
+  if config_arg and not os.path.isfile(config_arg.split(":", 1)[0]):
+    return (f"flag --config={config_arg}: no such file; allowed: a config file such as "
+            f"configs/base.py or configs/smoke.py[:ARG]")
+  if config_arg:
+    for arg in argv[1:]:
+      if arg.lstrip("-").startswith("config."):
+        name, _, value = arg.lstrip("-").partition("=")
+        problem = _override_problem(config_arg, name, value, text)
+        if problem:
+          return f"flag --{name}={value}: {problem}"
+  line = text.strip().splitlines()[0] if text.strip() else type(err).__name__
+  return line if "allowed" in line else f"{line}; allowed: {USAGE}"
+
+
+def _override_problem(config_arg: str, name: str, value: str, text: str) -> str | None:
+  """What is wrong with ``--config.a.b=value``: a field the config lacks, or a bad value."""
+  from depthbench_jax import sweep  # Loads config files the way config_flags does.
+  path, _, arg = config_arg.partition(":")
+  try:
+    module = sweep.load_config_module(path)
+    node = module.get_config(arg) if arg else module.get_config()
+  except Exception:  # pylint: disable=broad-except
+    return None
+  keys = name.split(".")[1:]
+  for depth, key in enumerate(keys):
+    where = ".".join(["config"] + keys[:depth])
+    if not hasattr(node, "keys") or key not in node:
+      allowed = ", ".join(sorted(node.keys())) if hasattr(node, "keys") else "none (a leaf)"
+      return f"{where} has no field {key!r}; allowed: {allowed}"
+    if depth == len(keys) - 1:
+      if f"--{name}=" not in text and f"-{name}=" not in text:
+        return None
+      kind = node.get_type(key).__name__ if hasattr(node, "get_type") else "any"
+      detail = re.sub(r"^flag [^:]*: ", "", text.strip().splitlines()[-1])
+      return f"{detail}; allowed: a value of type {kind}"
+    node = node[key]
+  return None
 
 
 def initialize_distributed(coordinator: str | None, num_processes: int | None,
@@ -35,11 +125,16 @@ def initialize_distributed(coordinator: str | None, num_processes: int | None,
     # before the backend starts, so it cannot depend on jax.default_backend().
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
-                               process_id=process_id,
-                               initialization_timeout=int(os.environ.get(
-                                   "JAX_INIT_TIMEOUT_S", "300")))
+                               process_id=process_id, **_timeouts())
   elif "SLURM_JOB_ID" in os.environ and int(os.environ.get("SLURM_NTASKS", "1")) > 1:
-    jax.distributed.initialize()
+    jax.distributed.initialize(**_timeouts())
+
+
+def _timeouts() -> dict:
+  """Seconds to wait for all processes to join, and without a peer's heartbeat before the
+  coordination service stops every process (a process that died, or hangs)."""
+  return {"initialization_timeout": int(os.environ.get("JAX_INIT_TIMEOUT_S", "300")),
+          "heartbeat_timeout_seconds": int(os.environ.get("JAX_HEARTBEAT_TIMEOUT_S", "100"))}
 
 
 def _env_int(name: str) -> int | None:
@@ -52,16 +147,29 @@ def main(argv):
   if not os.environ.get("DEPTHBENCH_VERBOSE"):
     logging.set_verbosity(logging.WARNING)  # Orbax and grain log every save at INFO.
   from depthbench_jax.errors import ConfigError
+  config = _CONFIG.value
   initialize_distributed(_COORD.value, _NPROC.value, _PID.value)
-  from depthbench_jax.train.loop import train_and_evaluate
+  import jax
+  from depthbench_jax.train import config_check
   try:
-    result = train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+    # Before the trainer is imported (it pulls in TensorFlow via clu): bad input fails fast.
+    config_check.validate(config, jax.device_count())
+    from depthbench_jax.train.loop import train_and_evaluate
+    result = train_and_evaluate(config, _WORKDIR.value)
   except ConfigError as err:
-    print(f"error: {err}", file=sys.stderr)
-    sys.exit(2)
+    _fail(str(err))
+  except Exception as err:  # pylint: disable=broad-except
+    if jax.process_count() == 1:
+      raise
+    traceback.print_exc()
+    first = (str(err).strip().splitlines() or [""])[0]
+    print(f"error: process {jax.process_index()} of {jax.process_count()} failed: "
+          f"{type(err).__name__}: {first} (if a collective failed, another process probably "
+          f"died; see its log)", file=sys.stderr, flush=True)
+    os._exit(1)  # The shutdown barrier would wait for the dead peer, then abort.
   logging.info("Finished %s: status=%s val_loss=%s", result["name"], result["status"],
                result["final_val_loss"])
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

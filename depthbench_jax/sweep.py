@@ -103,7 +103,10 @@ def apply_run(config: ml_collections.ConfigDict, run: dict[str, Any],
   """Sets the shape (via ``shapes.shaped_model``), the design with its default hyperparameters,
   the LR and the run name on a suite's base config."""
   from depthbench_jax.residual import registry  # Local: pulls in jax/flax.
-  design = registry.get(run["arch"])  # ConfigError listing the registered names.
+  if run["arch"] not in registry.names():
+    raise ConfigError(f"config argument arch={run['arch']!r}; allowed: "
+                      f"{', '.join(registry.names())}")
+  design = registry.get(run["arch"])
   model = shaped_model(config.model, run["shape"], ffn)
   model.residual = ml_collections.ConfigDict({**design.defaults, "name": run["arch"]})
   config.model = model

@@ -9,6 +9,8 @@ from __future__ import annotations
 import glob
 import os
 
+import ml_collections
+
 from depthbench_jax.errors import ConfigError
 from depthbench_jax.model.config import ModelConfig, model_config_from
 from depthbench_jax.train import sharding
@@ -56,6 +58,52 @@ def validate_recipe(config) -> None:
              f"config.{field}={value!r}; allowed: an integer >= 0 (0 = off)")
 
 
+def validate_guards(config) -> None:
+  """``config.divergence``, ``skip_nonfinite_steps`` and ``debug`` (all optional)."""
+  div = config.get("divergence") or {}
+  for field, allowed in (("spike_factor", "a number >= 0 (0 = no spike check)"),
+                         ("min_steps", "an integer >= 0"),
+                         ("max_skipped_steps", "an integer >= 0")):
+    value = div.get(field, 0)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
+    if field != "spike_factor":
+      ok = ok and isinstance(value, int)
+    _require(ok, f"config.divergence.{field}={value!r}; allowed: {allowed}")
+  skip = config.get("skip_nonfinite_steps", False)
+  _require(isinstance(skip, bool),
+           f"config.skip_nonfinite_steps={skip!r}; allowed: True or False")
+  nan_at = (config.get("debug") or {}).get("nan_at_step", 0)
+  _require(isinstance(nan_at, int) and nan_at >= 0,
+           f"config.debug.nan_at_step={nan_at!r}; allowed: an integer >= 0 (0 = off)")
+
+
+def validate_iso(config) -> None:
+  """With ``config.iso_target_params`` > 0, the shape's parameter count must be within
+  ``iso_tolerance`` of it. Counted like ``shapes.iso_param_width`` counts: the Pre-LN backbone at
+  this shape (``jax.eval_shape``, nothing allocated), so every design of one shape agrees."""
+  target = config.get("iso_target_params", 0)
+  if not target:
+    return
+  from depthbench_jax import shapes  # Local: counting pulls in the model.
+  _number(config, "iso_target_params", low=0, low_open=True,
+          allowed="a positive parameter count (0 = no iso check)")
+  count = config.get("iso_count", "total")
+  _require(count in shapes.COUNTS,
+           f"config.iso_count={count!r}; allowed: {', '.join(shapes.COUNTS)}")
+  tolerance = _number(config, "iso_tolerance", low=0, low_open=True,
+                      allowed="a relative tolerance > 0, e.g. 0.02")
+  backbone = ml_collections.ConfigDict(config.model.to_dict())
+  backbone.residual = ml_collections.ConfigDict({"name": "preln"})
+  achieved = shapes.param_counts(backbone)[count]
+  error = achieved / target - 1.0
+  model = config.model
+  _require(abs(error) <= tolerance,
+           f"config.model shape {model.n_layers}x{model.d_model} has {achieved:,} {count} "
+           f"parameters, {error:+.2%} off config.iso_target_params={target:.6g}; allowed: within "
+           f"config.iso_tolerance={tolerance:g}, e.g. the width shapes.iso_param_width picks "
+           f"for {model.n_layers} layers")
+
+
 def validate_data(data, model, process_count: int, data_parallel: int) -> None:
   _require(data.source in DATA_SOURCES,
            f"config.data.source={data.source!r}; allowed: {', '.join(DATA_SOURCES)}")
@@ -96,6 +144,8 @@ def validate(config, device_count: int, process_count: int | None = None) -> Mod
   process_count = jax.process_count() if process_count is None else process_count
   model_cfg = model_config_from(config.model)
   validate_recipe(config)
+  validate_guards(config)
   mesh = sharding.mesh_shape(config.mesh, device_count)
   validate_data(config.data, config.model, process_count, data_parallel=mesh[0] * mesh[1])
+  validate_iso(config)
   return model_cfg

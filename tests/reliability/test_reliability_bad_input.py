@@ -1,0 +1,134 @@
+"""Bad configs and flags: each is one ``error:`` line naming the field and what is allowed,
+raised before any compute, leaving existing results untouched.
+
+Most cases call ``config_check.validate`` in this process (milliseconds each); a few go end to
+end through ``main.py`` (flag parsing, the config file's argument, exit status, the run dir).
+"""
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from depthbench_jax.errors import ConfigError
+from depthbench_jax.train import config_check
+from tests import helpers
+
+# (case, config overrides on tests.helpers.tiny_config, device count, process count, field).
+CASES = [
+    ("heads_not_dividing_width", {"model.n_heads": 3}, 1, 1, "config.model.n_heads"),
+    ("kv_heads_not_dividing_heads", {"model.n_heads": 4, "model.n_kv_heads": 3}, 1, 1,
+     "config.model.n_kv_heads"),
+    ("odd_head_dim", {"model.d_model": 30}, 1, 1, "config.model.head_dim"),
+    ("zero_layers", {"model.n_layers": 0}, 1, 1, "config.model.n_layers"),
+    ("unknown_design", {"model.residual.name": "resnet"}, 1, 1, "config.model.residual.name"),
+    ("unknown_remat_policy", {"model.remat_policy": "full"}, 1, 1, "config.model.remat_policy"),
+    ("unsupported_dtype", {"model.dtype": "float16"}, 1, 1, "config.model.dtype"),
+    ("vocab_below_tokenizer", {"model.vocab_size": 100}, 1, 1, "config.model.vocab_size"),
+    ("negative_steps", {"steps": -5}, 1, 1, "config.steps"),
+    ("zero_steps", {"steps": 0}, 1, 1, "config.steps"),
+    ("negative_lr", {"lr": -1.0}, 1, 1, "config.lr"),
+    ("b2_of_one", {"b2": 1.0}, 1, 1, "config.b2"),
+    ("negative_weight_decay", {"weight_decay": -0.1}, 1, 1, "config.weight_decay"),
+    ("zero_log_every", {"log_every": 0}, 1, 1, "config.log_every"),
+    ("zero_checkpoint_every", {"checkpoint_every": 0}, 1, 1, "config.checkpoint_every"),
+    ("negative_eval_every", {"eval_every": -1}, 1, 1, "config.eval_every"),
+    ("mesh_not_device_count", {"mesh.data": 3}, 1, 1, "config.mesh"),
+    ("mesh_two_wildcards", {"mesh.data": -1, "mesh.fsdp": -1}, 8, 1, "config.mesh"),
+    ("batch_not_divisible_by_data_parallel",
+     {"mesh.data": 2, "mesh.fsdp": 2, "data.global_batch_size": 6}, 4, 1,
+     "config.data.global_batch_size"),
+    ("batch_not_divisible_by_processes", {"mesh.data": 1, "mesh.tensor": -1}, 3, 3,
+     "config.data.global_batch_size"),
+    ("zero_batch", {"data.global_batch_size": 0}, 1, 1, "config.data.global_batch_size"),
+    ("seq_len_over_rope_limit", {"data.seq_len": 8192}, 1, 1, "config.data.seq_len"),
+    ("missing_data_path", {"data.source": "parquet", "data.path": "/nonexistent/shards"}, 1, 1,
+     "config.data.path"),
+    ("unknown_data_source", {"data.source": "hdf5"}, 1, 1, "config.data.source"),
+    ("tfds_without_name", {"data.source": "tfds"}, 1, 1, "config.data.tfds_name"),
+    ("unknown_tokenizer", {"data.tokenizer": "sentencepiece"}, 1, 1, "config.data.tokenizer"),
+    ("non_iso_shape", {"iso_target_params": 1e6}, 1, 1, "config.iso_target_params"),
+    ("unknown_iso_count", {"iso_target_params": 1e6, "iso_count": "embedding"}, 1, 1,
+     "config.iso_count"),
+    ("negative_spike_factor", {"divergence.spike_factor": -1.0}, 1, 1,
+     "config.divergence.spike_factor"),
+    ("negative_nan_injection_step", {"debug.nan_at_step": -3}, 1, 1, "config.debug.nan_at_step"),
+]
+
+
+def test_at_least_twenty_cases():
+  assert len(CASES) >= 20 and len({c[0] for c in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("overrides, devices, processes, field", [c[1:] for c in CASES],
+                         ids=[c[0] for c in CASES])
+def test_bad_config_is_one_line_naming_field_and_allowed(overrides, devices, processes, field):
+  config = helpers.tiny_config(**overrides)
+  with pytest.raises(ConfigError) as err:
+    config_check.validate(config, devices, processes)
+  message = str(err.value)
+  assert "\n" not in message and field in message and "allowed" in message, message
+
+
+def test_good_config_and_iso_shape_within_tolerance_pass():
+  from depthbench_jax.shapes import param_counts
+  config = helpers.tiny_config()
+  config_check.validate(config, 1, 1)
+  total = param_counts(config.model)["total"]
+  config_check.validate(helpers.tiny_config(iso_target_params=total * 1.015), 1, 1)
+  with pytest.raises(ConfigError, match="config.iso_target_params"):
+    config_check.validate(helpers.tiny_config(iso_target_params=total * 1.03), 1, 1)
+
+
+# End to end: (case, --config file[:arg], extra flags, field named in the error line).
+CLI_CASES = [
+    ("negative_steps_flag", "configs/base.py", ["--config.steps=-5"], "config.steps"),
+    ("mesh_flag_not_device_count", "configs/base.py", ["--config.mesh.data=2"], "config.mesh"),
+    ("non_iso_flag", "configs/base.py", ["--config.iso_target_params=1e9"],
+     "config.iso_target_params"),
+    ("unknown_field_flag", "configs/base.py", ["--config.model.n_head=4"], "n_head"),
+    ("ill_typed_flag", "configs/base.py", ["--config.steps=ten"], "config.steps"),
+    ("unknown_arch_in_config_arg", "configs/smoke.py:arch=resnet", [], "arch="),
+    ("bad_shape_in_config_arg", "configs/smoke.py:shape=4x", [], "shape="),
+    ("unknown_key_in_config_arg", "configs/smoke.py:depth=4", [], "depth=4"),
+    ("missing_config_file", "configs/no_such_suite.py", [], "--config="),
+]
+
+
+def _snapshot(workdir):
+  out = {}
+  for root, _, files in os.walk(workdir):
+    for name in files:
+      path = os.path.join(root, name)
+      with open(path, "rb") as f:
+        out[os.path.relpath(path, workdir)] = (os.stat(path).st_mtime_ns, f.read())
+  return out
+
+
+def test_cli_bad_input_exits_nonzero_with_one_error_line_and_touches_nothing(tmp_path):
+  """All cases at once (separate processes, run concurrently to keep the test short)."""
+  procs = {}
+  for case, config, flags, _ in CLI_CASES:
+    workdir = str(tmp_path / case)
+    os.makedirs(os.path.join(workdir, "checkpoints", "10"))
+    with open(os.path.join(workdir, "summary.json"), "w") as f:
+      json.dump({"status": "ok", "keep": True}, f)
+    with open(os.path.join(workdir, "checkpoints", "10", "marker"), "w") as f:
+      f.write("previous results")
+    before = _snapshot(workdir)
+    cmd = helpers.main_command(workdir, helpers.tiny_flags() + flags, config=config)
+    if config.startswith("configs/smoke.py"):
+      cmd = helpers.main_command(workdir, flags, config=config)
+    procs[case] = (subprocess.Popen(cmd, cwd=helpers.ROOT, env=helpers.subprocess_env(),
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True),
+                   workdir, before)
+  for case, config, flags, field in CLI_CASES:
+    proc, workdir, before = procs[case]
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 2, (case, proc.returncode, err[-2000:])
+    lines = [l for l in err.splitlines() if l.startswith("error:")]
+    assert len(lines) == 1, (case, err[-2000:])
+    assert field in lines[0] and "allowed" in lines[0], (case, lines[0])
+    assert "Traceback" not in err, (case, err[-2000:])
+    assert _snapshot(workdir) == before, case
