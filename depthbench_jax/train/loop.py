@@ -4,6 +4,15 @@ Builds the mesh, the sharded state and the data iterator; resumes from the lates
 checkpoint; runs jitted train steps with periodic eval, metrics (TensorBoard via clu, plus
 ``metrics.jsonl``), a progress line with steps/s and ETA, checkpoints and ``summary.json``.
 SIGTERM saves a checkpoint and exits cleanly (status 'interrupted').
+
+Divergence. Every step's metrics stay on the device until the next step that logs, evaluates,
+runs diagnostics or checkpoints; there they are fetched in one transfer and the
+``DivergenceGuard`` checks each step in order (no host sync per step). On the first bad step
+(non-finite loss or gradient, or a loss spike) the run stops before anything else uses the
+state: no checkpoint after the last good step is written, earlier ones are kept (the latest is
+``summary.json``'s ``last_checkpoint_step``), and ``summary.json`` has status 'diverged' with
+``diverged_step`` and ``diverged_reason``. A checkpoint at step s thus always holds a state
+reached through finite, spike-free steps 1..s.
 """
 
 from __future__ import annotations
@@ -70,6 +79,13 @@ class _Preemption:
 def _global_batch(local: dict, batch_sharding) -> dict:
   return {k: jax.make_array_from_process_local_data(batch_sharding, np.asarray(v))
           for k, v in local.items()}
+
+
+def _poison(local: dict, vocab_size: int) -> dict:
+  """``config.debug.nan_at_step``: one out-of-vocabulary input token makes the step's loss NaN."""
+  tokens = np.array(local["tokens"])
+  tokens[0, 0] = vocab_size
+  return {**local, "tokens": tokens}
 
 
 def evaluate(params, val_batches, eval_fn, batch_sharding) -> float:
@@ -147,6 +163,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
   tokens_per_step = config.data.global_batch_size * seq_len
   diag_hook = _diagnostics_hook(config, model_cfg, val_batches)
   guard = summary.DivergenceGuard(config)
+  unchecked = []  # (step, metrics on device) not yet seen by the guard.
+  nan_at_step = int(config.get("debug", {}).get("nan_at_step", 0) or 0)
   preempt = _Preemption()
   metrics_log = summary.MetricsLog(workdir, enabled=process_index == 0)
 
@@ -158,11 +176,23 @@ def train_and_evaluate(config, workdir: str) -> dict:
   step = start_step
   with mesh:
     while step < steps:
-      state, metrics = step_fn(state, _global_batch(next(train_iter), batch_sharding))
+      local = next(train_iter)
+      if step + 1 == nan_at_step:
+        local = _poison(local, model_cfg.vocab_size)
+      state, metrics = step_fn(state, _global_batch(local, batch_sharding))
       step += 1
+      unchecked.append((step, metrics))
       progress(step)
-      if step % config.log_every == 0 or step == steps:
-        m = jax.device_get(metrics)
+      log_now = step % config.log_every == 0 or step == steps
+      eval_now = config.eval_every > 0 and (step % config.eval_every == 0 or step == steps)
+      diag_now = diag_hook is not None and step % config.diagnostics.every == 0
+      preempted = preempt.requested  # Read once: the guard must see every step before a save.
+      save_now = step % config.checkpoint_every == 0 or step == steps
+      if not (log_now or eval_now or diag_now or save_now or preempted):
+        continue
+      checked, unchecked = jax.device_get(unchecked), []
+      if log_now:
+        m = checked[-1][1]
         now = time.time()
         steps_per_s = (step - last_log_step) / max(now - last_log_time, 1e-9)
         last_log_time, last_log_step = now, step
@@ -179,21 +209,22 @@ def train_and_evaluate(config, workdir: str) -> dict:
           print(_progress_line(step, steps, scalars, val_loss, time.time() - start_time,
                                start_step), flush=True)
         last_train_loss = scalars["train/loss"]
-        reason = guard.check(step, last_train_loss, scalars["train/grad_norm"])
-        if reason:
-          status = "diverged"
-          summary.write_status(workdir, status, step=step, reason=reason)
-          logging.error("Run diverged at step %d: %s", step, reason)
-          break
-      if config.eval_every > 0 and (step % config.eval_every == 0 or step == steps):
+      reason = guard.check_steps(checked)
+      if reason:
+        status = "diverged"
+        if process_index == 0:
+          summary.write_status(workdir, status, step=guard.step, reason=reason)
+        logging.error("Run diverged at step %d: %s", guard.step, reason)
+        break
+      if eval_now:
         val_loss = evaluate(state.params, val_batches, eval_fn, batch_sharding)
         writer.write_scalars(step, {"val/loss": val_loss})
         metrics_log.append(step, {"val/loss": val_loss})
-      if diag_hook is not None and step % config.diagnostics.every == 0:
+      if diag_now:
         diag_hook(step, state.params, writer)
-      if step % config.checkpoint_every == 0 or step == steps:
+      if save_now:
         checkpoint.save(manager, step, state, train_iter)
-      if preempt.requested:
+      if preempted:
         checkpoint.save(manager, step, state, train_iter, force=True)
         status = "interrupted"
         break
@@ -205,7 +236,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
   result = summary.build(
       config, model_cfg, counts, steps=step, tokens=step * tokens_per_step,
       final_train_loss=last_train_loss, final_val_loss=val_loss,
-      wall_time_s=time.time() - start_time, status=status, guard=guard)
+      wall_time_s=time.time() - start_time, status=status, guard=guard,
+      last_checkpoint_step=manager.latest_step())
   if process_index == 0 and status != "interrupted":
     summary.write(workdir, result)
   return result

@@ -38,7 +38,7 @@ def run_name(config, model_cfg) -> str:
 
 
 def build(config, model_cfg, counts, *, steps, tokens, final_train_loss, final_val_loss,
-          wall_time_s, status, guard=None) -> dict:
+          wall_time_s, status, guard=None, last_checkpoint_step=None) -> dict:
   out = {
       "name": run_name(config, model_cfg),
       "design": model_cfg.design,
@@ -57,6 +57,8 @@ def build(config, model_cfg, counts, *, steps, tokens, final_train_loss, final_v
       "status": status,
       "diverged_step": None,
       "diverged_reason": None,
+      "skipped_steps": guard.skipped if guard is not None else 0,
+      "last_checkpoint_step": last_checkpoint_step,
   }
   if guard is not None and guard.reason:
     out["status"] = "diverged"
@@ -81,19 +83,37 @@ def is_finished(workdir: str) -> bool:
 class DivergenceGuard:
   """Marks a run diverged on a non-finite loss or gradient, or a loss spike.
 
-  Spike: after ``divergence.min_steps``, a logged loss above ``spike_factor`` times the best
-  logged loss so far (``spike_factor`` <= 0 disables it).
+  The loop feeds it every step's metrics (``check_steps``, batched between the steps where it
+  logs or checkpoints), so the first bad step is found exactly and no checkpoint is written
+  past it. Spike: after ``divergence.min_steps``, a loss above ``spike_factor`` times the best
+  loss so far (``spike_factor`` <= 0 disables it). With ``skip_nonfinite_steps`` the train step
+  already left the state untouched on a non-finite step; those are counted (``skipped``) and
+  only more than ``divergence.max_skipped_steps`` in a row are a divergence.
   """
 
   def __init__(self, config):
     div = config.get("divergence", {})
     self.spike_factor = float(div.get("spike_factor", 4.0))
     self.min_steps = int(div.get("min_steps", 20))
+    self.max_skipped = int(div.get("max_skipped_steps", 20))
+    self.skip_nonfinite = bool(config.get("skip_nonfinite_steps", False))
     self.best = math.inf
+    self.skipped, self._skipped_in_row = 0, 0
     self.reason, self.step = None, None
 
   def check(self, step: int, loss: float, grad_norm: float) -> str | None:
-    if not math.isfinite(loss):
+    if self.reason:
+      return self.reason
+    finite = math.isfinite(loss) and math.isfinite(grad_norm)
+    if not finite and self.skip_nonfinite:
+      self.skipped += 1
+      self._skipped_in_row += 1
+      if self._skipped_in_row <= self.max_skipped:
+        return None
+      self.reason = (f"non-finite loss or gradient on more than divergence.max_skipped_steps="
+                     f"{self.max_skipped} steps in a row (last: loss {loss}, gradient norm "
+                     f"{grad_norm})")
+    elif not math.isfinite(loss):
       self.reason = f"non-finite loss ({loss})"
     elif not math.isfinite(grad_norm):
       self.reason = f"non-finite gradient norm ({grad_norm})"
@@ -103,7 +123,15 @@ class DivergenceGuard:
     if self.reason:
       self.step = step
       return self.reason
+    self._skipped_in_row = 0
     self.best = min(self.best, loss)
+    return None
+
+  def check_steps(self, records) -> str | None:
+    """``records``: ``[(step, {'loss', 'grad_norm', ...})]`` on the host, in step order."""
+    for step, m in records:
+      if self.check(step, float(m["loss"]), float(m["grad_norm"])):
+        return self.reason
     return None
 
 

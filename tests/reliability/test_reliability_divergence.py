@@ -1,0 +1,90 @@
+"""Divergence: the guard sees every step, a diverged run keeps its last good checkpoint and
+records the step and reason; skip-step rides over a transient non-finite step.
+
+The NaN comes from ``config.debug.nan_at_step`` (an out-of-vocabulary token in that step's
+batch), so the loss and every gradient of that step are NaN, as in a real blow-up. A real
+divergence (LR 1e4) goes through the sweep in ``test_reliability_faults.py``.
+"""
+
+import math
+import os
+import signal
+
+import jax
+import numpy as np
+import pytest
+
+from depthbench_jax.train import checkpoint, summary
+from tests import helpers
+
+
+@pytest.fixture
+def train_in_process():
+  """``train_and_evaluate`` here (no process start-up); restores the SIGTERM handler after."""
+  from depthbench_jax.train.loop import train_and_evaluate
+  handler = signal.getsignal(signal.SIGTERM)
+  yield train_and_evaluate
+  signal.signal(signal.SIGTERM, handler)
+
+
+def _steps(workdir):
+  return sorted(int(d) for d in os.listdir(checkpoint.checkpoint_dir(workdir)) if d.isdigit())
+
+
+def test_nan_step_marks_diverged_and_keeps_last_good_checkpoint(train_in_process, tmp_path):
+  workdir = str(tmp_path / "nan")
+  # Step 7 is neither a log nor a checkpoint step: the guard must still see it, and stop
+  # before the checkpoint of step 9 would be written.
+  config = helpers.tiny_config(steps=12, log_every=4, checkpoint_every=3, eval_every=0,
+                               keep_checkpoints=5, **{"debug.nan_at_step": 7})
+  result = train_in_process(config, workdir)
+  s = helpers.summary(workdir)
+  assert s["status"] == result["status"] == "diverged"
+  assert s["diverged_step"] == 7 and "non-finite loss" in s["diverged_reason"], s
+  assert s["last_checkpoint_step"] == 6 and _steps(workdir) == [3, 6]
+  assert summary.read_json(os.path.join(workdir, "status.json"))["step"] == 7
+  _, params = checkpoint.restore_params(workdir)
+  assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(params))
+  losses = helpers.losses(workdir)
+  # Step 8 (a log step) ran before the guard saw step 7: logged, never checkpointed.
+  assert sorted(losses) == [4, 8] and math.isfinite(losses[4]) and math.isnan(losses[8])
+
+
+def test_skip_nonfinite_steps_rides_over_one_bad_step(train_in_process, tmp_path):
+  workdir = str(tmp_path / "skip")
+  config = helpers.tiny_config(steps=10, checkpoint_every=5, eval_every=0,
+                               skip_nonfinite_steps=True, **{"debug.nan_at_step": 4})
+  train_in_process(config, workdir)
+  s = helpers.summary(workdir)
+  assert s["status"] == "ok" and s["skipped_steps"] == 1 and s["diverged_step"] is None, s
+  losses = helpers.losses(workdir)
+  assert math.isnan(losses[4]) and all(math.isfinite(losses[k]) for k in losses if k != 4)
+  assert losses[10] < losses[1]
+  assert s["last_checkpoint_step"] == 10
+
+
+def _guard(**div):
+  from ml_collections import ConfigDict
+  skip = div.pop("skip", False)
+  return summary.DivergenceGuard(ConfigDict({"divergence": div, "skip_nonfinite_steps": skip}))
+
+
+def test_guard_spike_after_min_steps_only():
+  guard = _guard(spike_factor=2.0, min_steps=3)
+  assert guard.check_steps([(1, {"loss": 5.0, "grad_norm": 1.0}),
+                            (2, {"loss": 11.0, "grad_norm": 1.0})]) is None  # Before min_steps.
+  assert guard.check_steps([(3, {"loss": 4.0, "grad_norm": 1.0}),
+                            (4, {"loss": 8.5, "grad_norm": 1.0}),
+                            (5, {"loss": float("nan"), "grad_norm": 1.0})]).startswith("loss spike")
+  assert guard.step == 4  # The first bad step wins.
+
+
+def test_guard_nonfinite_gradient_and_skip_limit():
+  guard = _guard()
+  assert "gradient" in guard.check(3, 5.0, float("inf")) and guard.step == 3
+  guard = _guard(skip=True, max_skipped_steps=2)
+  nan = {"loss": float("nan"), "grad_norm": float("nan")}
+  ok = {"loss": 5.0, "grad_norm": 1.0}
+  assert guard.check_steps([(1, nan), (2, nan), (3, ok), (4, nan), (5, nan)]) is None
+  assert guard.skipped == 4
+  assert "max_skipped_steps=2" in guard.check_steps([(6, nan)]) and guard.step == 6
