@@ -113,9 +113,12 @@ def sinkhorn_knopp(logits: Array, iterations: int = 20, eps: float = 0.0) -> Arr
 
   ``M0 = exp(logits - max)``; then ``iterations`` rounds of column- then row-normalisation
   (``M <- T_r(T_c(M))``), in fp32, as in mHC (Xie et al., 2025, Eq. 9). After the last round
-  rows sum to 1 exactly and columns to within the method's convergence.
+  rows sum to 1 exactly and columns to within the method's convergence. The max shift cancels
+  in the normalisation, so it carries no gradient (``stop_gradient``, as the reference code's
+  ``detach``); differentiating through the max's ties gave NaN gradients under some XLA builds.
   """
-  m = jnp.exp(logits.astype(jnp.float32) - jnp.max(logits, axis=(-2, -1), keepdims=True))
+  shift = jax.lax.stop_gradient(jnp.max(logits, axis=(-2, -1), keepdims=True))
+  m = jnp.exp(logits.astype(jnp.float32) - shift)
 
   def one_round(m, _):
     m = m / (jnp.sum(m, axis=-2, keepdims=True) + eps)  # columns

@@ -17,21 +17,28 @@ from depthbench_jax.residual.base import Design, LayerWiring, StateIO, check_fie
 Array = jax.Array
 
 
+# The stream mixes are the residual path itself: full fp32 (no TF32/bf16 passes on GPU/TPU);
+# with n = 4 terms they are memory-bound, so HIGHEST costs nothing measurable.
+_EXACT = jax.lax.Precision.HIGHEST
+
+
 def mix_streams(m: Array, h: Array) -> Array:
   """``H_new[j] = sum_i M[j, i] H[i]``: m [B,T,n,n] (row j = new stream j), h [n,B,T,d]."""
-  out = jnp.einsum("btji,ibtd->jbtd", m.astype(jnp.float32), h.astype(jnp.float32))
+  out = jnp.einsum("btji,ibtd->jbtd", m.astype(jnp.float32), h.astype(jnp.float32),
+                   precision=_EXACT)
   return out.astype(h.dtype)
 
 
 def collapse_streams(w: Array, h: Array) -> Array:
   """``sum_i w[i] H[i]``: w [B,T,n], h [n,B,T,d] -> [B,T,d]."""
-  out = jnp.einsum("bti,ibtd->btd", w.astype(jnp.float32), h.astype(jnp.float32))
+  out = jnp.einsum("bti,ibtd->btd", w.astype(jnp.float32), h.astype(jnp.float32),
+                   precision=_EXACT)
   return out.astype(h.dtype)
 
 
 def spread_output(w: Array, y: Array) -> Array:
-  """``w[j] * y`` for every stream j: w [B,T,n], y [B,T,d] -> [n,B,T,d]."""
-  return jnp.einsum("btj,btd->jbtd", w.astype(jnp.float32), y.astype(jnp.float32))
+  """``w[j] * y`` for every stream j: w [B,T,n], y [B,T,d] -> [n,B,T,d] (fp32)."""
+  return jnp.moveaxis(w.astype(jnp.float32), -1, 0)[..., None] * y.astype(jnp.float32)
 
 
 def home_stream(k: Array, n: int) -> Array:
