@@ -167,8 +167,9 @@ def permute_layers(params: Any, order: Array) -> Any:
   """Params whose layer at position p is the original layer ``order[p]`` (stacked layout).
 
   Everything stacked on the layer axis moves with the layer: attention, MLP and the design's
-  per-layer connection params (HC matrices, AttnRes pseudo-queries). Position-dependent
-  constants (LNS's 1/sqrt(l), HC's index-based nothing) stay with the position.
+  per-layer connection params (HC matrices including the one-hot home stream stored at init,
+  AttnRes pseudo-queries). Position-dependent constants (LNS's 1/sqrt(l), DeepNorm's alpha)
+  stay with the position.
   Pure and vmappable over ``order``.
   """
   if "layers" not in params:
