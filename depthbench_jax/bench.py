@@ -1,0 +1,406 @@
+"""``python -m depthbench_jax.bench``: step time, MFU, memory and compile time, side by side.
+
+Everything is measured in one process on whatever device is present, and every ratio is taken
+between candidates timed *interleaved*: each round times one step of every candidate in turn,
+and a candidate's figure is its median over the rounds, so load from other processes hits all
+of them alike. Measured:
+
+* ``matmul_peak``: the FLOP/s of a square matmul in the bench dtype, timed as one more
+  interleaved candidate (the same run's ceiling, under the same load).
+* ``train``: for each design at one shape, the jitted AdamW train step (``train/step.py``, the
+  one training uses, params donated): step time, model FLOP/s (``flops.train_flops_per_token``:
+  6 N + attention + design terms; remat recompute is not counted) and MFU = that / matmul_peak;
+  step time and peak memory (``memory_analysis`` of the compiled step) as ratios to Pre-LN.
+* ``compile``: abstract compile time of the Pre-LN train step at ``deep`` vs ``shallow`` layers
+  (scan keeps it flat), interleaved, median.
+* ``hf``: our Pre-LN step against Hugging Face ``LlamaForCausalLM`` (torch, same device type
+  only on CPU) at the same shape and batch: forward, cross-entropy, backward, clip, AdamW.
+
+Writes ``OUT/results-<device>.json`` (``--out``, default ``benchmarks``) and prints the table and
+a verdict against the targets in ``TARGETS`` (thresholds live here, never in tests).
+``--preset=quick`` is the tiny CI mode; ``--preset=gpu400m`` the bf16 400M shapes for an
+accelerator.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+# Targets (on 2 CPU cores for the default preset); ratios are "<=", mfu is ">=".
+TARGETS = {"mfu": 0.45, "hc_over_preln": 1.10, "attnres_full_over_preln": 1.15,
+           "compile_deep_over_shallow": 1.3, "ours_over_hf": 0.8}
+
+# Remat policy per design for the bench (and the recommendation for training on this device
+# class): memory is not the constraint at bench sizes, so the default keeps every activation.
+REMAT = {"default": "none"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+  d_model: int = 512
+  n_layers: int = 8
+  n_heads: int = 8
+  vocab_size: int = 50257
+  seq_len: int = 128
+  batch: int = 4
+  dtype: str = "float32"
+  designs: tuple[str, ...] = ()          # () = every registered design
+  shapes: tuple[str, ...] = ()           # extra "LxD" shapes (gpu400m); () = (n_layers x d)
+  rounds: int = 5
+  matmul_n: int = 2048
+  compile_layers: tuple[int, int] = (16, 70)
+  compile_rounds: int = 3
+  hf: bool = True
+
+
+PRESETS = {
+    "cpu": Preset(),
+    "quick": Preset(d_model=32, n_layers=2, n_heads=2, vocab_size=64, seq_len=16, batch=2,
+                    designs=("preln", "hc"), rounds=2, matmul_n=128, compile_layers=(1, 2),
+                    compile_rounds=1),
+    "gpu400m": Preset(d_model=1216, n_layers=16, n_heads=16, vocab_size=50257, seq_len=2048,
+                      batch=8, dtype="bfloat16", designs=("preln", "hc"),
+                      shapes=("16x1216", "32x896"), rounds=10, matmul_n=8192,
+                      compile_layers=(16, 70), compile_rounds=2, hf=False),
+}
+
+
+def device_name() -> str:
+  """``cpu`` or the accelerator's kind, lower-case with dashes (``nvidia-h200``)."""
+  d = jax.devices()[0]
+  if d.platform == "cpu":
+    return "cpu"
+  return "-".join(d.device_kind.lower().replace("_", " ").split())
+
+
+# ---------------------------------------------------------------------------------------------
+# Timing.
+# ---------------------------------------------------------------------------------------------
+
+def interleaved(candidates: dict[str, Callable[[], Any]], rounds: int,
+                warmup: int = 2) -> dict[str, list[float]]:
+  """Seconds per call of each candidate: ``rounds`` rounds, each calling every candidate once
+  in turn (each call must block until its result is ready)."""
+  for fn in candidates.values():
+    for _ in range(warmup):
+      fn()
+  times: dict[str, list[float]] = {k: [] for k in candidates}
+  for _ in range(rounds):
+    for name, fn in candidates.items():
+      start = time.perf_counter()
+      fn()
+      times[name].append(time.perf_counter() - start)
+  return times
+
+
+def matmul_runner(n: int, dtype) -> Callable[[], None]:
+  """One ``a @ b`` of ``n x n`` operands (``2 n^3`` FLOPs): the device's matmul ceiling, timed
+  as one more interleaved candidate so it sees the same load as the train steps."""
+  a = jax.random.normal(jax.random.PRNGKey(0), (n, n), dtype)
+  b = jax.random.normal(jax.random.PRNGKey(1), (n, n), dtype)
+  f = jax.jit(lambda a, b: a @ b)
+  return lambda: f(a, b).block_until_ready()
+
+
+# ---------------------------------------------------------------------------------------------
+# Our train step.
+# ---------------------------------------------------------------------------------------------
+
+def bench_config(p: Preset, design: str, n_layers: int | None = None, d_model: int | None = None):
+  """The full ``config`` (recipe from ``configs/base.py``) of a bench model."""
+  from depthbench_jax import sweep
+  from depthbench_jax.residual import registry
+  base = sweep.load_config_module(os.path.join(sweep.REPO_ROOT, "configs", "base.py"))
+  c = base.get_config()
+  m = c.model
+  m.d_model, m.n_layers = d_model or p.d_model, n_layers or p.n_layers
+  m.n_heads, m.vocab_size = p.n_heads if (d_model or p.d_model) % p.n_heads == 0 else 1, p.vocab_size
+  m.max_seq_len = max(p.seq_len, 8)
+  m.dtype = p.dtype
+  m.param_dtype = "float32"
+  m.remat_policy = REMAT.get(design, REMAT["default"])
+  m.residual = {**registry.get(design).defaults, "name": design}
+  c.data.seq_len, c.data.global_batch_size = p.seq_len, p.batch
+  c.steps = 1000
+  return c
+
+
+@dataclasses.dataclass
+class Compiled:
+  name: str
+  cfg: Any
+  step: Callable
+  state: Any
+  batch: dict
+  compile_s: float
+  peak_bytes: int
+  flops_per_step: float
+
+
+def compile_train_step(name: str, config) -> Compiled:
+  from depthbench_jax.model.config import model_config_from
+  from depthbench_jax.model.transformer import Transformer
+  from depthbench_jax.systems import flops
+  from depthbench_jax.systems.xla import peak_bytes
+  from depthbench_jax.train.optimizer import lr_schedule, make_optimizer
+  from depthbench_jax.train.step import init_state, train_step
+  cfg = model_config_from(config.model)
+  model = Transformer(cfg)
+  optimizer = make_optimizer(config, config.steps)
+  step = jax.jit(functools.partial(train_step, model=model, optimizer=optimizer,
+                                   schedule=lr_schedule(config, config.steps)),
+                 donate_argnums=(0,))
+  b, t = config.data.global_batch_size, config.data.seq_len
+  state = jax.jit(functools.partial(init_state, model, optimizer, seq_len=t))(
+      jax.random.PRNGKey(0))
+  tokens = jax.random.randint(jax.random.PRNGKey(1), (b, t + 1), 0, cfg.vocab_size, jnp.int32)
+  batch = {"tokens": tokens}
+  start = time.perf_counter()
+  compiled = step.lower(state, batch).compile()
+  compile_s = time.perf_counter() - start
+  return Compiled(name=name, cfg=cfg, step=compiled, state=state, batch=batch,
+                  compile_s=compile_s, peak_bytes=peak_bytes(compiled.memory_analysis()),
+                  flops_per_step=flops.train_flops_per_token(cfg, t) * b * t)
+
+
+def step_runner(c: Compiled) -> Callable[[], None]:
+  def run():
+    c.state, metrics = c.step(c.state, c.batch)
+    jax.block_until_ready(metrics["loss"])
+  return run
+
+
+def abstract_compile_seconds(config) -> float:
+  """Compile time of the train step on abstract state (nothing allocated)."""
+  from depthbench_jax.model.config import model_config_from
+  from depthbench_jax.model.transformer import Transformer
+  from depthbench_jax.train.optimizer import lr_schedule, make_optimizer
+  from depthbench_jax.train.step import init_state, train_step
+  cfg = model_config_from(config.model)
+  model = Transformer(cfg)
+  optimizer = make_optimizer(config, config.steps)
+  b, t = config.data.global_batch_size, config.data.seq_len
+  state = jax.eval_shape(functools.partial(init_state, model, optimizer, seq_len=t),
+                         jax.random.PRNGKey(0))
+  batch = {"tokens": jax.ShapeDtypeStruct((b, t + 1), jnp.int32)}
+  fn = jax.jit(functools.partial(train_step, model=model, optimizer=optimizer,
+                                 schedule=lr_schedule(config, config.steps)))
+  start = time.perf_counter()
+  fn.lower(state, batch).compile()
+  return time.perf_counter() - start
+
+
+# ---------------------------------------------------------------------------------------------
+# Hugging Face LLaMA (torch) at the same shape.
+# ---------------------------------------------------------------------------------------------
+
+def hf_runner(cfg, config) -> Callable[[], None] | None:
+  """One torch train step of ``LlamaForCausalLM`` matching ``cfg`` (None if unavailable)."""
+  try:
+    import torch
+    import transformers
+  except ImportError:
+    return None
+  torch.manual_seed(0)
+  torch.set_num_threads(os.cpu_count() or 1)
+  hf_cfg = transformers.LlamaConfig(
+      vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.ffn_dim,
+      num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
+      num_key_value_heads=cfg.n_kv_heads, head_dim=cfg.head_dim, rms_norm_eps=cfg.norm_eps,
+      rope_theta=cfg.rope_theta, max_position_embeddings=cfg.max_seq_len,
+      tie_word_embeddings=cfg.tie_embeddings, attention_bias=False, mlp_bias=False)
+  model = transformers.LlamaForCausalLM(hf_cfg)
+  model.train()
+  opt = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(config.b1, config.b2),
+                          weight_decay=config.weight_decay)
+  b, t = config.data.global_batch_size, config.data.seq_len
+  tokens = torch.randint(0, cfg.vocab_size, (b, t + 1))
+  inputs, targets = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+  def run():
+    opt.zero_grad(set_to_none=True)
+    logits = model(input_ids=inputs).logits
+    loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, cfg.vocab_size),
+                                             targets.reshape(-1))
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+    opt.step()
+  return run
+
+
+# ---------------------------------------------------------------------------------------------
+# The bench.
+# ---------------------------------------------------------------------------------------------
+
+def run_bench(p: Preset, log=print) -> dict:
+  from depthbench_jax.residual import registry
+  dtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[p.dtype]
+  designs = p.designs or registry.names()
+  if "preln" not in designs:
+    designs = ("preln",) + tuple(designs)
+  shapes = p.shapes or (f"{p.n_layers}x{p.d_model}",)
+  result: dict[str, Any] = {
+      "device": device_name(), "device_kind": jax.devices()[0].device_kind,
+      "backend": jax.default_backend(), "cpu_count": os.cpu_count(),
+      "jax": jax.__version__, "python": platform.python_version(),
+      "preset": dataclasses.asdict(p), "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+      "targets": TARGETS, "remat": REMAT}
+  log(f"device {result['device']} ({result['device_kind']}), {os.cpu_count()} CPUs")
+  matmul = matmul_runner(p.matmul_n, dtype)
+  peaks = []
+
+  train_rows = []
+  for shape in shapes:
+    n_layers, d_model = (int(x) for x in shape.split("x"))
+    compiled = {}
+    for design in designs:
+      c = compile_train_step(design, bench_config(p, design, n_layers, d_model))
+      compiled[design] = c
+      log(f"  compiled {design} {shape}: {c.compile_s:.1f}s, peak {c.peak_bytes / 2**20:.0f} MiB")
+    runners = {k: step_runner(c) for k, c in compiled.items()}
+    hf_time = None
+    if p.hf and shape == shapes[0]:
+      hf = hf_runner(compiled["preln"].cfg, bench_config(p, "preln", n_layers, d_model))
+      if hf is not None:
+        runners["hf_llama_torch"] = hf
+    runners["matmul"] = matmul
+    times = interleaved(runners, p.rounds)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    hf_time = med.pop("hf_llama_torch", None)
+    peak = 2.0 * p.matmul_n ** 3 / med.pop("matmul")
+    peaks.append(peak)
+    log(f"  matmul peak ({p.matmul_n}^3 {p.dtype}): {peak / 1e9:.1f} GFLOP/s")
+    base = compiled["preln"]
+    for design, c in compiled.items():
+      t = med[design]
+      row = {"design": design, "shape": shape, "step_s": t, "step_s_all": times[design],
+             "tokens_per_s": p.batch * p.seq_len / t, "model_flops_per_step": c.flops_per_step,
+             "model_flops_per_s": c.flops_per_step / t, "mfu": c.flops_per_step / t / peak,
+             "step_over_preln": t / med["preln"], "peak_bytes": c.peak_bytes,
+             "peak_over_preln": c.peak_bytes / base.peak_bytes, "compile_s": c.compile_s,
+             "remat_policy": c.cfg.remat_policy}
+      if design == "preln" and hf_time is not None:
+        row["hf_step_s"] = hf_time
+        row["hf_step_s_all"] = times["hf_llama_torch"]
+        row["ours_over_hf"] = t / hf_time
+      train_rows.append(row)
+    del compiled, runners
+  result["train"] = train_rows
+  result["matmul_peak_flops"] = max(peaks)
+
+  shallow, deep = p.compile_layers
+  cfgs = {L: bench_config(p, "preln", L, p.d_model if not p.shapes else
+                          int(p.shapes[0].split("x")[1])) for L in (shallow, deep)}
+  ct: dict[int, list[float]] = {shallow: [], deep: []}
+  for _ in range(p.compile_rounds):
+    for L in (shallow, deep):
+      ct[L].append(abstract_compile_seconds(cfgs[L]))
+  result["compile"] = {"shallow_layers": shallow, "deep_layers": deep,
+                       "shallow_s": statistics.median(ct[shallow]),
+                       "deep_s": statistics.median(ct[deep]),
+                       "shallow_s_all": ct[shallow], "deep_s_all": ct[deep]}
+  result["compile"]["deep_over_shallow"] = (result["compile"]["deep_s"] /
+                                            result["compile"]["shallow_s"])
+  result["verdict"] = verdict(result)
+  return result
+
+
+def verdict(result: dict) -> list[dict]:
+  rows = {(r["design"], r["shape"]): r for r in result["train"]}
+  first = result["train"][0]["shape"]
+  checks = []
+
+  def add(name, value, target, higher_is_better=False):
+    if value is None:
+      return
+    ok = value >= target if higher_is_better else value <= target
+    checks.append({"check": name, "value": value, "target": target,
+                   "op": ">=" if higher_is_better else "<=", "pass": bool(ok)})
+
+  pre = rows.get(("preln", first))
+  add(f"MFU Pre-LN {first}", pre and pre["mfu"], TARGETS["mfu"], True)
+  add(f"HC / Pre-LN step {first}", rows.get(("hc", first), {}).get("step_over_preln"),
+      TARGETS["hc_over_preln"])
+  add(f"Full AttnRes / Pre-LN step {first}",
+      rows.get(("attnres_full", first), {}).get("step_over_preln"),
+      TARGETS["attnres_full_over_preln"])
+  c = result["compile"]
+  add(f"compile {c['deep_layers']}L / {c['shallow_layers']}L", c["deep_over_shallow"],
+      TARGETS["compile_deep_over_shallow"])
+  add("ours / HF LLaMA step", pre and pre.get("ours_over_hf"), TARGETS["ours_over_hf"])
+  return checks
+
+
+def render(result: dict) -> str:
+  lines = [f"DepthBench bench on {result['device']} ({result['device_kind']}, "
+           f"{result['cpu_count']} CPUs), jax {result['jax']}, {result['preset']['dtype']}, "
+           f"batch {result['preset']['batch']} x seq {result['preset']['seq_len']}; matmul peak "
+           f"{result['matmul_peak_flops'] / 1e9:.1f} GFLOP/s", "",
+           "| design | shape | remat | step ms | x Pre-LN | tokens/s | model GFLOP/s | MFU | "
+           "peak MiB | x Pre-LN | compile s |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+  for r in result["train"]:
+    lines.append(f"| {r['design']} | {r['shape']} | {r['remat_policy']} | "
+                 f"{1e3 * r['step_s']:.1f} | {r['step_over_preln']:.3f} | "
+                 f"{r['tokens_per_s']:,.0f} | {r['model_flops_per_s'] / 1e9:.1f} | "
+                 f"{r['mfu']:.3f} | {r['peak_bytes'] / 2**20:,.0f} | {r['peak_over_preln']:.2f} | "
+                 f"{r['compile_s']:.1f} |")
+  pre = next((r for r in result["train"] if r["design"] == "preln" and "hf_step_s" in r), None)
+  if pre:
+    lines += ["", f"Pre-LN step {1e3 * pre['step_s']:.1f} ms vs HF LlamaForCausalLM (torch) "
+              f"{1e3 * pre['hf_step_s']:.1f} ms: ours/HF = {pre['ours_over_hf']:.3f}"]
+  c = result["compile"]
+  lines += ["", f"Train-step compile (abstract): {c['shallow_layers']}L {c['shallow_s']:.2f}s, "
+            f"{c['deep_layers']}L {c['deep_s']:.2f}s, ratio {c['deep_over_shallow']:.2f}", "",
+            "| verdict | value | target | |", "|---|---|---|---|"]
+  for v in result["verdict"]:
+    lines.append(f"| {v['check']} | {v['value']:.3f} | {v['op']} {v['target']} | "
+                 f"{'PASS' if v['pass'] else 'FAIL'} |")
+  return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  ap = argparse.ArgumentParser(prog="python -m depthbench_jax.bench", description=__doc__,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--preset", default=None, choices=sorted(PRESETS),
+                  help="default: gpu400m on an accelerator, cpu otherwise")
+  ap.add_argument("--out", default="benchmarks", help="directory for results-<device>.json")
+  ap.add_argument("--designs", default="", help="comma list (overrides the preset)")
+  ap.add_argument("--rounds", type=int, default=None)
+  ap.add_argument("--no_hf", action="store_true")
+  args = ap.parse_args(argv)
+  name = args.preset or ("cpu" if jax.default_backend() == "cpu" else "gpu400m")
+  p = PRESETS[name]
+  if args.designs:
+    p = dataclasses.replace(p, designs=tuple(s.strip() for s in args.designs.split(",")))
+  if args.rounds:
+    p = dataclasses.replace(p, rounds=args.rounds)
+  if args.no_hf:
+    p = dataclasses.replace(p, hf=False)
+  result = run_bench(p, log=lambda s: print(s, file=sys.stderr, flush=True))
+  result["preset_name"] = name
+  os.makedirs(args.out, exist_ok=True)
+  suffix = "" if name in ("cpu", "gpu400m") else f"-{name}"
+  path = os.path.join(args.out, f"results-{result['device']}{suffix}.json")
+  with open(path, "w") as f:
+    json.dump(result, f, indent=1)
+  print(render(result))
+  print(f"wrote {path}", file=sys.stderr)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,132 @@
+"""Systems cost: analytic FLOPs against XLA's count, KV/state bytes, the paper's figures, the CLI,
+the report section and the bench in its quick mode (no thresholds asserted: those live in the
+bench's printed verdict)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import ml_collections
+import pytest
+
+from depthbench_jax.model.config import model_config_from
+from depthbench_jax.systems import costs, design_costs, flops, xla
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def model_cfg(design="preln", n_layers=2, d_model=64, n_heads=4, vocab=64, seq=64, **res):
+  from configs import base
+  from depthbench_jax.residual import registry
+  m = base.get_config().model
+  m.vocab_size, m.n_layers, m.d_model, m.n_heads = vocab, n_layers, d_model, n_heads
+  m.max_seq_len = seq
+  m.residual = ml_collections.ConfigDict({**registry.get(design).defaults, "name": design, **res})
+  return model_config_from(m)
+
+
+def paper_shape(shape):
+  from depthbench_jax import sweep
+  module = sweep.load_config_module(os.path.join(ROOT, "configs", "suite_400m.py"))
+  return model_config_from(module.get_config(f"arch=preln,shape={shape}").model)
+
+
+@pytest.mark.parametrize("design", ["preln", "hc", "attnres_full"])
+def test_analytic_flops_match_xla_on_a_tiny_model(design):
+  # Small vocab and d so the design terms and the T^2 term are a visible share of the total.
+  cfg = model_cfg(design, n_layers=3, d_model=64, vocab=256, seq=64)
+  out = xla.prefill_analysis(cfg, 64, dtype="float32")
+  analytic = flops.prefill_flops(cfg, 64, causal=False)  # XLA computes the masked T x T in full
+  assert out["xla_flops"] == pytest.approx(analytic, rel=0.05)
+  # cost_analysis counts the scanned body once; the correction restores L - 1 layers.
+  assert out["xla_flops_scanned"] < out["xla_flops"]
+  assert out["peak_bytes"] > out["argument_bytes"] > 0
+
+
+def test_scan_body_correction_equals_an_unrolled_compile():
+  cfg = model_cfg("attnres_full", n_layers=3)  # state grows with L: the hardest case
+  scanned = xla.prefill_analysis(cfg, 32, dtype="float32")["xla_flops"]
+  unrolled = xla.prefill_analysis(dataclasses.replace(cfg, scan_layers=False), 32,
+                                  dtype="float32")["xla_flops"]
+  assert scanned == pytest.approx(unrolled, rel=0.01)
+
+
+def test_causal_and_full_attention_terms():
+  cfg = model_cfg("preln", n_layers=4, d_model=64)
+  t = 128
+  full, causal = flops.prefill_flops(cfg, t, causal=False), flops.prefill_flops(cfg, t)
+  assert full - causal == pytest.approx(2 * cfg.n_layers * t * t * cfg.d_model)
+  assert flops.train_flops_per_token(cfg, t) == pytest.approx(3 * causal / t)
+
+
+def test_design_terms():
+  pre, hc = model_cfg("preln"), model_cfg("hc", n_streams=4)
+  n, d, L = 4, hc.d_model, hc.n_layers
+  assert flops.design_flops_per_token(pre) == 0
+  assert flops.design_flops_per_token(hc) == 2 * L * (2 * n * d * (n + 2) + 4 * n * d +
+                                                      2 * n * n * d)
+  full = model_cfg("attnres_full")
+  causal = design_costs.extra_flops_per_token(full, causal=True)
+  buffer = design_costs.extra_flops_per_token(full, causal=False)
+  s = 2 * L + 1
+  assert causal == 4 * d * (L * (2 * L + 1) + s) and buffer == 4 * d * (2 * L * s + s)
+  moda = model_cfg("moda")
+  assert flops.matmul_params(moda) - flops.matmul_params(pre) == L * 2 * d * d
+
+
+def test_kv_cache_and_state_bytes():
+  for shape, per_token in (("16x1216", 38_912), ("70x640", 89_600)):
+    cfg = paper_shape(shape)
+    assert costs.kv_cache_elements_per_token(cfg) == per_token
+    assert costs.kv_cache_bytes(cfg, 4096) == per_token * 4096 * 2  # bf16
+    assert costs.kv_cache_bytes(cfg, 4096, batch=3, dtype="float32") == per_token * 4096 * 12
+  gqa = dataclasses.replace(model_cfg("preln", n_layers=2, d_model=64, n_heads=4), n_kv_heads=2)
+  assert costs.kv_cache_bytes(gqa, 10) == 2 * 2 * 2 * 16 * 10 * 2
+  t, d, L = 16, 64, 2
+  assert costs.residual_state_bytes(model_cfg("preln"), t) == t * d * 2
+  assert costs.residual_state_bytes(model_cfg("hc"), t) == 4 * t * d * 2
+  full = costs.residual_state_bytes(model_cfg("attnres_full"), t)
+  assert full >= (2 * L + 1) * t * d * 2
+
+
+def test_paper_figures_at_4096():
+  shallow, deep = paper_shape("16x1216"), paper_shape("70x640")
+  assert flops.paper_prefill_flops(shallow, 4096) / 1e12 == pytest.approx(2.98, abs=0.01)
+  assert flops.paper_prefill_flops(deep, 4096) / 1e12 == pytest.approx(4.32, abs=0.01)
+  assert costs.kv_cache_bytes(deep, 4096) / costs.kv_cache_bytes(shallow, 4096) > 2
+
+
+def test_cli_and_report_section(tmp_path, capsys):
+  from depthbench_jax.report import scorecard
+  from depthbench_jax.systems import __main__ as cli
+  from depthbench_jax.systems.report_section import systems_table
+  out = tmp_path / "sys"
+  assert cli.main(["--config", os.path.join(ROOT, "configs", "smoke.py"), "--seq_len", "64",
+                   "--designs", "preln,hc", "--shapes", "4x128", "--out", str(out)]) == 0
+  text = capsys.readouterr().out
+  assert "| preln | 4x128 |" in text and "| hc | 4x128 |" in text and "causal" in text
+  data = json.loads((out / "systems.json").read_text())
+  assert {r["design"] for r in data["rows"]} == {"preln", "hc"}
+  assert all(r["xla_flops"] > 0 and r["peak_bytes"] > 0 for r in data["rows"])
+  assert {r["seq_len"] for r in data["curve"]} == {2048 * 2 ** i for i in range(7)}
+  assert (out / "context_curve.png").stat().st_size > 1000
+  records = scorecard.collect_runs(os.path.join(ROOT, "tests", "fixtures", "results_small"))
+  section = systems_table(records)
+  assert "| preln | 16x1216 |" in section and "device-h" in section
+
+
+@pytest.mark.slow  # ~4 train-step compiles: 20-40 s on 2 busy cores. CI runs slow tests too.
+def test_bench_quick_mode(tmp_path, capsys):
+  from depthbench_jax import bench
+  assert bench.main(["--preset", "quick", "--out", str(tmp_path)]) == 0
+  (path,) = list(tmp_path.glob("results-*.json"))
+  result = json.loads(path.read_text())
+  designs = {r["design"] for r in result["train"]}
+  assert {"preln", "hc"} <= designs
+  pre = next(r for r in result["train"] if r["design"] == "preln")
+  assert pre["step_over_preln"] == 1.0 and pre["mfu"] > 0 and pre["peak_bytes"] > 0
+  assert result["compile"]["deep_s"] > 0 and result["matmul_peak_flops"] > 0
+  assert "ours_over_hf" in pre
+  assert "verdict" in capsys.readouterr().out
