@@ -8,15 +8,13 @@ the cores. Wall time gets a loose bound too, so a hang still fails.
 
 import time
 
-import flax.linen as nn
-import jax
 import numpy as np
 import pytest
 
 from depthbench_jax.diagnostics import probes
-from depthbench_jax.model import transformer as tr
 from depthbench_jax.model.config import model_config_from
 from depthbench_jax.residual import registry
+from tests.diagnostics.common import init_params
 from tests.helpers import tiny_config
 
 
@@ -29,7 +27,7 @@ def test_32_layer_diagnostics_under_two_minutes(design):
                      "model.ffn_dim": None})
   c.model.residual = {"name": design}
   cfg = model_config_from(c.model)
-  params = nn.unbox(tr.init_params(cfg, jax.random.PRNGKey(0)))
+  params = init_params(cfg)
   tokens = np.random.RandomState(0).randint(0, 257, (2, 65)).astype(np.int32)
   wall0, cpu0 = time.perf_counter(), time.process_time()
   result = probes.Probes(cfg, probes.Options.from_config(c.diagnostics)).run(params, tokens)

@@ -6,15 +6,13 @@ Slow: every registered design through the full causal + permutation passes.
 
 import json
 
-import flax.linen as nn
-import jax
 import numpy as np
 import pytest
 
 from depthbench_jax.diagnostics import metrics, probes
-from depthbench_jax.model import transformer as tr
 from depthbench_jax.model.config import model_config_from
 from depthbench_jax.residual import registry
+from tests.diagnostics.common import init_params
 from tests.helpers import tiny_config
 
 L = 4
@@ -27,7 +25,7 @@ def _run(design, options=CLEAN_ONLY, n_layers=L, **residual):
   c = tiny_config(**{"model.n_layers": n_layers})
   c.model.residual = {"name": design, **residual}
   cfg = model_config_from(c.model)
-  params = nn.unbox(tr.init_params(cfg, jax.random.PRNGKey(0)))
+  params = init_params(cfg)
   tokens = np.random.RandomState(0).randint(0, 257, (2, 9)).astype(np.int32)
   result = probes.Probes(cfg, options).run(params, tokens)
   json.dumps(result, allow_nan=False)

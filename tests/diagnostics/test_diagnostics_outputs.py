@@ -3,15 +3,13 @@
 import json
 import os
 
-import flax.linen as nn
-import jax
 import numpy as np
 import pytest
 
 from depthbench_jax import diagnose
 from depthbench_jax.diagnostics import periodic, report_section
-from depthbench_jax.model import transformer as tr
 from depthbench_jax.model.config import model_config_from
+from tests.diagnostics.common import init_params
 from tests.helpers import tiny_config
 
 
@@ -31,8 +29,9 @@ def run(tmp_path_factory):
   config = tiny_config(**{"model.n_layers": 4})
   config.diagnostics.every = 5
   cfg = model_config_from(config.model)
-  params = nn.unbox(tr.init_params(cfg, jax.random.PRNGKey(0)))
-  batch = {"tokens": np.random.RandomState(0).randint(0, 257, (8, 17)).astype(np.int32)}
+  params = init_params(cfg)
+  # Same model, options and batch shape as test_diagnostics_probes: the compiles are shared.
+  batch = {"tokens": np.random.RandomState(0).randint(0, 257, (8, 9)).astype(np.int32)}
   return config, cfg, params, batch
 
 
@@ -41,7 +40,7 @@ def test_diagnose_writes_json_and_pngs_and_the_report_reads_them(run, tmp_path):
   result = diagnose.diagnose(str(tmp_path), config, params, batch, step=7)
   with open(tmp_path / "diagnostics.json") as f:
     loaded = json.load(f)
-  assert loaded["step"] == 7 and loaded["batch"] == [2, 17] and loaded["design"] == "preln"
+  assert loaded["step"] == 7 and loaded["batch"] == [2, 9] and loaded["design"] == "preln"
   for name in ("angular", "causal", "permutation", "share_curves", "angular_consecutive"):
     path = tmp_path / loaded["plots"][name]
     assert path.exists() and path.read_bytes()[:4] == b"\x89PNG", name
@@ -76,7 +75,7 @@ def test_diagnose_writes_json_and_pngs_and_the_report_reads_them(run, tmp_path):
 def test_hook_writes_scalars_and_uint8_images(run):
   config, cfg, params, batch = run
   hook = periodic.DiagnosticsHook(config, cfg, batch)
-  assert hook.tokens.shape == (2, 17)
+  assert hook.tokens.shape == (2, 9)
   writer = FakeWriter()
   hook(5, params, writer)
   scalars = writer.scalars[5]

@@ -2,7 +2,6 @@
 
 import json
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,7 +10,7 @@ import pytest
 from depthbench_jax.diagnostics import probes
 from depthbench_jax.model import transformer as tr
 from depthbench_jax.model.config import model_config_from
-from depthbench_jax.residual import registry
+from tests.diagnostics.common import init_params
 from tests.helpers import tiny_config
 
 L = 4
@@ -21,7 +20,7 @@ def _model(design="preln", n_layers=L, **residual):
   c = tiny_config(**{"model.n_layers": n_layers})
   c.model.residual = {"name": design, **residual}
   cfg = model_config_from(c.model)
-  return cfg, nn.unbox(tr.init_params(cfg, jax.random.PRNGKey(0)))
+  return cfg, init_params(cfg)
 
 
 def _tokens(b=2, t=9, vocab=257):
@@ -83,8 +82,9 @@ def test_vmapped_passes_match_direct_calls(preln):
 
 def test_chunking_does_not_change_results(preln):
   cfg, params, pr = preln
-  whole = probes.Probes(cfg, probes.Options(causal_chunk=0, permutation_chunk=0)).run(
-      params, _tokens())
+  # The default options put all L gates and all 6 swap orders in one vmapped batch (and share
+  # their compile with the other test modules' default-option runs of this model).
+  whole = probes.Probes(cfg, probes.Options()).run(params, _tokens())
   chunked = pr.run(params, _tokens())
   for key in ("causal", "permutation"):
     np.testing.assert_allclose(probes.from_jsonable_matrix(whole[key]["matrix"]),
