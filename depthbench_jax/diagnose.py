@@ -12,12 +12,16 @@ import os
 import time
 from typing import Any
 
+# allow_override: diagnose.py and evaluate.py share flag names and may be imported together.
 from absl import app, flags, logging
 
-_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory with config.json and checkpoints/.")
-_STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory with config.json and checkpoints/.",
+                               allow_override=True)
+_STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).",
+                              allow_override=True)
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", None,
-                                   "Held-out rows (default: config.diagnostics.batch_size).")
+                                   "Held-out rows (default: config.diagnostics.batch_size).",
+                                   allow_override=True)
 _SET = flags.DEFINE_multi_string("set", [], "KEY=VALUE overrides of config.diagnostics, e.g. "
                                  "--set=permutation_chunk=4 --set=causal_reduction=max.")
 

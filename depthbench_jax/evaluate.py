@@ -27,12 +27,15 @@ import os
 import time
 from typing import Any, Sequence
 
+# allow_override: diagnose.py and evaluate.py share flag names and may be imported together.
 from absl import app, flags, logging
 
 from depthbench_jax.evals import datasets
 
-_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory with config.json and checkpoints/.")
-_STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory with config.json and checkpoints/.",
+                               allow_override=True)
+_STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).",
+                              allow_override=True)
 _DATA_DIR = flags.DEFINE_string("eval_data_dir", None,
                                 "Root of the eval sets (<dir>/<set>/<file>); default "
                                 "~/.cache/depthbench_jax/evals.")
@@ -41,7 +44,7 @@ _MAX_EXAMPLES = flags.DEFINE_integer("max_examples", None, "First N examples of 
 _GENERATE = flags.DEFINE_bool("generate", True,
                               "Greedy generation + exact match / pass@1 (NLL and mc always run).")
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 256, "Generation budget per example.")
-_BATCH = flags.DEFINE_integer("batch_size", 8, "Rows per model call.")
+_BATCH = flags.DEFINE_integer("batch_size", 8, "Rows per model call.", allow_override=True)
 _TIMEOUT = flags.DEFINE_float("timeout_s", 10.0, "Sandbox timeout per program.")
 _STRICT = flags.DEFINE_bool("strict", False, "Fail when a set's file is missing.")
 _EXPORT = flags.DEFINE_bool("export_hf", False, "Also export RUN_DIR/hf (Pre-LN family only).")
