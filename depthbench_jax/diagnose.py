@@ -72,11 +72,7 @@ def main(argv):
   from depthbench_jax.train import checkpoint
 
   workdir = _WORKDIR.value
-  config, params = checkpoint.restore_params(workdir, _STEP.value)
-  step = _STEP.value
-  if step is None:
-    import orbax.checkpoint as ocp
-    step = ocp.CheckpointManager(checkpoint.checkpoint_dir(workdir)).latest_step()
+  config, params, step = checkpoint.restore_run(workdir, _STEP.value)
   overrides = _parse_overrides(_SET.value)
   if _BATCH_SIZE.value:
     overrides["batch_size"] = _BATCH_SIZE.value

@@ -127,11 +127,7 @@ def main(argv):
   from depthbench_jax.train import checkpoint  # pylint: disable=g-import-not-at-top
 
   workdir = _WORKDIR.value
-  config, params = checkpoint.restore_params(workdir, _STEP.value)
-  step = _STEP.value
-  if step is None:
-    import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
-    step = ocp.CheckpointManager(checkpoint.checkpoint_dir(workdir)).latest_step()
+  config, params, step = checkpoint.restore_run(workdir, _STEP.value)
   model_cfg = model_config_from(config.model)
   if _EXPORT.value:
     hf.check_exportable(model_cfg)  # Before any compute: a clear error for non-Pre-LN designs.

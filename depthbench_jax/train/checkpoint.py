@@ -54,10 +54,12 @@ def load_run_config(workdir: str) -> ml_collections.ConfigDict:
     return ml_collections.ConfigDict(json.load(f))
 
 
-def restore_params(workdir: str, step: int | None = None) -> tuple[ml_collections.ConfigDict, Any]:
-  """``(config, params)`` of a run's latest (or given) checkpoint, on the default device.
+def restore_run(workdir: str, step: int | None = None
+                ) -> tuple[ml_collections.ConfigDict, Any, int]:
+  """``(config, params, step)`` of a run's latest (or given) checkpoint, on the default device.
 
-  For post-hoc tools (diagnose, evaluate, export): the optimizer state is not materialised.
+  For post-hoc tools (diagnose, evaluate, export): the optimizer state is not materialised;
+  ``step`` is the checkpoint step that was restored (the latest when ``step`` is None).
   """
   config = load_run_config(workdir)
   manager = ocp.CheckpointManager(checkpoint_dir(workdir), item_names=("state", "data"))
@@ -67,4 +69,10 @@ def restore_params(workdir: str, step: int | None = None) -> tuple[ml_collection
                             f"{checkpoint_dir(workdir)}")
   restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
   params = jax.tree.map(jax.numpy.asarray, restored["state"]["params"])
+  return config, params, step
+
+
+def restore_params(workdir: str, step: int | None = None) -> tuple[ml_collections.ConfigDict, Any]:
+  """``(config, params)`` of ``restore_run``."""
+  config, params, _ = restore_run(workdir, step)
   return config, params
