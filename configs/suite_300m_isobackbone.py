@@ -14,9 +14,7 @@ Same backbone, recipe and LR grids as ``suite_400m``.
 
 import ml_collections
 
-from configs import base
 from configs import suite_400m
-from depthbench_jax import sweep as sweep_lib
 from depthbench_jax.shapes import ShapeSet
 
 NAME = "suite_300m_isobackbone"
@@ -32,15 +30,8 @@ lrs_for = suite_400m.lrs_for
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  run = sweep_lib.parse_run_arg(arg, DEFAULTS)
-  c = suite_400m.paper_recipe(base.get_config(), run["data"])
-  c.model = solver_model()
-  return sweep_lib.apply_run(c, run, ffn_rule())
+  return suite_400m.get_config(arg, DEFAULTS)
 
 
 def sweep() -> list[dict]:
-  from depthbench_jax.residual import registry
-  return [{"arch": arch, "shape": shape, "lr": lr}
-          for arch in registry.names()
-          for shape in SHAPE_SETS["300m_isobackbone"].shapes
-          for lr in lrs_for(arch)]
+  return suite_400m.sweep(SHAPE_SETS)

@@ -88,8 +88,9 @@ def solver_model(key: str = "400m") -> ml_collections.ConfigDict:
   return m
 
 
-def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  run = sweep_lib.parse_run_arg(arg, DEFAULTS)
+def get_config(arg: str | None = None, defaults: dict | None = None) -> ml_collections.ConfigDict:
+  """One run of this backbone and recipe; the control suites pass their own ``defaults``."""
+  run = sweep_lib.parse_run_arg(arg, DEFAULTS if defaults is None else defaults)
   c = paper_recipe(base.get_config(), run["data"])
   c.model = solver_model()
   return sweep_lib.apply_run(c, run, ffn_rule())
@@ -99,10 +100,12 @@ def lrs_for(design: str) -> tuple[float, ...]:
   return LR_GRID.get(design, DEFAULT_LRS)
 
 
-def sweep() -> list[dict]:
-  """Every registered design x seven shapes x that design's LR grid."""
+def sweep(shape_sets: dict[str, ShapeSet] | None = None) -> list[dict]:
+  """Every registered design x every shape of ``shape_sets`` (default: this suite's seven) x
+  that design's LR grid; the control suites pass their own ``SHAPE_SETS``."""
   from depthbench_jax.residual import registry
   return [{"arch": arch, "shape": shape, "lr": lr}
           for arch in registry.names()
-          for shape in SHAPE_SETS["400m"].shapes
+          for shape_set in (SHAPE_SETS if shape_sets is None else shape_sets).values()
+          for shape in shape_set.shapes
           for lr in lrs_for(arch)]
