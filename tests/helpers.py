@@ -11,26 +11,21 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+# A ~60k-parameter byte-level model on the embedded corpus (trains a step in milliseconds), as
+# dotted overrides of configs/base.py: tiny_config, tiny_flags and reliability/tiny_suite.py.
+TINY = {
+    "name": "tiny", "model.vocab_size": 257, "model.d_model": 32, "model.n_layers": 2,
+    "model.n_heads": 2, "model.ffn_dim": 64, "data.tokenizer": "byte", "data.seq_len": 32,
+    "data.global_batch_size": 8, "data.val_batches": 2, "steps": 20, "warmup_steps": 2,
+    "log_every": 1, "eval_every": 10, "checkpoint_every": 10,
+}
+
+
 def tiny_config(**overrides):
-  """A ~60k-parameter byte-level model on the embedded corpus: trains a step in milliseconds."""
+  """configs/base.py with ``TINY`` and then ``overrides`` (dotted keys) applied."""
   from configs import base
   c = base.get_config()
-  c.name = "tiny"
-  c.model.vocab_size = 257
-  c.model.d_model = 32
-  c.model.n_layers = 2
-  c.model.n_heads = 2
-  c.model.ffn_dim = 64
-  c.data.tokenizer = "byte"
-  c.data.seq_len = 32
-  c.data.global_batch_size = 8
-  c.data.val_batches = 2
-  c.steps = 20
-  c.warmup_steps = 2
-  c.log_every = 1
-  c.eval_every = 10
-  c.checkpoint_every = 10
-  for key, value in overrides.items():
+  for key, value in {**TINY, **overrides}.items():
     target = c
     *path, last = key.split(".")
     for p in path:
@@ -41,14 +36,7 @@ def tiny_config(**overrides):
 
 def tiny_flags(**overrides) -> list[str]:
   """``--config.x=y`` flags turning configs/base.py into ``tiny_config(**overrides)``."""
-  values = {
-      "name": "tiny", "model.vocab_size": 257, "model.d_model": 32, "model.n_layers": 2,
-      "model.n_heads": 2, "model.ffn_dim": 64, "data.tokenizer": "byte", "data.seq_len": 32,
-      "data.global_batch_size": 8, "data.val_batches": 2, "steps": 20, "warmup_steps": 2,
-      "log_every": 1, "eval_every": 10, "checkpoint_every": 10,
-  }
-  values.update(overrides)
-  return [f"--config.{k}={v}" for k, v in values.items()]
+  return [f"--config.{k}={v}" for k, v in {**TINY, **overrides}.items()]
 
 
 def subprocess_env(devices: int = 1, **extra) -> dict:

@@ -6,9 +6,9 @@ diverged and go on to the second.
 
 import ml_collections
 
-from configs import base
 from depthbench_jax import sweep as sweep_lib
 from depthbench_jax.shapes import FFNRule
+from tests import helpers
 
 NAME = "reliability_tiny"
 DEFAULTS = {"arch": "preln", "shape": "2x32", "lr": 3e-3}
@@ -16,19 +16,9 @@ DEFAULTS = {"arch": "preln", "shape": "2x32", "lr": 3e-3}
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   run = sweep_lib.parse_run_arg(arg, DEFAULTS)
-  c = base.get_config()
-  c.model.vocab_size = 257
-  c.model.n_heads = 2
-  c.data.tokenizer = "byte"
-  c.data.seq_len = 32
-  c.data.global_batch_size = 8
-  c.data.val_batches = 1
-  c.steps = 20
-  c.warmup_steps = 2
-  c.log_every = 5
-  c.eval_every = 0
-  c.checkpoint_every = 10
-  c.divergence.min_steps = 2
+  # The tests' tiny model; apply_run sets its shape, FFN (multiple of 32) and name from `run`.
+  c = helpers.tiny_config(**{"data.val_batches": 1, "log_every": 5, "eval_every": 0,
+                             "divergence.min_steps": 2})
   return sweep_lib.apply_run(c, run, FFNRule(multiple_of=32))
 
 
