@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
+import pytest
 
 from configs.base import get_config
 from depthbench_jax.model.config import model_config_from
@@ -204,3 +205,22 @@ def check_training_lowers_loss(name: str, residual=None):
   losses, norms = train(cfg, steps=30)
   assert np.all(np.isfinite(losses)) and np.all(np.isfinite(norms)) and norms[0] > 0
   assert losses[-3:].mean() < losses[:3].mean() - 0.5, losses
+
+
+SHARED_CHECKS = {"scan_matches_unrolled": check_scan_matches_unrolled,
+                 "gate_zero_removes_layer": check_gate_zero_removes_layer,
+                 "permute_layers": check_permute_layers,
+                 "training_lowers_loss": check_training_lowers_loss}
+
+
+def shared_checks_test(designs):
+  """A test running every ``SHARED_CHECKS`` entry on every design in ``designs``.
+
+  A test file binds it to a ``test_*`` name (``test_shared_checks = shared_checks_test(DESIGNS)``);
+  ids ``<check>-<design>``, run check by check (every design's scan check first).
+  """
+  @pytest.mark.parametrize("name", designs)
+  @pytest.mark.parametrize("check", list(SHARED_CHECKS))
+  def test(name, check):
+    SHARED_CHECKS[check](name)
+  return test

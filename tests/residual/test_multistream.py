@@ -14,9 +14,8 @@ from depthbench_jax.residual import registry
 from depthbench_jax.residual.base import sinkhorn_knopp
 from depthbench_jax.residual.hc import home_stream
 from depthbench_jax.residual.mhc import static_logits
-from residual_testkit import (check_gate_zero_removes_layer, check_permute_layers,
-                              check_scan_matches_unrolled, check_training_lowers_loss, init,
-                              jit, perturb, rms, run, text_batch, tiny_cfg, transplant, wiring_call)
+from residual_testkit import (init, jit, perturb, rms, run, shared_checks_test, text_batch,
+                              tiny_cfg, transplant, wiring_call)
 
 DESIGNS = ("hc", "mhc")
 EPS = 1e-6
@@ -263,21 +262,4 @@ def test_config_checks():
 
 # ----- the checks every design passes --------------------------------------------------------
 
-@pytest.mark.parametrize("name", DESIGNS)
-def test_scan_matches_unrolled(name):
-  check_scan_matches_unrolled(name)
-
-
-@pytest.mark.parametrize("name", DESIGNS)
-def test_gate_zero_removes_layer(name):
-  check_gate_zero_removes_layer(name)
-
-
-@pytest.mark.parametrize("name", DESIGNS)
-def test_permute_layers(name):
-  check_permute_layers(name)
-
-
-@pytest.mark.parametrize("name", DESIGNS)
-def test_training_lowers_loss(name):
-  check_training_lowers_loss(name)
+test_shared_checks = shared_checks_test(DESIGNS)

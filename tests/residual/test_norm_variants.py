@@ -6,9 +6,8 @@ import pytest
 
 from depthbench_jax.errors import ConfigError
 from depthbench_jax.residual.deepnorm import deepnorm_alpha, deepnorm_beta
-from residual_testkit import (check_gate_zero_removes_layer, check_permute_layers,
-                              check_scan_matches_unrolled, check_training_lowers_loss, init,
-                              perturb, rms, run, text_batch, tiny_cfg, wiring_call)
+from residual_testkit import (init, perturb, rms, run, shared_checks_test, text_batch, tiny_cfg,
+                              wiring_call)
 
 DESIGNS = ("lns", "sandwich", "deepnorm", "keel")
 EPS = 1e-6
@@ -147,21 +146,4 @@ def test_config_defaults_are_merged_and_bad_fields_named():
 
 # ----- the checks every design passes --------------------------------------------------------
 
-@pytest.mark.parametrize("name", DESIGNS)
-def test_scan_matches_unrolled(name):
-  check_scan_matches_unrolled(name)
-
-
-@pytest.mark.parametrize("name", DESIGNS)
-def test_gate_zero_removes_layer(name):
-  check_gate_zero_removes_layer(name)
-
-
-@pytest.mark.parametrize("name", DESIGNS)
-def test_permute_layers(name):
-  check_permute_layers(name)
-
-
-@pytest.mark.parametrize("name", DESIGNS)
-def test_training_lowers_loss(name):
-  check_training_lowers_loss(name)
+test_shared_checks = shared_checks_test(DESIGNS)
