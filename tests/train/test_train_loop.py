@@ -20,6 +20,24 @@ def reference_run(tmp_path_factory):
   return workdir
 
 
+def assert_losses_match(workdir, reference_run, rtol):
+  """The train losses of steps 1..20 in ``workdir`` equal the reference run's to ``rtol``."""
+  got, want = helpers.losses(workdir), helpers.losses(reference_run)
+  np.testing.assert_allclose([got[s] for s in range(1, 21)], [want[s] for s in range(1, 21)],
+                             rtol=rtol)
+
+
+def start_then_signal(workdir, checkpoint_every, step, signum):
+  """Starts the tiny run in ``workdir`` and sends ``signum`` once step ``step`` is logged."""
+  proc = subprocess.Popen(
+      helpers.main_command(workdir, helpers.tiny_flags(checkpoint_every=checkpoint_every)),
+      cwd=helpers.ROOT, env=helpers.subprocess_env(), text=True,
+      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+  helpers.wait_for_step(workdir, step, proc)
+  proc.send_signal(signum)
+  return proc
+
+
 def test_loss_decreases_and_summary_is_complete(reference_run):
   losses = helpers.losses(reference_run)
   assert sorted(losses) == list(range(1, 21))
@@ -35,34 +53,22 @@ def test_loss_decreases_and_summary_is_complete(reference_run):
 
 def test_kill_9_then_resume_matches_uninterrupted(reference_run, tmp_path):
   workdir = str(tmp_path / "killed")
-  proc = subprocess.Popen(helpers.main_command(workdir, helpers.tiny_flags(checkpoint_every=3)),
-                          cwd=helpers.ROOT, env=helpers.subprocess_env(), text=True,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-  helpers.wait_for_step(workdir, 11, proc)
-  proc.send_signal(signal.SIGKILL)
+  proc = start_then_signal(workdir, checkpoint_every=3, step=11, signum=signal.SIGKILL)
   proc.wait()
   assert not os.path.exists(os.path.join(workdir, "summary.json"))
   helpers.run_main(workdir, helpers.tiny_flags(checkpoint_every=3))
-  resumed, reference = helpers.losses(workdir), helpers.losses(reference_run)
-  assert sorted(resumed) == sorted(reference)
-  np.testing.assert_allclose([resumed[s] for s in sorted(resumed)],
-                             [reference[s] for s in sorted(reference)], rtol=1e-6)
+  assert sorted(helpers.losses(workdir)) == sorted(helpers.losses(reference_run))
+  assert_losses_match(workdir, reference_run, rtol=1e-6)
 
 
 def test_sigterm_saves_and_exits_cleanly_then_resumes(reference_run, tmp_path):
   workdir = str(tmp_path / "term")
-  proc = subprocess.Popen(helpers.main_command(workdir, helpers.tiny_flags(checkpoint_every=100)),
-                          cwd=helpers.ROOT, env=helpers.subprocess_env(), text=True,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-  helpers.wait_for_step(workdir, 5, proc)
-  proc.send_signal(signal.SIGTERM)
+  proc = start_then_signal(workdir, checkpoint_every=100, step=5, signum=signal.SIGTERM)
   assert proc.wait(timeout=120) == 0
   ckpts = [d for d in os.listdir(os.path.join(workdir, "checkpoints")) if d.isdigit()]
   assert ckpts, "SIGTERM must leave a checkpoint"
   helpers.run_main(workdir, helpers.tiny_flags(checkpoint_every=100))
-  resumed, reference = helpers.losses(workdir), helpers.losses(reference_run)
-  np.testing.assert_allclose([resumed[s] for s in range(1, 21)],
-                             [reference[s] for s in range(1, 21)], rtol=1e-6)
+  assert_losses_match(workdir, reference_run, rtol=1e-6)
 
 
 @pytest.mark.slow
@@ -70,9 +76,7 @@ def test_sharded_2x2x2_matches_single_device(reference_run, tmp_path):
   workdir = str(tmp_path / "sharded")
   flags = helpers.tiny_flags(**{"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2})
   helpers.run_main(workdir, flags, devices=8)
-  sharded, single = helpers.losses(workdir), helpers.losses(reference_run)
-  np.testing.assert_allclose([sharded[s] for s in range(1, 21)],
-                             [single[s] for s in range(1, 21)], rtol=2e-4)
+  assert_losses_match(workdir, reference_run, rtol=2e-4)
 
 
 @pytest.mark.slow
@@ -88,9 +92,7 @@ def test_two_processes_gloo_match_one(reference_run, tmp_path):
   for p in procs:
     _, err = p.communicate(timeout=300)
     assert p.returncode == 0, err[-3000:]
-  two, one = helpers.losses(workdir), helpers.losses(reference_run)
-  np.testing.assert_allclose([two[s] for s in range(1, 21)], [one[s] for s in range(1, 21)],
-                             rtol=2e-4)
+  assert_losses_match(workdir, reference_run, rtol=2e-4)
 
 
 @pytest.mark.parametrize("flag, field", [
