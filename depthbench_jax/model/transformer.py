@@ -58,12 +58,9 @@ class Block(nn.Module):
     layer, gate = xs["layer"], xs["gate"]
 
     state_in = state
-    u = wiring.read(state, 0, layer)
-    y_attn, state = wiring.attend(attn, u, positions, state, layer)
-    state = wiring.write(state, y_attn, 0, layer)
-    u = wiring.read(state, 1, layer)
-    y_mlp = mlp(u)
-    state = wiring.write(state, y_mlp, 1, layer)
+    state, y_attn = wiring.sublayer(
+        state, 0, layer, lambda u, s: wiring.attend(attn, u, positions, s, layer))
+    state, y_mlp = wiring.sublayer(state, 1, layer, lambda u, s: (mlp(u), s))
     state = wiring.skip(state_in, state, gate)
 
     outputs = None

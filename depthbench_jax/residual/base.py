@@ -41,6 +41,18 @@ class LayerWiring(nn.Module):
   def write(self, state: State, y: Array, sub: int, layer: Array) -> State:
     raise NotImplementedError
 
+  def sublayer(self, state: State, sub: int, layer: Array,
+               fn: Callable[[Array, State], tuple[Array, State]]) -> tuple[State, Array]:
+    """One sublayer: ``u = read(state)``, ``y, state = fn(u, state)``, ``write(state, y)``.
+
+    Returns (new state, y). ``fn`` is the sublayer ``F`` (attention through ``attend``, or the
+    MLP). Designs whose read and write share work (HC/mHC: the connection maps) override this
+    to do it once.
+    """
+    u = self.read(state, sub, layer)
+    y, state = fn(u, state)
+    return self.write(state, y, sub, layer), y
+
   def attend(self, attn: nn.Module, u: Array, positions: Array, state: State,
              layer: Array) -> tuple[Array, State]:
     """Runs the attention sublayer on its input ``u``; MoDA overrides this to add depth keys."""

@@ -11,39 +11,30 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from depthbench_jax.model.layers import RMSNorm
 from depthbench_jax.residual.base import Design, LayerWiring, StateIO, check_fields
+from depthbench_jax.residual.streams import (collapse_streams, copy_streams, stream_update,
+                                             sum_streams)
 
 Array = jax.Array
-
-
-# The stream mixes are the residual path itself: full fp32 (no TF32/bf16 passes on GPU/TPU);
-# with n = 4 terms they are memory-bound, so HIGHEST costs nothing measurable.
-_EXACT = jax.lax.Precision.HIGHEST
-
-
-def mix_streams(m: Array, h: Array) -> Array:
-  """``H_new[j] = sum_i M[j, i] H[i]``: m [B,T,n,n] (row j = new stream j), h [n,B,T,d]."""
-  out = jnp.einsum("btji,ibtd->jbtd", m.astype(jnp.float32), h.astype(jnp.float32),
-                   precision=_EXACT)
-  return out.astype(h.dtype)
-
-
-def collapse_streams(w: Array, h: Array) -> Array:
-  """``sum_i w[i] H[i]``: w [B,T,n], h [n,B,T,d] -> [B,T,d]."""
-  out = jnp.einsum("bti,ibtd->btd", w.astype(jnp.float32), h.astype(jnp.float32),
-                   precision=_EXACT)
-  return out.astype(h.dtype)
-
-
-def spread_output(w: Array, y: Array) -> Array:
-  """``w[j] * y`` for every stream j: w [B,T,n], y [B,T,d] -> [n,B,T,d] (fp32)."""
-  return jnp.moveaxis(w.astype(jnp.float32), -1, 0)[..., None] * y.astype(jnp.float32)
 
 
 def home_stream(k: Array, n: int) -> Array:
   """``e_(k mod n)`` [n], the one-hot stream sublayer ``k = 2*layer + sub`` reads at init."""
   return jax.nn.one_hot(jnp.asarray(k) % n, n, dtype=jnp.float32)
+
+
+def normed_projection(h: Array, w: Array, gain: Array | None, eps: float) -> Array:
+  """``N(H_i) W`` per stream: h [n,B,T,d], w [d,e], gain [d] or None -> [B,T,n,e] (fp32).
+
+  Computed as ``rsqrt(mean_d H_i^2 + eps) * (H_i (g * W))``: the gain folds into ``W`` and the
+  per-token scale is applied after the matmul, so the normalised copy of the streams is never
+  written (a pass over ``n d`` per token saved forward and backward; same value).
+  """
+  h32 = h.astype(jnp.float32)
+  inv_rms = jax.lax.rsqrt(jnp.mean(h32 * h32, axis=-1, keepdims=True) + eps)     # [n,B,T,1]
+  w = w if gain is None else gain[:, None] * w
+  proj = jnp.einsum("ibtd,de->ibte", h32, w) * inv_rms
+  return jnp.moveaxis(proj, 0, 2)
 
 
 def _param(module: nn.Module, name: str, init, *args, axes=None):
@@ -58,6 +49,16 @@ def constant(value):
   return lambda rng, shape: jnp.full(shape, value, jnp.float32)
 
 
+class NormGain(nn.Module):
+  """The learned gain ``g`` [d] of an RMSNorm (param ``scale``, init 1), for a caller that folds
+  it into the next matmul (``normed_projection``); named like the RMSNorm it stands for."""
+
+  @nn.compact
+  def __call__(self, d: int) -> Array:
+    return _param(self, "scale", lambda rng, shape: jnp.ones(shape, jnp.float32), (d,),
+                  axes=("norm",))
+
+
 class HyperConnection(nn.Module):
   """One sublayer's HC weights from the streams ``H`` [n,B,T,d] (HC Eq. 10-13).
 
@@ -68,7 +69,8 @@ class HyperConnection(nn.Module):
     ``B(H)          = s_beta  * tanh(H_bar W_beta)  + B``              [n]
   One scale ``s_alpha`` shared by A_m and A_r, one ``s_beta``; both init 0.01, ``W`` init 0
   (so the dynamic part starts at exactly zero). ``tanh=False`` drops the tanh,
-  ``dynamic=False`` gives static HC (no norm, W or s).
+  ``dynamic=False`` gives static HC (no norm, W or s). ``W_alpha`` and ``W_beta`` run as one
+  [d, n+2] matmul (``normed_projection``).
 
   Static init (HC Eq. 14): ``A_m = e_(k mod n)`` with ``k = 2*layer + sub`` the global sublayer
   index, ``A_r = I``, ``B = 1``. Under ``nn.scan`` the layer index is a traced scan input, so
@@ -100,17 +102,59 @@ class HyperConnection(nn.Module):
     beta = jnp.broadcast_to(beta, (*batch_shape, n))
     if self.dynamic:
       act = jnp.tanh if self.tanh else (lambda v: v)
-      h_bar = RMSNorm(self.eps, name="norm")(h).astype(jnp.float32)                  # [n,B,T,d]
       w_alpha = _param(self, "dynamic_alpha", constant(0.0), (d, n + 1), axes=("embed", None))
       w_beta = _param(self, "dynamic_beta", constant(0.0), (d,), axes=("embed",))
       s_alpha = _param(self, "dynamic_alpha_scale", constant(0.01), ())
       s_beta = _param(self, "dynamic_beta_scale", constant(0.01), ())
-      alpha = alpha + s_alpha * act(jnp.einsum("ibtd,de->btie", h_bar, w_alpha))
-      beta = beta + s_beta * act(jnp.einsum("ibtd,d->bti", h_bar, w_beta))
+      w = jnp.concatenate([w_alpha, w_beta[:, None]], axis=1)                        # [d, n+2]
+      proj = act(normed_projection(h, w, NormGain(name="norm")(d), self.eps))        # [B,T,n,n+2]
+      alpha = alpha + s_alpha * proj[..., :-1]
+      beta = beta + s_beta * proj[..., -1]
     return alpha[..., 0], alpha[..., 1:], beta
 
 
-class HC(LayerWiring):
+class StreamWiring(LayerWiring):
+  """The wiring HC and mHC share: ``H <- M H + w_out^T F(N(w_in^T H))`` per sublayer.
+
+  Subclasses give ``maps(h, sub, layer) -> (w_in [B,T,n], M [B,T,n,n], w_out [B,T,n])`` with
+  ``M`` row j = new stream j, and ``setup`` the two connection modules. The maps are computed
+  once per sublayer in ``sublayer`` (``read``/``write`` alone each compute them). Sows
+  ``mixing`` = ``M`` once per sublayer; ``hidden`` = sum of streams.
+  """
+
+  def setup(self):
+    self.input_norm = self.norm("input_layernorm")
+    self.post_attention_norm = self.norm("post_attention_layernorm")
+
+  def maps(self, h: Array, sub: int, layer: Array) -> tuple[Array, Array, Array]:
+    raise NotImplementedError
+
+  def _input(self, h, w_in, sub):
+    x = collapse_streams(w_in, h)
+    return self.input_norm(x) if sub == 0 else self.post_attention_norm(x)
+
+  def _output(self, h, y, m, w_out):
+    self.sow("intermediates", "mixing", m)
+    return stream_update(m, h, w_out, y)
+
+  def read(self, h, sub, layer):
+    w_in, _, _ = self.maps(h, sub, layer)
+    return self._input(h, w_in, sub)
+
+  def write(self, h, y, sub, layer):
+    _, m, w_out = self.maps(h, sub, layer)
+    return self._output(h, y, m, w_out)
+
+  def sublayer(self, h, sub, layer, fn):
+    w_in, m, w_out = self.maps(h, sub, layer)
+    y, h = fn(self._input(h, w_in, sub), h)
+    return self._output(h, y, m, w_out), y
+
+  def hidden(self, h):
+    return sum_streams(h)
+
+
+class HC(StreamWiring):
   """Per sublayer ``k = 2*layer + sub`` (HC Eq. 2-5):
 
     ``u = N(A_m^T H)``  (the block's own pre-norm after the width connection, Algorithm 3)
@@ -125,30 +169,16 @@ class HC(LayerWiring):
   """
 
   def setup(self):
-    self.input_norm = self.norm("input_layernorm")
-    self.post_attention_norm = self.norm("post_attention_layernorm")
+    super().setup()
     res = self.cfg.residual
     make = lambda name: HyperConnection(
         res["n_streams"], dynamic=res["dynamic"], tanh=res["tanh"], eps=self.cfg.norm_eps,
         name=name)
     self.connections = (make("hc_attn"), make("hc_mlp"))
 
-  def _weights(self, h, sub, layer):
-    return self.connections[sub](h, 2 * jnp.asarray(layer) + sub)
-
-  def read(self, h, sub, layer):
-    a_m, _, _ = self._weights(h, sub, layer)
-    x = collapse_streams(a_m, h)
-    return self.input_norm(x) if sub == 0 else self.post_attention_norm(x)
-
-  def write(self, h, y, sub, layer):
-    _, a_r, b = self._weights(h, sub, layer)
-    m = jnp.swapaxes(a_r, -1, -2)
-    self.sow("intermediates", "mixing", m)
-    return (mix_streams(m, h) + spread_output(b, y)).astype(h.dtype)
-
-  def hidden(self, h):
-    return jnp.sum(h, axis=0)
+  def maps(self, h, sub, layer):
+    a_m, a_r, b = self.connections[sub](h, 2 * jnp.asarray(layer) + sub)
+    return a_m, jnp.swapaxes(a_r, -1, -2), b
 
 
 class StreamIO(StateIO):
@@ -156,10 +186,10 @@ class StreamIO(StateIO):
 
   def init_state(self, x0):
     n = self.cfg.residual["n_streams"]
-    return jnp.broadcast_to(x0[None], (n, *x0.shape))
+    return copy_streams(x0, n)
 
   def readout(self, h):
-    return self.final_norm(jnp.sum(h, axis=0))
+    return self.final_norm(sum_streams(h))
 
 
 def _is_int(v, low=1):

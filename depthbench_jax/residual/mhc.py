@@ -11,10 +11,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from depthbench_jax.residual.base import (Design, LayerWiring, check_fields, rms_norm_nogain,
-                                          sinkhorn_knopp)
-from depthbench_jax.residual.hc import (StreamIO, _is_int, _param, collapse_streams, constant,
-                                        home_stream, mix_streams, spread_output)
+from depthbench_jax.residual.base import Design, check_fields, sinkhorn_knopp
+from depthbench_jax.residual.hc import StreamIO, StreamWiring, _is_int, _param, constant, home_stream
 
 Array = jax.Array
 
@@ -76,15 +74,18 @@ class ManifoldConnection(nn.Module):
     a_post = _param(self, "alpha_post", constant(0.01), ())
     a_res = _param(self, "alpha_res", constant(0.01), ())
 
-    flat = jnp.moveaxis(h, 0, 2).reshape(*h.shape[1:3], n * d)                    # [B,T,n*d]
-    proj = jnp.einsum("btc,ce->bte", rms_norm_nogain(flat, self.eps), phi)
+    # x' phi with x' = N0(vec(H)): the stream-major rows of phi meet their stream, and the one
+    # per-token rsqrt is applied after the matmul (no normalised or transposed copy of H).
+    h32 = h.astype(jnp.float32)
+    inv_rms = jax.lax.rsqrt(jnp.mean(h32 * h32, axis=(0, -1)) + self.eps)[..., None]  # [B,T,1]
+    proj = jnp.sum(jnp.einsum("ibtd,ide->ibte", h32, phi.reshape(n, d, -1)), axis=0) * inv_rms
     pre = jax.nn.sigmoid(a_pre * proj[..., :n] + b_pre)
     post = 2.0 * jax.nn.sigmoid(a_post * proj[..., n:2 * n] + b_post)
     res_logits = a_res * proj[..., 2 * n:].reshape(*proj.shape[:-1], n, n) + b_res
     return pre, sinkhorn_knopp(res_logits, self.sinkhorn_iters), post
 
 
-class MHC(LayerWiring):
+class MHC(StreamWiring):
   """Per sublayer ``k = 2*layer + sub`` (mHC Eq. 3):
 
     ``u = N(H_pre H)``  (the block's own RMSNorm after the read map), ``y = F(u)``
@@ -113,29 +114,15 @@ class MHC(LayerWiring):
   """
 
   def setup(self):
-    self.input_norm = self.norm("input_layernorm")
-    self.post_attention_norm = self.norm("post_attention_layernorm")
+    super().setup()
     res = self.cfg.residual
     make = lambda name: ManifoldConnection(
         res["n_streams"], sinkhorn_iters=res["sinkhorn_iters"], res_init=res["res_init"],
         eps=self.cfg.norm_eps, name=name)
     self.connections = (make("mhc_attn"), make("mhc_mlp"))
 
-  def _maps(self, h, sub, layer):
+  def maps(self, h, sub, layer):
     return self.connections[sub](h, 2 * jnp.asarray(layer) + sub)
-
-  def read(self, h, sub, layer):
-    pre, _, _ = self._maps(h, sub, layer)
-    x = collapse_streams(pre, h)
-    return self.input_norm(x) if sub == 0 else self.post_attention_norm(x)
-
-  def write(self, h, y, sub, layer):
-    _, res, post = self._maps(h, sub, layer)
-    self.sow("intermediates", "mixing", res)
-    return (mix_streams(res, h) + spread_output(post, y)).astype(h.dtype)
-
-  def hidden(self, h):
-    return jnp.sum(h, axis=0)
 
 
 def _check(residual, n_layers):
