@@ -48,7 +48,8 @@ import jax
 import jax.numpy as jnp
 
 from depthbench_jax.model.layers import dtype_of
-from depthbench_jax.residual.base import Design, LayerWiring, StateIO, check_fields, depth_softmax
+from depthbench_jax.residual.base import (Design, LayerWiring, StateIO, check_fields, depth_softmax,
+                                          inverse_rms)
 
 Array = jax.Array
 
@@ -75,7 +76,8 @@ class _DepthQueries(LayerWiring):
   def aggregate(self, state, sub: int) -> tuple[Array, Array]:
     """``h = sum_i softmax_i((w * g) . N0(v_i)) v_i`` over present slots; also the weights."""
     query = self.queries[sub] * self.key_gains[sub]
-    h, weights = depth_softmax(query, state["values"], state["presence"], self.cfg.norm_eps)
+    h, weights = depth_softmax(query, state["values"], state["presence"], self.cfg.norm_eps,
+                               inv_rms=state["inv_rms"])
     self.sow("intermediates", "depth_weights", weights)
     return h, weights
 
@@ -108,13 +110,29 @@ class DepthReadout(StateIO):
     """``values`` [S,B,T,d] zeros with slot 0 = embedding; ``presence`` [S] = e_0."""
     values = jnp.zeros((self.n_slots(),) + x0.shape, x0.dtype).at[0].set(x0)
     presence = jnp.zeros((self.n_slots(),), jnp.float32).at[0].set(1.0)
-    return {"values": values, "presence": presence, "slot": jnp.zeros((), jnp.int32)}
+    return depth_state(values, presence, jnp.zeros((), jnp.int32), self.cfg.norm_eps)
 
   def readout(self, state) -> Array:
     h, weights = depth_softmax(self.readout_query * self.readout_key_gain, state["values"],
-                               state["presence"], self.cfg.norm_eps)
+                               state["presence"], self.cfg.norm_eps, inv_rms=state["inv_rms"])
     self.sow("intermediates", "readout_depth_weights", weights)
     return self.final_norm(h.astype(dtype_of(self.cfg.dtype)))
+
+
+def depth_state(values: Array, presence: Array, slot: Array, eps: float) -> dict:
+  """The AttnRes state: ``values`` [S,B,T,d], ``inv_rms`` [S,B,T] (``1/RMS`` of each slot, kept
+  beside it so a read never recomputes it), ``presence`` [S], ``slot`` (last slot written)."""
+  return {"values": values, "inv_rms": inverse_rms(values, eps), "presence": presence,
+          "slot": slot}
+
+
+def _put(state: dict, slot: Array, value: Array, eps: float) -> dict:
+  """``state`` with ``values[slot] = value`` and its ``inv_rms`` (in place under jit)."""
+  value = value.astype(state["values"].dtype)
+  return {"values": jax.lax.dynamic_update_slice_in_dim(state["values"], value[None], slot, 0),
+          "inv_rms": jax.lax.dynamic_update_slice_in_dim(
+              state["inv_rms"], inverse_rms(value, eps)[None], slot, 0),
+          "presence": state["presence"].at[slot].set(1.0), "slot": jnp.asarray(slot, jnp.int32)}
 
 
 def _blend(old: Array, new: Array, gate: Array) -> Array:
@@ -142,16 +160,11 @@ class FullAttnRes(_DepthQueries):
     return self.pre_norm(h.astype(state["values"].dtype), sub)
 
   def write(self, state, y, sub, layer):
-    slot = 2 * layer + sub + 1
-    values = jax.lax.dynamic_update_slice_in_dim(
-        state["values"], y[None].astype(state["values"].dtype), slot, axis=0)
-    return {"values": values, "presence": state["presence"].at[slot].set(1.0),
-            "slot": jnp.asarray(slot, jnp.int32)}
+    return _put(state, 2 * layer + sub + 1, y, self.cfg.norm_eps)
 
   def skip(self, old, new, gate):
     """Gate 0 = layer absent: its two slots keep their values but get presence 0 (masked)."""
-    return {"values": new["values"], "presence": _blend(old["presence"], new["presence"], gate),
-            "slot": new["slot"]}
+    return {**new, "presence": _blend(old["presence"], new["presence"], gate)}
 
 
 class FullAttnResIO(DepthReadout):
@@ -224,23 +237,20 @@ class BlockAttnRes(_DepthQueries):
 
   def write(self, state, y, sub, layer):
     n, _ = self._position(sub, layer)
-    values = state["values"]
     # A slot is zero until its block's first sublayer writes, so "+=" also starts the partial sum.
-    current = jax.lax.dynamic_index_in_dim(values, n, axis=0, keepdims=True)
-    values = jax.lax.dynamic_update_slice_in_dim(
-        values, current + y[None].astype(values.dtype), n, axis=0)
-    return {"values": values, "presence": state["presence"].at[n].set(1.0),
-            "slot": jnp.asarray(n, jnp.int32)}
+    current = jax.lax.dynamic_index_in_dim(state["values"], n, axis=0, keepdims=False)
+    return _put(state, n, current + y.astype(current.dtype), self.cfg.norm_eps)
 
   def skip(self, old, new, gate):
     # The layer touched slot new.slot and possibly new.slot - 1 (a block boundary between its
     # attention and MLP sublayers): blend a 2-slot window ending there (start clamped to >= 0).
     start = jnp.maximum(new["slot"] - 1, 0)
     window = lambda v: jax.lax.dynamic_slice_in_dim(v, start, 2, axis=0)
-    values = jax.lax.dynamic_update_slice_in_dim(
-        new["values"], _blend(window(old["values"]), window(new["values"]), gate), start, axis=0)
-    return {"values": values, "presence": _blend(old["presence"], new["presence"], gate),
-            "slot": new["slot"]}
+    blended = _blend(window(old["values"]), window(new["values"]), gate)
+    put = lambda buf, v: jax.lax.dynamic_update_slice_in_dim(buf, v, start, axis=0)
+    return {"values": put(new["values"], blended),
+            "inv_rms": put(new["inv_rms"], inverse_rms(blended, self.cfg.norm_eps)),
+            "presence": _blend(old["presence"], new["presence"], gate), "slot": new["slot"]}
 
 
 class BlockAttnResIO(DepthReadout):

@@ -31,6 +31,36 @@ def test_depth_softmax_hand_computed():
   np.testing.assert_allclose(weights[:, 0, 0], [0.5, 0.5], atol=1e-5)
 
 
+def naive_depth_softmax(query, sources, presence):
+  """The paper's formula with autodiff: normalised keys materialised, presence as a log bias."""
+  keys = sources / jnp.sqrt(jnp.mean(sources ** 2, -1, keepdims=True) + 1e-6)
+  logits = jnp.einsum("d,sbtd->sbt", query, keys) + jnp.log(presence)[:, None, None]
+  weights = jax.nn.softmax(logits, axis=0)
+  return jnp.einsum("sbt,sbtd->btd", weights, sources), weights
+
+
+def test_depth_softmax_gradients_match_autodiff_of_the_formula():
+  """The written-out VJP: d query, d sources (through the keys' RMS too), d presence (soft
+  gates), and a cotangent on the weights as well as on h."""
+  rng = np.random.RandomState(0)
+  q, v = jnp.asarray(rng.randn(6)), jnp.asarray(rng.randn(4, 2, 3, 6))
+  p = jnp.array([1.0, 0.7, 1.0, 0.2])
+  g_h, g_w = jnp.asarray(rng.randn(2, 3, 6)), jnp.asarray(rng.randn(4, 2, 3))
+  loss = lambda f: lambda q, v, p: (jnp.sum(f(q, v, p)[0] * g_h) + jnp.sum(f(q, v, p)[1] * g_w))
+  ours = jax.grad(loss(depth_softmax), argnums=(0, 1, 2))(q, v, p)
+  want = jax.grad(loss(naive_depth_softmax), argnums=(0, 1, 2))(q, v, p)
+  for got, ref in zip(ours, want):
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+  # An absent slot (presence 0) gets no weight and no gradient, and leaves the rest unchanged.
+  p0 = p.at[1].set(0.0)
+  kept = jnp.array([0, 2, 3])
+  (h0, w0), (h1, _) = depth_softmax(q, v, p0), naive_depth_softmax(q, v[kept], p[kept])
+  np.testing.assert_allclose(h0, h1, rtol=1e-5, atol=1e-6)
+  assert float(jnp.max(w0[1])) == 0.0
+  dv = jax.grad(lambda v: jnp.sum(depth_softmax(q, v, p0)[0] * g_h))(v)
+  assert float(jnp.max(jnp.abs(dv[1]))) == 0.0
+
+
 def wiring_params(d):
   """One layer's AttnRes params at init: zero queries, unit gains."""
   ones = lambda: {"scale": np.ones(d, np.float32)}
@@ -51,8 +81,8 @@ def test_full_update_equation_hand_computed():
   params["input_layernorm"]["scale"] = gain
   values = np.zeros((5, 1, 2, 8), np.float32)
   values[:3] = rng.randn(3, 1, 2, 8)  # slots 0..2 written (embedding, layer 0's two outputs)
-  state = {"values": jnp.asarray(values), "presence": jnp.array([1.0, 1, 1, 0, 0]),
-           "slot": jnp.array(2)}
+  state = attnres.depth_state(jnp.asarray(values), jnp.array([1.0, 1, 1, 0, 0]), jnp.array(2),
+                              cfg.norm_eps)
   u, inter = kit.wiring_call(cfg, params, "read", state, 0, jnp.array(1))
   logits = np.einsum("d,sbtd->sbt", w * g, values[:3] / kit.rms(values[:3]))
   alpha = np.exp(logits) / np.exp(logits).sum(0)
@@ -75,7 +105,8 @@ def test_block_update_equation_hand_computed():
   rng = np.random.RandomState(1)
   values = np.zeros((3, 1, 2, 8), np.float32)
   values[:2] = rng.randn(2, 1, 2, 8)
-  state = {"values": jnp.asarray(values), "presence": jnp.array([1.0, 1, 0]), "slot": jnp.array(1)}
+  state = attnres.depth_state(jnp.asarray(values), jnp.array([1.0, 1, 0]), jnp.array(1),
+                              cfg.norm_eps)
   params["attn_res_query_attn"] = w = rng.randn(8)
   _, inter = kit.wiring_call(cfg, params, "read", state, 0, jnp.array(1))
   logits = np.einsum("d,sbtd->sbt", w, values[:2] / kit.rms(values[:2]))
