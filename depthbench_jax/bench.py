@@ -44,12 +44,11 @@ TARGETS = {"mfu": 0.45, "hc_over_preln": 1.10, "attnres_full_over_preln": 1.15,
            "compile_deep_over_shallow": 1.3, "ours_over_hf": 0.8}
 
 # Remat policy per design for the bench (the fastest measured on 2 CPU cores at 8x512, batch
-# 4 x 128, interleaved; benchmarks/README.md): saving the matmul outputs and recomputing the
-# elementwise work beats both extremes for Pre-LN (0.92x of 'none') and Full AttnRes (0.87x: the
-# depth-softmax intermediates over the whole source buffer are cheaper to recompute than to
-# store per layer); HC is fastest keeping everything ('none': dots_saveable re-runs its small
-# stream einsums in the backward).
-REMAT = {"default": "dots_saveable", "hc": "none", "mhc": "none"}
+# 8 x 128, interleaved; benchmarks/README.md). Saving the matmul outputs and recomputing the
+# elementwise work beats both extremes for every design now that the HC/mHC stream maps and the
+# AttnRes depth reads have written-out VJPs (HC: same step time as 'none' at 0.83x its peak
+# memory; Full AttnRes: 0.87x the step of 'none').
+REMAT = {"default": "dots_saveable"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +62,7 @@ class Preset:
   dtype: str = "float32"
   designs: tuple[str, ...] = ()          # () = every registered design
   shapes: tuple[str, ...] = ()           # extra "LxD" shapes (gpu400m); () = (n_layers x d)
-  rounds: int = 5
+  rounds: int = 7
   matmul_n: int = 2048
   matmul_reps: int = 16
   compile_layers: tuple[int, int] = (16, 70)
