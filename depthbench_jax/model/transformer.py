@@ -19,6 +19,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from depthbench_jax.model import buffer_stack
 from depthbench_jax.model.config import ModelConfig
 from depthbench_jax.model.layers import Attention, SwiGLU, dtype_of, normal_init
 from depthbench_jax.residual import registry
@@ -40,33 +41,43 @@ class Block(nn.Module):
   return_layers: bool = False
   decode: bool = False  # KV-cached attention (model/decode.py); inference only.
 
-  @nn.compact
-  def __call__(self, state, xs, positions):
+  def setup(self):
     cfg = self.cfg
     design = registry.get(cfg.design)
     scales = design.init_scales(cfg)
     dtype, param_dtype = dtype_of(cfg.dtype), dtype_of(cfg.param_dtype)
-    wiring = design.layer(cfg, name="residual")
-    attn = Attention(
+    self.wiring = design.layer(cfg, name="residual")
+    self.attn = Attention(
         cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, rope_theta=cfg.rope_theta,
         qk_norm=cfg.qk_norm, norm_eps=cfg.norm_eps, init_std=cfg.init_std,
         out_init_scale=scales.attn_out, value_init_scale=scales.attn_value, dtype=dtype,
         param_dtype=param_dtype, use_fused_kernel=cfg.attention_kernel == "fused",
         decode=self.decode, name="self_attn")
-    mlp = SwiGLU(cfg.d_model, cfg.ffn_dim, init_std=cfg.init_std, in_init_scale=scales.mlp_in,
-                 out_init_scale=scales.mlp_out, dtype=dtype, param_dtype=param_dtype, name="mlp")
-    layer, gate = xs["layer"], xs["gate"]
+    self.mlp = SwiGLU(cfg.d_model, cfg.ffn_dim, init_std=cfg.init_std,
+                      in_init_scale=scales.mlp_in, out_init_scale=scales.mlp_out, dtype=dtype,
+                      param_dtype=param_dtype, name="mlp")
 
+  def __call__(self, state, xs, positions):
+    wiring, layer, gate = self.wiring, xs["layer"], xs["gate"]
     state_in = state
     state, y_attn = wiring.sublayer(
-        state, 0, layer, lambda u, s: wiring.attend(attn, u, positions, s, layer))
-    state, y_mlp = wiring.sublayer(state, 1, layer, lambda u, s: (mlp(u), s))
+        state, 0, layer, lambda u, s: wiring.attend(self.attn, u, positions, s, layer))
+    state, y_mlp = wiring.sublayer(state, 1, layer, lambda u, s: (self.mlp(u), s))
     state = wiring.skip(state_in, state, gate)
 
     outputs = None
     if self.return_layers:
       outputs = {"hidden": wiring.hidden(state), "update": y_attn + y_mlp}
     return state, outputs
+
+  def depth_query(self, sub: int):
+    return self.wiring.depth_query(sub)
+
+  def branch(self, h, sub: int, positions):
+    """``F_sub(N_sub(h))``: one sublayer on its aggregated input ``h`` [B,T,d], for designs
+    whose ``read`` is an aggregation followed by the pre-norm (``wiring.pre_norm``; AttnRes)."""
+    u = self.wiring.pre_norm(h, sub)
+    return self.attn(u, positions) if sub == 0 else self.mlp(u)
 
 
 def _block_class(cfg: ModelConfig, decode: bool = False) -> type[nn.Module]:
@@ -105,7 +116,10 @@ class Transformer(nn.Module):
     variable_axes = {"params": 0, "intermediates": 0}
     if self.decode:
       variable_axes["cache"] = 0
-    if cfg.scan_layers:
+    if self._source_buffer_stack(design, gate, return_layers):
+      state = self._run_source_buffer_stack(state, positions)
+      layer_outputs = None
+    elif cfg.scan_layers:
       stack = nn.scan(
           block_cls, variable_axes=variable_axes,
           split_rngs={"params": True}, in_axes=(0, nn.broadcast), length=cfg.n_layers,
@@ -130,6 +144,28 @@ class Transformer(nn.Module):
           kernel_init=normal_init(cfg.init_std, "embed", "vocab"), name="lm_head")(h)
     logits = logits.astype(jnp.float32)
     return (logits, layer_outputs) if return_layers else logits
+
+
+  def _source_buffer_stack(self, design, gate, return_layers) -> bool:
+    """Whether to train through ``model/buffer_stack.py`` (O(L d) memory for Full AttnRes):
+    the design keeps a source buffer, the policy recomputes every layer anyway, and nothing
+    but the loss is asked for (no gate, per-layer outputs, sown diagnostics or KV cache)."""
+    cfg = self.cfg
+    return (design.source_buffer and cfg.scan_layers and cfg.remat_policy == "nothing_saveable"
+            and gate is None and not return_layers and not self.decode
+            and not self.is_initializing() and not self.is_mutable_collection("intermediates"))
+
+  def _run_source_buffer_stack(self, state, positions):
+    cfg = self.cfg
+    block = Block(cfg)
+    branch = lambda p, h, sub: block.apply({"params": p}, h, sub, positions, method=Block.branch)
+    query = lambda p, sub: block.apply({"params": p}, sub, method=Block.depth_query)
+    params = nn.unbox(self.variables["params"]["layers"])
+    values, inv_rms = buffer_stack.source_buffer_stack(
+        branch, query, cfg.norm_eps, params, state["values"], state["inv_rms"])
+    n_slots = values.shape[0]
+    return {"values": values, "inv_rms": inv_rms, "presence": jnp.ones((n_slots,), jnp.float32),
+            "slot": jnp.asarray(n_slots - 1, jnp.int32)}
 
 
 # ---------------------------------------------------------------------------------------------

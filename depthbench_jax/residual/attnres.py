@@ -73,9 +73,13 @@ class _DepthQueries(LayerWiring):
     self.input_norm = self.norm("input_layernorm")
     self.post_attention_norm = self.norm("post_attention_layernorm")
 
+  def depth_query(self, sub: int) -> Array:
+    """``w * g`` [d]: sublayer ``sub``'s pseudo-query with its key gain folded in."""
+    return self.queries[sub] * self.key_gains[sub]
+
   def aggregate(self, state, sub: int) -> tuple[Array, Array]:
     """``h = sum_i softmax_i((w * g) . N0(v_i)) v_i`` over present slots; also the weights."""
-    query = self.queries[sub] * self.key_gains[sub]
+    query = self.depth_query(sub)
     h, weights = depth_softmax(query, state["values"], state["presence"], self.cfg.norm_eps,
                                inv_rms=state["inv_rms"])
     self.sow("intermediates", "depth_weights", weights)
@@ -151,8 +155,10 @@ class FullAttnRes(_DepthQueries):
   ``dynamic_update_slice`` at the traced index; ``presence`` [2L+1] masks slots not yet written
   (and layers gated out); ``slot`` (int32) = the last slot written. Sublayer ``k`` reads slots
   ``0..k`` (all that are present): ``h_k = sum_i softmax_i(w_k . N0(v_i)) v_i``; then
-  ``v_(k+1) = F(N(h_k))`` is stored. Memory O(L d) per token (paper §3.1), but note that
-  reverse-mode through ``nn.scan`` saves each iteration's carry, so training stores O(L^2 d).
+  ``v_(k+1) = F(N(h_k))`` is stored. Memory O(L d) per token (paper §3.1). Reverse-mode through
+  ``nn.scan`` would save each iteration's carry (O(L^2 d) in training); under
+  ``remat_policy='nothing_saveable'`` the Transformer runs ``model/buffer_stack.py`` instead,
+  which saves the final buffer once (``Design.source_buffer``).
   """
 
   def read(self, state, sub, layer):
@@ -271,6 +277,7 @@ def _check_block(residual, n_layers):
 
 
 FULL = Design(name="attnres_full", layer=FullAttnRes, io=FullAttnResIO, check=_check_full,
+              source_buffer=True,
               description="h_k = sum_i softmax_i(w_k . N0(v_i)) v_i over all earlier sublayers")
 BLOCK = Design(name="attnres_block", layer=BlockAttnRes, io=BlockAttnResIO,
                defaults={"n_blocks": 8, "block_unit": "layer"}, check=_check_block,

@@ -105,6 +105,10 @@ class Design:
   init_scales: Callable[[Any], InitScales] = lambda cfg: InitScales()
   check: Callable[[Any, int], None] = lambda residual, n_layers: None
   description: str = ""
+  # The state is an append-only source buffer (values/inv_rms/presence/slot; sublayer k reads
+  # slots 0..k through ``pre_norm(depth read)`` and writes slot k+1): trainable with O(L d)
+  # memory by model/buffer_stack.py.
+  source_buffer: bool = False
 
   def validate(self, residual, n_layers: int) -> None:
     self.check(residual, n_layers)

@@ -1,0 +1,129 @@
+"""The layer stack of Full AttnRes with O(L d) activation memory per token in training.
+
+Full AttnRes carries a preallocated source buffer ``V`` [S,B,T,d] (S = 2L+1) through the layer
+scan. Reverse-mode through ``nn.scan`` saves every iteration's carry, so training stores L copies
+of the buffer: O(L^2 d) per token (at 400M, 70 x 640, T = 2048: 26 GB per sequence in bf16).
+PyTorch keeps a list of tensors and saves references, O(L d). This stack gets there in JAX with
+one observation: sublayer ``k`` reads the slots ``0..k`` and nothing writes them again, so the
+buffer it read equals the *final* buffer with slots ``> k`` masked, and masked slots get zero
+weight and zero gradient (``base.depth_softmax``). So:
+
+* forward: the usual scan, saving per sublayer only its aggregated input ``h_k`` [B,T,d];
+* backward: one reverse scan over layers carrying the buffer's cotangents ``(dV, d inv_rms)``
+  beside the final buffer (saved once): per sublayer, the written slot's cotangent becomes
+  ``dy`` (plus the 1/RMS path), ``jax.vjp`` of the branch ``F(N(h_k))`` recomputes it and
+  returns the parameter and ``dh`` gradients, and the depth read's VJP (``_depth_attend_bwd``,
+  its softmax recomputed from the final buffer) adds into ``dV``.
+
+The branch is recomputed in the backward, which is what ``remat_policy='nothing_saveable'``
+costs anyway, so ``Transformer`` takes this path for designs with ``Design.source_buffer`` under
+that policy (the paper suites' default) when training: no gate, no per-layer outputs, no
+``intermediates``, no decode. ``tests/model/test_buffer_stack.py`` checks loss and every gradient
+against the plain scan.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+from depthbench_jax.residual.base import _depth_attend_bwd, _depth_attend_fwd, inverse_rms
+
+Array = jax.Array
+
+
+def _presence_bias(n_slots: int, k: Array) -> Array:
+  """Log-presence bias of sublayer ``k``: 0 on slots ``0..k``, -inf after."""
+  return jnp.where(jnp.arange(n_slots) <= k, 0.0, -jnp.inf).astype(jnp.float32)
+
+
+def source_buffer_stack(branch: Callable, query: Callable, eps: float, params: Any,
+                        values: Array, inv_rms: Array) -> tuple[Array, Array]:
+  """Runs L layers of Full AttnRes over the buffer; returns the final ``(values, inv_rms)``.
+
+  branch(p_l, h, sub) -> y: sublayer ``sub`` of a layer with params ``p_l`` on its aggregated
+  input ``h`` [B,T,d] (pre-norm included). query(p_l, sub) -> [d]: its depth query (key gain
+  folded in). params: the stacked layer params [L, ...]. values [S,B,T,d] and inv_rms [S,B,T]:
+  the initial buffer (slot 0 = embedding). Sublayer ``k = 2l + sub`` reads slots ``0..k`` and
+  writes slot ``k + 1``.
+  """
+  return _stack(branch, query, eps, params, values, inv_rms)
+
+
+def _put(values, inv_rms, slot, y, eps):
+  values = jax.lax.dynamic_update_slice_in_dim(values, y[None].astype(values.dtype), slot, 0)
+  inv_rms = jax.lax.dynamic_update_slice_in_dim(inv_rms, inverse_rms(y, eps)[None], slot, 0)
+  return values, inv_rms
+
+
+def _forward(branch, query, eps, params, values, inv_rms, save_inputs: bool):
+  n_layers = jax.tree.leaves(params)[0].shape[0]
+
+  def layer(carry, xs):
+    values, inv_rms = carry
+    p, l = xs
+    inputs = []
+    for sub in (0, 1):
+      k = 2 * l + sub
+      (h, _), _ = _depth_attend_fwd(query(p, sub), values, inv_rms,
+                                    _presence_bias(values.shape[0], k))
+      inputs.append(h)
+      values, inv_rms = _put(values, inv_rms, k + 1, branch(p, h, sub), eps)
+    return (values, inv_rms), (jnp.stack(inputs) if save_inputs else None)
+
+  return jax.lax.scan(layer, (values, inv_rms), (params, jnp.arange(n_layers)))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _stack(branch, query, eps, params, values, inv_rms):
+  (values, inv_rms), _ = _forward(branch, query, eps, params, values, inv_rms, False)
+  return values, inv_rms
+
+
+def _stack_fwd(branch, query, eps, params, values, inv_rms):
+  (values, inv_rms), inputs = _forward(branch, query, eps, params, values, inv_rms, True)
+  return (values, inv_rms), (params, values, inv_rms, inputs)
+
+
+def _stack_bwd(branch, query, eps, res, cotangents):
+  params, values, inv_rms, inputs = res          # final buffer; inputs [L, 2, B, T, d]
+  g_values, g_inv = cotangents
+  n_layers = inputs.shape[0]
+
+  def layer(carry, xs):
+    g_values, g_inv = carry
+    p, h_pair, l = xs
+    g_p = jax.tree.map(jnp.zeros_like, p)
+    for sub in (1, 0):
+      k = 2 * l + sub
+      slot = k + 1
+      # The write: dy from the slot and from its 1/RMS; the slot held zeros before it.
+      y = jax.lax.dynamic_index_in_dim(values, slot, 0, keepdims=False)
+      _, inv_vjp = jax.vjp(lambda y: inverse_rms(y, eps), y)
+      g_y = (jax.lax.dynamic_index_in_dim(g_values, slot, 0, keepdims=False)
+             + inv_vjp(jax.lax.dynamic_index_in_dim(g_inv, slot, 0, keepdims=False))[0])
+      g_values = jax.lax.dynamic_update_slice_in_dim(
+          g_values, jnp.zeros_like(g_values[:1]), slot, 0)
+      g_inv = jax.lax.dynamic_update_slice_in_dim(g_inv, jnp.zeros_like(g_inv[:1]), slot, 0)
+      # The branch F(N(h)), recomputed.
+      _, branch_vjp = jax.vjp(lambda p, h: branch(p, h, sub), p, h_pair[sub])
+      g_p_branch, g_h = branch_vjp(g_y.astype(y.dtype))
+      # The depth read over slots 0..k of the final buffer.
+      q, query_vjp = jax.vjp(lambda p: query(p, sub), p)
+      (_, weights), read_res = _depth_attend_fwd(q, values, inv_rms,
+                                                 _presence_bias(values.shape[0], k))
+      g_q, g_v, g_i, _ = _depth_attend_bwd(read_res, (g_h, jnp.zeros_like(weights)))
+      g_values = g_values + g_v
+      g_inv = g_inv + g_i
+      g_p = jax.tree.map(lambda a, b, c: a + b + c, g_p, g_p_branch, query_vjp(g_q)[0])
+    return (g_values, g_inv), g_p
+
+  (g_values, g_inv), g_params = jax.lax.scan(
+      layer, (g_values, g_inv), (params, inputs, jnp.arange(n_layers)), reverse=True)
+  return g_params, g_values, g_inv
+
+
+_stack.defvjp(_stack_fwd, _stack_bwd)

@@ -1,0 +1,81 @@
+"""Full AttnRes through model/buffer_stack.py equals the plain scan, with O(L d) memory."""
+
+import dataclasses
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from depthbench_jax.model.transformer import Transformer
+from depthbench_jax.train.step import cross_entropy
+from tests.helpers import tiny_config
+from depthbench_jax.model.config import model_config_from
+
+
+def _cfg(n_layers, d_model=32, policy="nothing_saveable"):
+  c = tiny_config(**{"model.n_layers": n_layers, "model.d_model": d_model, "model.n_heads": 4,
+                     "model.ffn_dim": None})
+  c.model.residual = {"name": "attnres_full"}
+  c.model.remat_policy = policy
+  return model_config_from(c.model)
+
+
+def _loss(cfg, params, tokens, gate=None):
+  logits = Transformer(cfg).apply({"params": params}, tokens[:, :-1], gate=gate)
+  return jnp.mean(cross_entropy(logits, tokens[:, 1:]))
+
+
+def _random_params(cfg, seed=0):
+  """Init params, then the zero-init depth queries and unit gains moved off init so every
+  softmax over sources is non-uniform (the gradient test then means something)."""
+  params = nn.unbox(Transformer(cfg).init(jax.random.PRNGKey(seed),
+                                          jnp.zeros((1, 8), jnp.int32))["params"])
+  leaves, tree = jax.tree_util.tree_flatten_with_path(params)
+  keys = jax.random.split(jax.random.PRNGKey(seed + 1), len(leaves))
+  out = []
+  for (path, leaf), key in zip(leaves, keys):
+    name = jax.tree_util.keystr(path)
+    if "attn_res" in name or "readout" in name:
+      leaf = leaf + 0.5 * jax.random.normal(key, leaf.shape)
+    out.append(leaf)
+  return jax.tree_util.tree_unflatten(tree, out)
+
+
+def test_loss_and_gradients_equal_the_plain_scan():
+  cfg = _cfg(3)
+  params = _random_params(cfg)
+  tokens = jax.random.randint(jax.random.PRNGKey(2), (2, 13), 0, cfg.vocab_size)
+  gate = jnp.ones((cfg.n_layers,))  # a gate forces the plain nn.scan path; 1 = same network
+  fast = jax.jit(jax.value_and_grad(functools.partial(_loss, cfg)))(params, tokens)
+  plain = jax.jit(jax.value_and_grad(
+      lambda p, t: _loss(cfg, p, t, gate)))(params, tokens)
+  np.testing.assert_allclose(fast[0], plain[0], rtol=1e-6)
+  flat_fast, flat_plain = jax.tree_util.tree_leaves_with_path(fast[1]), jax.tree.leaves(plain[1])
+  for (path, got), want in zip(flat_fast, flat_plain):
+    assert float(jnp.max(jnp.abs(want))) > 0, jax.tree_util.keystr(path)
+    np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-6,
+                               err_msg=jax.tree_util.keystr(path))
+
+
+def _train_temp_bytes(cfg, plain: bool, batch=2, seq=64):
+  params = jax.eval_shape(lambda: _random_params(cfg))
+  tokens = jax.ShapeDtypeStruct((batch, seq + 1), jnp.int32)
+  gate = jnp.ones((cfg.n_layers,)) if plain else None
+  loss = lambda p, t: _loss(cfg, p, t, gate)
+  compiled = jax.jit(jax.grad(loss)).lower(params, tokens).compile()
+  return compiled.memory_analysis().temp_size_in_bytes
+
+
+def test_training_memory_grows_linearly_not_quadratically_with_depth():
+  """Temp memory of the gradient at 8 and 24 layers, same remat policy: the plain scan saves
+  every layer's copy of the (2L+1)-slot buffer, O(L^2); the buffer stack saves the final buffer
+  and one input per sublayer, O(L). (Measured: 2.8x vs 5.3x growth; 4.6x less at 24 layers.)"""
+  mem = {(n, plain): _train_temp_bytes(_cfg(n, d_model=64), plain)
+         for n in (8, 24) for plain in (False, True)}
+  stack_growth = mem[24, False] / mem[8, False]
+  plain_growth = mem[24, True] / mem[8, True]
+  assert stack_growth < 3.3, mem      # 3x the layers: ~3x the memory
+  assert plain_growth > 4.5, mem      # the quadratic term shows
+  assert mem[24, True] > 3 * mem[24, False], mem
