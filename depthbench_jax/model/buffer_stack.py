@@ -12,8 +12,13 @@ weight and zero gradient (``base.depth_softmax``). So:
 * backward: one reverse scan over layers carrying the buffer's cotangents ``(dV, d inv_rms)``
   beside the final buffer (saved once): per sublayer, the written slot's cotangent becomes
   ``dy`` (plus the 1/RMS path), ``jax.vjp`` of the branch ``F(N(h_k))`` recomputes it and
-  returns the parameter and ``dh`` gradients, and the depth read's VJP (``_depth_attend_bwd``,
-  its softmax recomputed from the final buffer) adds into ``dV``.
+  returns the parameter and ``dh`` gradients, and the depth read's VJP (its softmax recomputed
+  from the final buffer) adds into ``dV``.
+
+Because slots ``> k`` are known to be empty here (not just masked), every pass over the buffer
+(``read_slots``, ``read_slots_vjp``) loops over the written slots ``0..k`` only: half the
+memory traffic of a masked read over all ``2L+1`` slots, summed over the stack. The math is
+``base.depth_softmax``'s (``tests/model/test_buffer_stack.py`` checks it against that).
 
 The branch is recomputed in the backward, which is what ``remat_policy='nothing_saveable'``
 costs anyway, so ``Transformer`` takes this path for designs with ``Design.source_buffer`` under
@@ -30,14 +35,63 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from depthbench_jax.residual.base import _depth_attend_bwd, _depth_attend_fwd, inverse_rms
+from depthbench_jax.residual.base import inverse_rms
 
 Array = jax.Array
 
 
-def _presence_bias(n_slots: int, k: Array) -> Array:
-  """Log-presence bias of sublayer ``k``: 0 on slots ``0..k``, -inf after."""
-  return jnp.where(jnp.arange(n_slots) <= k, 0.0, -jnp.inf).astype(jnp.float32)
+def _slot_loop(k: Array, body: Callable, init):
+  """``body(s, carry)`` for the written slots ``s = 0..k`` (a while loop: ``k`` is traced)."""
+  return jax.lax.fori_loop(0, k + 1, body, init)
+
+
+def _slot(x: Array, s: Array) -> Array:
+  return jax.lax.dynamic_index_in_dim(x, s, 0, keepdims=False)
+
+
+def _softmax_over_written(qv: Array, inv_rms: Array, k: Array) -> Array:
+  """``a = softmax_s(inv_rms_s (q . v_s))`` over slots ``0..k``, 0 after: [S,B,T]."""
+  written = (jnp.arange(qv.shape[0]) <= k)[:, None, None]
+  return jax.nn.softmax(jnp.where(written, qv * inv_rms, -jnp.inf), axis=0)
+
+
+def read_slots(q: Array, values: Array, inv_rms: Array, k: Array) -> Array:
+  """Sublayer ``k``'s depth read ``h = sum_(s<=k) a_s v_s`` [B,T,d] (fp32), two passes."""
+  def logit(s, qv):
+    return qv.at[s].set(jnp.einsum("btd,d->bt", _slot(values, s), q.astype(values.dtype),
+                                   preferred_element_type=jnp.float32))
+  qv = _slot_loop(k, logit, jnp.zeros(values.shape[:-1], jnp.float32))
+  a = _softmax_over_written(qv, inv_rms, k)
+  add = lambda s, h: h + _slot(a, s)[..., None] * _slot(values, s).astype(jnp.float32)
+  return _slot_loop(k, add, jnp.zeros(values.shape[1:], jnp.float32))
+
+
+def read_slots_vjp(q, values, inv_rms, k, g_h, g_values, g_inv):
+  """Adds the read's cotangents into ``(g_values, g_inv)`` (slots ``0..k``); returns them and
+  ``dq``. With ``da_s = v_s . g_h``, ``dz = a (da - sum_s a da)``: ``dv_s = a_s g_h + dz_s
+  inv_rms_s q``, ``d inv_rms_s = dz_s (q . v_s)``, ``dq = sum_s dz_s inv_rms_s v_s``."""
+  g_h = g_h.astype(jnp.float32)
+  q32 = q.astype(jnp.float32)
+
+  def dots(s, carry):
+    qv, da = carry
+    v = _slot(values, s).astype(jnp.float32)
+    return (qv.at[s].set(jnp.einsum("btd,d->bt", v, q32)),
+            da.at[s].set(jnp.sum(v * g_h, axis=-1)))
+  zeros = jnp.zeros(values.shape[:-1], jnp.float32)
+  qv, da = _slot_loop(k, dots, (zeros, zeros))
+  a = _softmax_over_written(qv, inv_rms, k)
+  dz = a * (da - jnp.sum(a * da, axis=0, keepdims=True))
+  dz_scaled = dz * inv_rms
+
+  def scatter(s, carry):
+    g_values, dq = carry
+    w, c = _slot(a, s)[..., None], _slot(dz_scaled, s)[..., None]
+    dv = _slot(g_values, s).astype(jnp.float32) + w * g_h + c * q32
+    dq = dq + jnp.einsum("bt,btd->d", c[..., 0], _slot(values, s).astype(jnp.float32))
+    return g_values.at[s].set(dv.astype(g_values.dtype)), dq
+  g_values, dq = _slot_loop(k, scatter, (g_values, jnp.zeros_like(q32)))
+  return g_values, g_inv + (dz * qv).astype(g_inv.dtype), dq
 
 
 def source_buffer_stack(branch: Callable, query: Callable, eps: float, params: Any,
@@ -68,8 +122,7 @@ def _forward(branch, query, eps, params, values, inv_rms, save_inputs: bool):
     inputs = []
     for sub in (0, 1):
       k = 2 * l + sub
-      (h, _), _ = _depth_attend_fwd(query(p, sub), values, inv_rms,
-                                    _presence_bias(values.shape[0], k))
+      h = read_slots(query(p, sub), values, inv_rms, k).astype(values.dtype)
       inputs.append(h)
       values, inv_rms = _put(values, inv_rms, k + 1, branch(p, h, sub), eps)
     return (values, inv_rms), (jnp.stack(inputs) if save_inputs else None)
@@ -101,10 +154,9 @@ def _stack_bwd(branch, query, eps, res, cotangents):
       k = 2 * l + sub
       slot = k + 1
       # The write: dy from the slot and from its 1/RMS; the slot held zeros before it.
-      y = jax.lax.dynamic_index_in_dim(values, slot, 0, keepdims=False)
+      y = _slot(values, slot)
       _, inv_vjp = jax.vjp(lambda y: inverse_rms(y, eps), y)
-      g_y = (jax.lax.dynamic_index_in_dim(g_values, slot, 0, keepdims=False)
-             + inv_vjp(jax.lax.dynamic_index_in_dim(g_inv, slot, 0, keepdims=False))[0])
+      g_y = _slot(g_values, slot) + inv_vjp(_slot(g_inv, slot))[0]
       g_values = jax.lax.dynamic_update_slice_in_dim(
           g_values, jnp.zeros_like(g_values[:1]), slot, 0)
       g_inv = jax.lax.dynamic_update_slice_in_dim(g_inv, jnp.zeros_like(g_inv[:1]), slot, 0)
@@ -113,11 +165,7 @@ def _stack_bwd(branch, query, eps, res, cotangents):
       g_p_branch, g_h = branch_vjp(g_y.astype(y.dtype))
       # The depth read over slots 0..k of the final buffer.
       q, query_vjp = jax.vjp(lambda p: query(p, sub), p)
-      (_, weights), read_res = _depth_attend_fwd(q, values, inv_rms,
-                                                 _presence_bias(values.shape[0], k))
-      g_q, g_v, g_i, _ = _depth_attend_bwd(read_res, (g_h, jnp.zeros_like(weights)))
-      g_values = g_values + g_v
-      g_inv = g_inv + g_i
+      g_values, g_inv, g_q = read_slots_vjp(q, values, inv_rms, k, g_h, g_values, g_inv)
       g_p = jax.tree.map(lambda a, b, c: a + b + c, g_p, g_p_branch, query_vjp(g_q)[0])
     return (g_values, g_inv), g_p
 

@@ -8,10 +8,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from depthbench_jax.model import buffer_stack
+from depthbench_jax.model.config import model_config_from
 from depthbench_jax.model.transformer import Transformer
+from depthbench_jax.residual.base import depth_softmax, inverse_rms
 from depthbench_jax.train.step import cross_entropy
 from tests.helpers import tiny_config
-from depthbench_jax.model.config import model_config_from
 
 
 def _cfg(n_layers, d_model=32, policy="nothing_saveable"):
@@ -79,3 +81,28 @@ def test_training_memory_grows_linearly_not_quadratically_with_depth():
   assert stack_growth < 3.3, mem      # 3x the layers: ~3x the memory
   assert plain_growth > 4.5, mem      # the quadratic term shows
   assert mem[24, True] > 3 * mem[24, False], mem
+
+
+def test_read_over_written_slots_equals_the_masked_depth_softmax():
+  """read_slots / read_slots_vjp (slots 0..k only) against base.depth_softmax with slots > k
+  masked, and its autodiff, on random values with nonzero values in the unwritten slots."""
+  s, k, d = 6, 3, 8
+  keys = jax.random.split(jax.random.PRNGKey(0), 5)
+  q = jax.random.normal(keys[0], (d,))
+  values = jax.random.normal(keys[1], (s, 2, 3, d))
+  inv = inverse_rms(values)
+  g_h = jax.random.normal(keys[2], (2, 3, d))
+  g_values0 = jax.random.normal(keys[3], values.shape)
+  g_inv0 = jax.random.normal(keys[4], inv.shape)
+  mask = jnp.arange(s) <= k
+  reference = lambda q, v, i: depth_softmax(q, v, mask, inv_rms=i)[0]
+  want, vjp = jax.vjp(reference, q, values, inv)
+  want_q, want_v, want_i = vjp(g_h)
+  np.testing.assert_allclose(buffer_stack.read_slots(q, values, inv, jnp.asarray(k)), want,
+                             rtol=1e-5, atol=1e-6)
+  got_v, got_i, got_q = buffer_stack.read_slots_vjp(q, values, inv, jnp.asarray(k), g_h,
+                                                    g_values0, g_inv0)
+  np.testing.assert_allclose(got_q, want_q, rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(got_v, g_values0 + want_v, rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(got_i, g_inv0 + want_i, rtol=1e-4, atol=1e-5)
+  assert float(jnp.max(jnp.abs(want_v[k + 1:]))) == 0  # unwritten slots get no gradient
