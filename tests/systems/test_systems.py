@@ -9,6 +9,7 @@ import json
 import os
 
 import ml_collections
+import numpy as np
 import pytest
 
 from depthbench_jax.model.config import model_config_from
@@ -128,5 +129,6 @@ def test_bench_quick_mode(tmp_path, capsys):
   pre = next(r for r in result["train"] if r["design"] == "preln")
   assert pre["step_over_preln"] == 1.0 and pre["mfu"] > 0 and pre["peak_bytes"] > 0
   assert result["compile"]["deep_s"] > 0 and result["matmul_peak_flops"] > 0
-  assert "ours_over_hf" in pre
+  assert "ours_over_hf" in pre and pre["hf_matmul_peak_flops"] > 0
+  np.testing.assert_allclose(pre["ours_over_hf_at_equal_gemm"] * pre["mfu"], pre["hf_mfu"])
   assert "verdict" in capsys.readouterr().out
