@@ -35,7 +35,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from depthbench_jax.residual.base import inverse_rms
+from depthbench_jax.residual.base import _slot_weighted_sum, inverse_rms, write_slot
 
 Array = jax.Array
 
@@ -55,15 +55,17 @@ def _softmax_over_written(qv: Array, inv_rms: Array, k: Array) -> Array:
   return jax.nn.softmax(jnp.where(written, qv * inv_rms, -jnp.inf), axis=0)
 
 
+def _query_dot(q: Array, v: Array) -> Array:
+  """``q . v`` [B,T] fp32 for one slot ``v`` [B,T,d] (q in the buffer's dtype, as
+  ``base.depth_softmax``; the backward recomputes exactly the forward's logits)."""
+  return jnp.einsum("btd,d->bt", v, q.astype(v.dtype), preferred_element_type=jnp.float32)
+
+
 def read_slots(q: Array, values: Array, inv_rms: Array, k: Array) -> Array:
   """Sublayer ``k``'s depth read ``h = sum_(s<=k) a_s v_s`` [B,T,d] (fp32), two passes."""
-  def logit(s, qv):
-    return qv.at[s].set(jnp.einsum("btd,d->bt", _slot(values, s), q.astype(values.dtype),
-                                   preferred_element_type=jnp.float32))
+  logit = lambda s, qv: qv.at[s].set(_query_dot(q, _slot(values, s)))
   qv = _slot_loop(k, logit, jnp.zeros(values.shape[:-1], jnp.float32))
-  a = _softmax_over_written(qv, inv_rms, k)
-  add = lambda s, h: h + _slot(a, s)[..., None] * _slot(values, s).astype(jnp.float32)
-  return _slot_loop(k, add, jnp.zeros(values.shape[1:], jnp.float32))
+  return _slot_weighted_sum(_softmax_over_written(qv, inv_rms, k), values, k + 1)
 
 
 def read_slots_vjp(q, values, inv_rms, k, g_h, g_values, g_inv):
@@ -75,9 +77,9 @@ def read_slots_vjp(q, values, inv_rms, k, g_h, g_values, g_inv):
 
   def dots(s, carry):
     qv, da = carry
-    v = _slot(values, s).astype(jnp.float32)
-    return (qv.at[s].set(jnp.einsum("btd,d->bt", v, q32)),
-            da.at[s].set(jnp.sum(v * g_h, axis=-1)))
+    v = _slot(values, s)
+    return (qv.at[s].set(_query_dot(q, v)),
+            da.at[s].set(jnp.sum(v.astype(jnp.float32) * g_h, axis=-1)))
   zeros = jnp.zeros(values.shape[:-1], jnp.float32)
   qv, da = _slot_loop(k, dots, (zeros, zeros))
   a = _softmax_over_written(qv, inv_rms, k)
@@ -107,12 +109,6 @@ def source_buffer_stack(branch: Callable, query: Callable, eps: float, params: A
   return _stack(branch, query, eps, params, values, inv_rms)
 
 
-def _put(values, inv_rms, slot, y, eps):
-  values = jax.lax.dynamic_update_slice_in_dim(values, y[None].astype(values.dtype), slot, 0)
-  inv_rms = jax.lax.dynamic_update_slice_in_dim(inv_rms, inverse_rms(y, eps)[None], slot, 0)
-  return values, inv_rms
-
-
 def _forward(branch, query, eps, params, values, inv_rms, save_inputs: bool):
   n_layers = jax.tree.leaves(params)[0].shape[0]
 
@@ -124,7 +120,7 @@ def _forward(branch, query, eps, params, values, inv_rms, save_inputs: bool):
       k = 2 * l + sub
       h = read_slots(query(p, sub), values, inv_rms, k).astype(values.dtype)
       inputs.append(h)
-      values, inv_rms = _put(values, inv_rms, k + 1, branch(p, h, sub), eps)
+      values, inv_rms = write_slot(values, inv_rms, k + 1, branch(p, h, sub), eps)
     return (values, inv_rms), (jnp.stack(inputs) if save_inputs else None)
 
   return jax.lax.scan(layer, (values, inv_rms), (params, jnp.arange(n_layers)))

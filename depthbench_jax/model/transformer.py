@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from depthbench_jax.model import buffer_stack
 from depthbench_jax.model.config import ModelConfig
 from depthbench_jax.model.layers import Attention, SwiGLU, dtype_of, normal_init
-from depthbench_jax.residual import registry
+from depthbench_jax.residual import attnres, registry
 
 Array = jax.Array
 
@@ -116,7 +116,7 @@ class Transformer(nn.Module):
     variable_axes = {"params": 0, "intermediates": 0}
     if self.decode:
       variable_axes["cache"] = 0
-    if self._source_buffer_stack(design, gate, return_layers):
+    if self._use_source_buffer_stack(design, gate, return_layers):
       state = self._run_source_buffer_stack(state, positions)
       layer_outputs = None
     elif cfg.scan_layers:
@@ -145,8 +145,7 @@ class Transformer(nn.Module):
     logits = logits.astype(jnp.float32)
     return (logits, layer_outputs) if return_layers else logits
 
-
-  def _source_buffer_stack(self, design, gate, return_layers) -> bool:
+  def _use_source_buffer_stack(self, design, gate, return_layers) -> bool:
     """Whether to train through ``model/buffer_stack.py`` (O(L d) memory for Full AttnRes):
     the design keeps a source buffer, the policy recomputes every layer anyway, and nothing
     but the loss is asked for (no gate, per-layer outputs, sown diagnostics or KV cache)."""
@@ -164,8 +163,8 @@ class Transformer(nn.Module):
     values, inv_rms = buffer_stack.source_buffer_stack(
         branch, query, cfg.norm_eps, params, state["values"], state["inv_rms"])
     n_slots = values.shape[0]
-    return {"values": values, "inv_rms": inv_rms, "presence": jnp.ones((n_slots,), jnp.float32),
-            "slot": jnp.asarray(n_slots - 1, jnp.int32)}
+    return attnres.depth_state(values, jnp.ones((n_slots,), jnp.float32),
+                               jnp.asarray(n_slots - 1, jnp.int32), cfg.norm_eps, inv_rms)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -49,7 +49,7 @@ import jax.numpy as jnp
 
 from depthbench_jax.model.layers import dtype_of
 from depthbench_jax.residual.base import (Design, LayerWiring, StateIO, check_fields, depth_softmax,
-                                          inverse_rms)
+                                          inverse_rms, write_slot)
 
 Array = jax.Array
 
@@ -123,20 +123,21 @@ class DepthReadout(StateIO):
     return self.final_norm(h.astype(dtype_of(self.cfg.dtype)))
 
 
-def depth_state(values: Array, presence: Array, slot: Array, eps: float) -> dict:
+def depth_state(values: Array, presence: Array, slot: Array, eps: float,
+                inv_rms: Array | None = None) -> dict:
   """The AttnRes state: ``values`` [S,B,T,d], ``inv_rms`` [S,B,T] (``1/RMS`` of each slot, kept
-  beside it so a read never recomputes it), ``presence`` [S], ``slot`` (last slot written)."""
-  return {"values": values, "inv_rms": inverse_rms(values, eps), "presence": presence,
-          "slot": slot}
+  beside it so a read never recomputes it; computed here unless given), ``presence`` [S],
+  ``slot`` (last slot written)."""
+  if inv_rms is None:
+    inv_rms = inverse_rms(values, eps)
+  return {"values": values, "inv_rms": inv_rms, "presence": presence, "slot": slot}
 
 
 def _put(state: dict, slot: Array, value: Array, eps: float) -> dict:
   """``state`` with ``values[slot] = value`` and its ``inv_rms`` (in place under jit)."""
-  value = value.astype(state["values"].dtype)
-  return {"values": jax.lax.dynamic_update_slice_in_dim(state["values"], value[None], slot, 0),
-          "inv_rms": jax.lax.dynamic_update_slice_in_dim(
-              state["inv_rms"], inverse_rms(value, eps)[None], slot, 0),
-          "presence": state["presence"].at[slot].set(1.0), "slot": jnp.asarray(slot, jnp.int32)}
+  values, inv_rms = write_slot(state["values"], state["inv_rms"], slot, value, eps)
+  return {"values": values, "inv_rms": inv_rms, "presence": state["presence"].at[slot].set(1.0),
+          "slot": jnp.asarray(slot, jnp.int32)}
 
 
 def _blend(old: Array, new: Array, gate: Array) -> Array:

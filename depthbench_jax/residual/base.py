@@ -191,16 +191,28 @@ def _depth_attend_fwd(query, values, inv_rms, bias):
   return (h.astype(values.dtype), a), (query, values, inv_rms, qv, a)
 
 
-def _slot_weighted_sum(a: Array, values: Array) -> Array:
+def _slot_weighted_sum(a: Array, values: Array, n_slots: Array | None = None) -> Array:
   """``sum_s a_s v_s``: a [S,B,T], values [S,B,T,d] -> [B,T,d] fp32, as a loop over slots.
 
-  A reduce over the leading slot axis of the broadcast product runs 3x (S=17) to 50x (S=141)
-  slower on XLA:CPU than accumulating one slot at a time (unrolled by 8).
+  Over slots ``0..n_slots-1`` (all when None; a traced ``n_slots`` runs a while loop, else the
+  loop is unrolled by 8). A reduce over the leading slot axis of the broadcast product runs 3x
+  (S=17) to 50x (S=141) slower on XLA:CPU than accumulating one slot at a time.
   """
   def add_slot(s, acc):
     return acc + a[s][..., None] * values[s].astype(jnp.float32)
   zero = jnp.zeros(values.shape[1:], jnp.float32)
-  return jax.lax.fori_loop(0, values.shape[0], add_slot, zero, unroll=min(8, values.shape[0]))
+  if n_slots is None:
+    return jax.lax.fori_loop(0, values.shape[0], add_slot, zero, unroll=min(8, values.shape[0]))
+  return jax.lax.fori_loop(0, n_slots, add_slot, zero)
+
+
+def write_slot(values: Array, inv_rms: Array, slot: Array, value: Array,
+               eps: float) -> tuple[Array, Array]:
+  """``values[slot] = value`` [B,T,d] and ``inv_rms[slot] = 1/RMS(value)`` (in place under jit):
+  a write to a source buffer that keeps each slot's 1/RMS beside it (AttnRes)."""
+  value = value.astype(values.dtype)
+  return (jax.lax.dynamic_update_slice_in_dim(values, value[None], slot, 0),
+          jax.lax.dynamic_update_slice_in_dim(inv_rms, inverse_rms(value, eps)[None], slot, 0))
 
 
 def _depth_attend_bwd(res, cotangents):

@@ -1,6 +1,5 @@
 """Full AttnRes through model/buffer_stack.py equals the plain scan, with O(L d) memory."""
 
-import dataclasses
 import functools
 
 import flax.linen as nn
@@ -16,11 +15,11 @@ from depthbench_jax.train.step import cross_entropy
 from tests.helpers import tiny_config
 
 
-def _cfg(n_layers, d_model=32, policy="nothing_saveable"):
+def _cfg(n_layers, d_model=32):
   c = tiny_config(**{"model.n_layers": n_layers, "model.d_model": d_model, "model.n_heads": 4,
                      "model.ffn_dim": None})
   c.model.residual = {"name": "attnres_full"}
-  c.model.remat_policy = policy
+  c.model.remat_policy = "nothing_saveable"  # the policy under which the buffer stack runs
   return model_config_from(c.model)
 
 
