@@ -12,6 +12,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from depthbench_jax.model.matmul import projection_dot_general
+
 Array = jax.Array
 DType = Any
 
@@ -165,7 +167,8 @@ class Attention(nn.Module):
   def setup(self):
     dense = lambda heads, axes, std, name: nn.DenseGeneral(
         (heads, self.head_dim), axis=-1, use_bias=False, dtype=self.dtype,
-        param_dtype=self.param_dtype, kernel_init=normal_init(std, "embed", *axes), name=name)
+        param_dtype=self.param_dtype, kernel_init=normal_init(std, "embed", *axes),
+        dot_general=projection_dot_general, name=name)
     self.wq = dense(self.n_heads, ("heads", "head_dim"), self.init_std, "q_proj")
     self.wk = dense(self.n_kv_heads, ("kv_heads", "head_dim"), self.init_std, "k_proj")
     self.wv = dense(self.n_kv_heads, ("kv_heads", "head_dim"),
@@ -174,7 +177,7 @@ class Attention(nn.Module):
         self.d_model, axis=(-2, -1), use_bias=False, dtype=self.dtype,
         param_dtype=self.param_dtype,
         kernel_init=normal_init(self.init_std * self.out_init_scale, "heads", "head_dim", "embed"),
-        name="o_proj")
+        dot_general=projection_dot_general, name="o_proj")
     if self.qk_norm:
       self.q_norm = RMSNorm(self.norm_eps, dtype=self.dtype, name="q_norm")
       self.k_norm = RMSNorm(self.norm_eps, dtype=self.dtype, name="k_norm")
@@ -225,7 +228,7 @@ class SwiGLU(nn.Module):
   def __call__(self, x: Array) -> Array:
     dense = lambda features, axes, std, name: nn.Dense(
         features, use_bias=False, dtype=self.dtype, param_dtype=self.param_dtype,
-        kernel_init=normal_init(std, *axes), name=name)
+        kernel_init=normal_init(std, *axes), dot_general=projection_dot_general, name=name)
     gate = dense(self.ffn_dim, ("embed", "mlp"), self.init_std * self.in_init_scale, "gate_proj")
     up = dense(self.ffn_dim, ("embed", "mlp"), self.init_std * self.in_init_scale, "up_proj")
     down = dense(self.d_model, ("mlp", "embed"), self.init_std * self.out_init_scale, "down_proj")

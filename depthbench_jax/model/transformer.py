@@ -22,15 +22,21 @@ import jax.numpy as jnp
 from depthbench_jax.model import buffer_stack
 from depthbench_jax.model.config import ModelConfig
 from depthbench_jax.model.layers import Attention, SwiGLU, dtype_of, normal_init
+from depthbench_jax.model.matmul import PROJECTION, projection_dot_general
 from depthbench_jax.residual import attnres, registry
 
 Array = jax.Array
 
+# The projections are dots too: their custom-VJP outputs (model/matmul.py) carry the name
+# PROJECTION, which the policies that save dots also save.
+_cp = jax.checkpoint_policies
 _POLICIES = {
-    "nothing_saveable": jax.checkpoint_policies.nothing_saveable,
-    "dots_saveable": jax.checkpoint_policies.dots_saveable,
-    "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-    "everything_saveable": jax.checkpoint_policies.everything_saveable,
+    "nothing_saveable": _cp.nothing_saveable,
+    "dots_saveable": _cp.save_from_both_policies(
+        _cp.dots_saveable, _cp.save_only_these_names(PROJECTION)),
+    "dots_with_no_batch_dims_saveable": _cp.save_from_both_policies(
+        _cp.dots_with_no_batch_dims_saveable, _cp.save_only_these_names(PROJECTION)),
+    "everything_saveable": _cp.everything_saveable,
 }
 
 
@@ -141,7 +147,8 @@ class Transformer(nn.Module):
     else:
       logits = nn.DenseGeneral(
           cfg.vocab_size, use_bias=False, dtype=dtype, param_dtype=dtype_of(cfg.param_dtype),
-          kernel_init=normal_init(cfg.init_std, "embed", "vocab"), name="lm_head")(h)
+          kernel_init=normal_init(cfg.init_std, "embed", "vocab"),
+          dot_general=projection_dot_general, name="lm_head")(h)
     logits = logits.astype(jnp.float32)
     return (logits, layer_outputs) if return_layers else logits
 

@@ -47,6 +47,7 @@ import jax
 import jax.numpy as jnp
 
 from depthbench_jax.model.layers import apply_rope, dtype_of, normal_init
+from depthbench_jax.model.matmul import projection_dot_general
 from depthbench_jax.residual.base import Design, LayerWiring, StateIO, check_fields
 
 Array = jax.Array
@@ -89,7 +90,8 @@ class MoDA(LayerWiring):
       dense = lambda name: nn.DenseGeneral(
           (cfg.n_kv_heads, cfg.head_dim), use_bias=False, dtype=dtype_of(cfg.dtype),
           param_dtype=dtype_of(cfg.param_dtype),
-          kernel_init=normal_init(cfg.init_std, "embed", "kv_heads", "head_dim"), name=name)
+          kernel_init=normal_init(cfg.init_std, "embed", "kv_heads", "head_dim"),
+          dot_general=projection_dot_general, name=name)
       self.ffn_depth_k = dense("ffn_depth_k_proj")
       self.ffn_depth_v = dense("ffn_depth_v_proj")
 
