@@ -11,6 +11,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from depthbench_jax.model.matmul import projection_dot_general
 from depthbench_jax.residual.base import Design, LayerWiring, StateIO, check_fields
 from depthbench_jax.residual.streams import (collapse_streams, copy_streams, stream_update,
                                              sum_streams)
@@ -33,7 +34,7 @@ def normed_projection(h: Array, w: Array, gain: Array | None, eps: float) -> Arr
   h32 = h.astype(jnp.float32)
   inv_rms = jax.lax.rsqrt(jnp.mean(h32 * h32, axis=-1, keepdims=True) + eps)     # [n,B,T,1]
   w = w if gain is None else gain[:, None] * w
-  proj = jnp.einsum("ibtd,de->ibte", h32, w) * inv_rms
+  proj = projection_dot_general(h32, w, (((3,), (0,)), ((), ()))) * inv_rms
   return jnp.moveaxis(proj, 0, 2)
 
 

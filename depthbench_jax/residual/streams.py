@@ -33,6 +33,20 @@ def _weighted_sum(w: Array, h: Array) -> Array:
   return out
 
 
+def _mix(m: Array, h: Array) -> Array:
+  """``out[j] = sum_i m[..., j, i] h[i]`` in fp32: m [B,T,q,n], h [n,B,T,d] -> [q,B,T,d].
+
+  A sum over i of broadcast products ``m[:, i] (x) h[i]``, so XLA emits one elementwise loop
+  writing [q,B,T,d] once (a stack of q weighted sums is q loops plus a concatenate copy, which
+  XLA:CPU repeats for each consumer).
+  """
+  mt = jnp.moveaxis(m.astype(_F32), (-2, -1), (0, 1))[..., None]                # [q,n,B,T,1]
+  out = mt[:, 0] * h[0].astype(_F32)[None]
+  for i in range(1, h.shape[0]):
+    out = out + mt[:, i] * h[i].astype(_F32)[None]
+  return out
+
+
 def _inner(a: Array, b: Array) -> Array:
   """``out[..., q, p] = sum_d b[q] a[p]``: a [p,B,T,d], b [q,B,T,d] -> [B,T,q,p] (fp32)."""
   # No unit axis in the reduce's output: XLA:CPU runs such a reduce 5-10x slower.
@@ -57,7 +71,7 @@ def _collapse_fwd(w, h):
 def _collapse_bwd(res, g):
   w, h = res
   g32 = g.astype(_F32)
-  dh = jnp.stack([w[..., i, None].astype(_F32) * g32 for i in range(h.shape[0])])
+  dh = jnp.moveaxis(w.astype(_F32), -1, 0)[..., None] * g32[None]
   dw = _inner(h, g32[None])[..., 0, :]
   return dw.astype(w.dtype), dh.astype(h.dtype)
 
@@ -73,9 +87,8 @@ def stream_update(m: Array, h: Array, w_out: Array, y: Array) -> Array:
   VJP for a cotangent ``G``: ``dH[i] = sum_j M[j, i] G[j]``, ``dy = sum_j w_out[j] G[j]``,
   ``dM[j, i] = <H[i], G[j]>``, ``dw_out[j] = <y, G[j]>`` (inner products over d).
   """
-  y32 = y.astype(_F32)
-  return jnp.stack([_weighted_sum(m[..., j, :], h) + w_out[..., j, None].astype(_F32) * y32
-                    for j in range(m.shape[-2])]).astype(h.dtype)
+  out = _mix(m, h) + jnp.moveaxis(w_out.astype(_F32), -1, 0)[..., None] * y.astype(_F32)[None]
+  return out.astype(h.dtype)
 
 
 def _update_fwd(m, h, w_out, y):
@@ -84,7 +97,7 @@ def _update_fwd(m, h, w_out, y):
 
 def _update_bwd(res, g):
   m, h, w_out, y = res
-  dh = jnp.stack([_weighted_sum(m[..., :, i], g) for i in range(h.shape[0])])
+  dh = _mix(jnp.swapaxes(m, -1, -2), g)
   dy = _weighted_sum(w_out, g)
   dm = _inner(h, g)
   dw_out = _inner(y[None], g)[..., 0]
