@@ -11,6 +11,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from depthbench_jax.model.matmul import projection_dot_general
 from depthbench_jax.residual.base import Design, check_fields, sinkhorn_knopp
 from depthbench_jax.residual.hc import StreamIO, StreamWiring, _is_int, _param, constant, home_stream
 
@@ -78,7 +79,9 @@ class ManifoldConnection(nn.Module):
     # per-token rsqrt is applied after the matmul (no normalised or transposed copy of H).
     h32 = h.astype(jnp.float32)
     inv_rms = jax.lax.rsqrt(jnp.mean(h32 * h32, axis=(0, -1)) + self.eps)[..., None]  # [B,T,1]
-    proj = jnp.sum(jnp.einsum("ibtd,ide->ibte", h32, phi.reshape(n, d, -1)), axis=0) * inv_rms
+    phi_i = phi.reshape(n, d, -1)
+    dims = (((2,), (0,)), ((), ()))
+    proj = sum(projection_dot_general(h32[i], phi_i[i], dims) for i in range(n)) * inv_rms
     pre = jax.nn.sigmoid(a_pre * proj[..., :n] + b_pre)
     post = 2.0 * jax.nn.sigmoid(a_post * proj[..., n:2 * n] + b_post)
     res_logits = a_res * proj[..., 2 * n:].reshape(*proj.shape[:-1], n, n) + b_res
