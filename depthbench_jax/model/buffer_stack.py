@@ -20,11 +20,14 @@ Because slots ``> k`` are known to be empty here (not just masked), every pass o
 memory traffic of a masked read over all ``2L+1`` slots, summed over the stack. The math is
 ``base.depth_softmax``'s (``tests/model/test_buffer_stack.py`` checks it against that).
 
-The branch is recomputed in the backward, which is what ``remat_policy='nothing_saveable'``
-costs anyway, so ``Transformer`` takes this path for designs with ``Design.source_buffer`` under
-that policy (the paper suites' default) when training: no gate, no per-layer outputs, no
-``intermediates``, no decode. ``tests/model/test_buffer_stack.py`` checks loss and every gradient
-against the plain scan.
+The remat policy decides what of the branch is kept, as it would under ``nn.remat``:
+``policy=None`` (``remat_policy='nothing_saveable'``, the paper suites' default) saves only
+``h_k`` and recomputes the branch in the backward; a policy (``dots_saveable``) runs the forward
+through ``jax.vjp(jax.checkpoint(branch, policy))`` and saves that VJP's residuals per sublayer
+(a ``jax.VJP`` is a pytree of them), so the backward replays it without recomputing the saved
+matmuls. ``Transformer`` takes this path for designs with ``Design.source_buffer`` whenever it
+trains with remat: no gate, no per-layer outputs, no ``intermediates``, no decode.
+``tests/model/test_buffer_stack.py`` checks loss and every gradient against the plain scan.
 """
 
 from __future__ import annotations
@@ -97,54 +100,82 @@ def read_slots_vjp(q, values, inv_rms, k, g_h, g_values, g_inv):
 
 
 def source_buffer_stack(branch: Callable, query: Callable, eps: float, params: Any,
-                        values: Array, inv_rms: Array) -> tuple[Array, Array]:
+                        values: Array, inv_rms: Array,
+                        policy: Callable | None = None) -> tuple[Array, Array]:
   """Runs L layers of Full AttnRes over the buffer; returns the final ``(values, inv_rms)``.
 
   branch(p_l, h, sub) -> y: sublayer ``sub`` of a layer with params ``p_l`` on its aggregated
   input ``h`` [B,T,d] (pre-norm included). query(p_l, sub) -> [d]: its depth query (key gain
   folded in). params: the stacked layer params [L, ...]. values [S,B,T,d] and inv_rms [S,B,T]:
   the initial buffer (slot 0 = embedding). Sublayer ``k = 2l + sub`` reads slots ``0..k`` and
-  writes slot ``k + 1``.
+  writes slot ``k + 1``. policy: a ``jax.checkpoint_policies`` entry whose saved values the
+  backward reuses, or None to save only each sublayer's input and recompute the branch.
   """
-  return _stack(branch, query, eps, params, values, inv_rms)
+  return _stack(branch, query, eps, policy, params, values, inv_rms)
 
 
-def _forward(branch, query, eps, params, values, inv_rms, save_inputs: bool):
+def _branch_vjp(branch, policy, p, h, sub):
+  """``(y, (residuals, tree))`` of sublayer ``sub``'s branch VJP, keeping what ``policy``
+  saves (a ``jax.VJP`` is a pytree of its residuals)."""
+  y, vjp = jax.vjp(jax.checkpoint(lambda p, h: branch(p, h, sub), policy=policy), p, h)
+  return y, jax.tree.flatten(vjp)
+
+
+def _forward(branch, query, eps, policy, params, values, inv_rms, save: bool):
+  """The layer scan; with ``save``, per layer also what the backward needs of each sublayer:
+  its input ``h`` [2,B,T,d] (policy None) or its branch VJP's residuals (a policy)."""
   n_layers = jax.tree.leaves(params)[0].shape[0]
 
   def layer(carry, xs):
     values, inv_rms = carry
     p, l = xs
-    inputs = []
+    saved = []
     for sub in (0, 1):
       k = 2 * l + sub
       h = read_slots(query(p, sub), values, inv_rms, k).astype(values.dtype)
-      inputs.append(h)
-      values, inv_rms = write_slot(values, inv_rms, k + 1, branch(p, h, sub), eps)
-    return (values, inv_rms), (jnp.stack(inputs) if save_inputs else None)
+      if save and policy is not None:
+        y, (residuals, _) = _branch_vjp(branch, policy, p, h, sub)
+        saved.append(residuals)
+      else:
+        y = branch(p, h, sub)
+        saved.append(h)
+      values, inv_rms = write_slot(values, inv_rms, k + 1, y, eps)
+    if not save:
+      saved = None
+    elif policy is None:
+      saved = jnp.stack(saved)
+    return (values, inv_rms), saved
 
   return jax.lax.scan(layer, (values, inv_rms), (params, jnp.arange(n_layers)))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
-def _stack(branch, query, eps, params, values, inv_rms):
-  (values, inv_rms), _ = _forward(branch, query, eps, params, values, inv_rms, False)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
+def _stack(branch, query, eps, policy, params, values, inv_rms):
+  (values, inv_rms), _ = _forward(branch, query, eps, policy, params, values, inv_rms, False)
   return values, inv_rms
 
 
-def _stack_fwd(branch, query, eps, params, values, inv_rms):
-  (values, inv_rms), inputs = _forward(branch, query, eps, params, values, inv_rms, True)
-  return (values, inv_rms), (params, values, inv_rms, inputs)
+def _stack_fwd(branch, query, eps, policy, params, values, inv_rms):
+  (values, inv_rms), saved = _forward(branch, query, eps, policy, params, values, inv_rms, True)
+  return (values, inv_rms), (params, values, inv_rms, saved)
 
 
-def _stack_bwd(branch, query, eps, res, cotangents):
-  params, values, inv_rms, inputs = res          # final buffer; inputs [L, 2, B, T, d]
+def _stack_bwd(branch, query, eps, policy, res, cotangents):
+  params, values, inv_rms, saved = res   # final buffer; per layer [2,B,T,d] or VJP residuals
   g_values, g_inv = cotangents
-  n_layers = inputs.shape[0]
+  n_layers = jax.tree.leaves(params)[0].shape[0]
+
+  def branch_vjp(p, saved_l, sub):
+    if policy is None:
+      return jax.vjp(lambda p, h: branch(p, h, sub), p, saved_l[sub])[1]
+    # The residuals' structure, from a trace on a placeholder input that XLA then drops.
+    placeholder = jnp.zeros(values.shape[1:], values.dtype)
+    _, (_, tree) = _branch_vjp(branch, policy, p, placeholder, sub)
+    return jax.tree.unflatten(tree, saved_l[sub])
 
   def layer(carry, xs):
     g_values, g_inv = carry
-    p, h_pair, l = xs
+    p, saved_l, l = xs
     g_p = jax.tree.map(jnp.zeros_like, p)
     for sub in (1, 0):
       k = 2 * l + sub
@@ -156,9 +187,8 @@ def _stack_bwd(branch, query, eps, res, cotangents):
       g_values = jax.lax.dynamic_update_slice_in_dim(
           g_values, jnp.zeros_like(g_values[:1]), slot, 0)
       g_inv = jax.lax.dynamic_update_slice_in_dim(g_inv, jnp.zeros_like(g_inv[:1]), slot, 0)
-      # The branch F(N(h)), recomputed.
-      _, branch_vjp = jax.vjp(lambda p, h: branch(p, h, sub), p, h_pair[sub])
-      g_p_branch, g_h = branch_vjp(g_y.astype(y.dtype))
+      # The branch F(N(h)): replayed from its saved residuals, or recomputed.
+      g_p_branch, g_h = branch_vjp(p, saved_l, sub)(g_y.astype(y.dtype))
       # The depth read over slots 0..k of the final buffer.
       q, query_vjp = jax.vjp(lambda p: query(p, sub), p)
       g_values, g_inv, g_q = read_slots_vjp(q, values, inv_rms, k, g_h, g_values, g_inv)
@@ -166,7 +196,7 @@ def _stack_bwd(branch, query, eps, res, cotangents):
     return (g_values, g_inv), g_p
 
   (g_values, g_inv), g_params = jax.lax.scan(
-      layer, (g_values, g_inv), (params, inputs, jnp.arange(n_layers)), reverse=True)
+      layer, (g_values, g_inv), (params, saved, jnp.arange(n_layers)), reverse=True)
   return g_params, g_values, g_inv
 
 

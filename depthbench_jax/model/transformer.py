@@ -154,10 +154,11 @@ class Transformer(nn.Module):
 
   def _use_source_buffer_stack(self, design, gate, return_layers) -> bool:
     """Whether to train through ``model/buffer_stack.py`` (O(L d) memory for Full AttnRes):
-    the design keeps a source buffer, the policy recomputes every layer anyway, and nothing
-    but the loss is asked for (no gate, per-layer outputs, sown diagnostics or KV cache)."""
+    the design keeps a source buffer, the layers are rematerialised (any policy but 'none'),
+    and nothing but the loss is asked for (no gate, per-layer outputs, sown diagnostics or KV
+    cache)."""
     cfg = self.cfg
-    return (design.source_buffer and cfg.scan_layers and cfg.remat_policy == "nothing_saveable"
+    return (design.source_buffer and cfg.scan_layers and cfg.remat_policy != "none"
             and gate is None and not return_layers and not self.decode
             and not self.is_initializing() and not self.is_mutable_collection("intermediates"))
 
@@ -168,7 +169,8 @@ class Transformer(nn.Module):
     query = lambda p, sub: block.apply({"params": p}, sub, method=Block.depth_query)
     params = nn.unbox(self.variables["params"]["layers"])
     values, inv_rms = buffer_stack.source_buffer_stack(
-        branch, query, cfg.norm_eps, params, state["values"], state["inv_rms"])
+        branch, query, cfg.norm_eps, params, state["values"], state["inv_rms"],
+        policy=None if cfg.remat_policy == "nothing_saveable" else _POLICIES[cfg.remat_policy])
     n_slots = values.shape[0]
     return attnres.depth_state(values, jnp.ones((n_slots,), jnp.float32),
                                jnp.asarray(n_slots - 1, jnp.int32), cfg.norm_eps, inv_rms)

@@ -6,6 +6,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from depthbench_jax.model import buffer_stack
 from depthbench_jax.model.config import model_config_from
@@ -15,11 +16,11 @@ from depthbench_jax.train.step import cross_entropy
 from tests.helpers import tiny_config
 
 
-def _cfg(n_layers, d_model=32):
+def _cfg(n_layers, d_model=32, policy="nothing_saveable"):
   c = tiny_config(**{"model.n_layers": n_layers, "model.d_model": d_model, "model.n_heads": 4,
                      "model.ffn_dim": None})
   c.model.residual = {"name": "attnres_full"}
-  c.model.remat_policy = "nothing_saveable"  # the policy under which the buffer stack runs
+  c.model.remat_policy = policy  # recompute the branch (None) or replay its saved residuals
   return model_config_from(c.model)
 
 
@@ -44,8 +45,9 @@ def _random_params(cfg, seed=0):
   return jax.tree_util.tree_unflatten(tree, out)
 
 
-def test_loss_and_gradients_equal_the_plain_scan():
-  cfg = _cfg(3)
+@pytest.mark.parametrize("policy", ["nothing_saveable", "dots_saveable"])
+def test_loss_and_gradients_equal_the_plain_scan(policy):
+  cfg = _cfg(3, policy=policy)
   params = _random_params(cfg)
   tokens = jax.random.randint(jax.random.PRNGKey(2), (2, 13), 0, cfg.vocab_size)
   gate = jnp.ones((cfg.n_layers,))  # a gate forces the plain nn.scan path; 1 = same network
@@ -80,6 +82,18 @@ def test_training_memory_grows_linearly_not_quadratically_with_depth():
   assert stack_growth < 3.3, mem      # 3x the layers: ~3x the memory
   assert plain_growth > 4.5, mem      # the quadratic term shows
   assert mem[24, True] > 3 * mem[24, False], mem
+
+
+def test_saved_residuals_skip_the_recompute():
+  """Under dots_saveable the backward replays each branch's VJP from its saved residuals
+  instead of recomputing the branch (nothing_saveable): fewer FLOPs (measured 0.85x here)."""
+  def flops(policy):
+    cfg = _cfg(4, d_model=64, policy=policy)
+    params = jax.eval_shape(lambda: _random_params(cfg))
+    tokens = jax.ShapeDtypeStruct((2, 33), jnp.int32)
+    compiled = jax.jit(jax.grad(lambda p, t: _loss(cfg, p, t))).lower(params, tokens).compile()
+    return compiled.cost_analysis()["flops"]
+  assert flops("dots_saveable") < 0.92 * flops("nothing_saveable")
 
 
 def test_read_over_written_slots_equals_the_masked_depth_softmax():
