@@ -86,11 +86,11 @@ def test_training_memory_grows_linearly_not_quadratically_with_depth():
 
 def test_saved_residuals_skip_the_recompute():
   """Under dots_saveable the backward replays each branch's VJP from its saved residuals
-  instead of recomputing the branch (nothing_saveable): fewer FLOPs (measured 0.85x here)."""
+  instead of recomputing the branch (nothing_saveable): fewer FLOPs."""
   def flops(policy):
-    cfg = _cfg(4, d_model=64, policy=policy)
+    cfg = _cfg(2, policy=policy)
     params = jax.eval_shape(lambda: _random_params(cfg))
-    tokens = jax.ShapeDtypeStruct((2, 33), jnp.int32)
+    tokens = jax.ShapeDtypeStruct((2, 17), jnp.int32)
     compiled = jax.jit(jax.grad(lambda p, t: _loss(cfg, p, t))).lower(params, tokens).compile()
     return compiled.cost_analysis()["flops"]
   assert flops("dots_saveable") < 0.92 * flops("nothing_saveable")
