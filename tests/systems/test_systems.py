@@ -132,3 +132,29 @@ def test_bench_quick_mode(tmp_path, capsys):
   assert "ours_over_hf" in pre and pre["hf_matmul_peak_flops"] > 0
   np.testing.assert_allclose(pre["ours_over_hf_at_equal_gemm"] * pre["mfu"], pre["hf_mfu"])
   assert "verdict" in capsys.readouterr().out
+
+
+def test_profile_step_names_model_parts():
+  from depthbench_jax.systems import profile_step
+  op = ("jit(train_step)/transpose(jvp(Transformer))/while/body/closed_call/checkpoint/layers/"
+        "residual.sublayer/mlp/gate_proj/dot_general")
+  assert profile_step.model_part(op, 2) == "bwd residual.sublayer/mlp"
+  assert profile_step.model_part("jit(train_step)/jvp(Transformer)/lm_head/dot_general",
+                                 3) == "fwd lm_head/dot_general"
+  hlo = '  %dot.1 = f32[2,3]{1,0} dot(%a, %b), metadata={op_name="jit(f)/jvp(g)/mlp/dot"}'
+  assert profile_step.op_names(hlo) == {"dot.1": "jit(f)/jvp(g)/mlp/dot"}
+
+
+def test_profile_step_quick_run():
+  """The CLI in a fresh process (it sets the XLA trace flag before jax starts): per-part
+  times for both passes of the HC sublayers."""
+  import subprocess
+  import sys
+  from tests.helpers import ROOT, subprocess_env
+  out = subprocess.run(
+      [sys.executable, "-m", "depthbench_jax.systems.profile_step", "--design=hc",
+       "--preset=quick", "--top=40"], capture_output=True, text=True, env=subprocess_env(),
+      cwd=ROOT, timeout=600)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert "fwd residual.sublayer" in out.stdout and "bwd residual.sublayer" in out.stdout
+  assert "residual.maps/hc_attn" in out.stdout

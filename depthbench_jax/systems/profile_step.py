@@ -1,0 +1,125 @@
+"""``python -m depthbench_jax.systems.profile_step --design=hc``: where a train step's time goes.
+
+Profiles the bench's train step (``bench.py``'s preset and remat policy) with
+``jax.profiler`` and maps every XLA op of the trace back to the model code that emitted it
+(the ``op_name`` metadata of the compiled HLO), then prints the time per op and per part of
+the model: ``fwd``/``bwd`` (autodiff's ``transpose(jvp(...))``) x the module path, e.g.
+``bwd residual.sublayer/mlp`` or ``fwd lm_head``. On CPU it sets
+``--xla_cpu_enable_xprof_traceme`` so XLA records one event per fusion. Op times on XLA:CPU
+can overlap (independent ops run concurrently), so their sum exceeds the step; compare
+designs with the interleaved bench, use this to see what to fix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import glob
+import os
+import re
+import sys
+import tempfile
+from typing import Sequence
+
+_TRACEME = "--xla_cpu_enable_xprof_traceme=true"
+if _TRACEME not in os.environ.get("XLA_FLAGS", ""):  # before jax initialises its backends
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _TRACEME).strip()
+
+import jax  # noqa: E402
+
+from depthbench_jax import bench  # noqa: E402
+
+_SKIP = ("PjRt", "Thunk", "jit_", "Execute", "SlinkyThreadPool", "PjitFunction")
+_CONTROL_FLOW = ("while", "call", "conditional")
+_FRAMES = {"while", "body", "closed_call", "checkpoint", "rematted_computation", "layers", "cond"}
+
+
+def op_names(hlo_text: str) -> dict[str, str]:
+  """HLO instruction name -> its ``op_name`` metadata (the jax source op)."""
+  out = {}
+  for line in hlo_text.splitlines():
+    m = re.match(r"\s*(?:ROOT )?%?([\w.\-]+) = .*?metadata=\{op_name=\"([^\"]+)\"", line)
+    if m:
+      out[m.group(1)] = m.group(2)
+  return out
+
+
+def model_part(op_name: str, depth: int) -> str:
+  """``'bwd residual.sublayer/mlp'`` from ``jit(train_step)/transpose(jvp(Transformer))/while/
+  body/closed_call/checkpoint/layers/residual.sublayer/mlp/...`` (``depth`` path components
+  after the autodiff and loop frames are dropped)."""
+  direction = "bwd" if "transpose(" in op_name else "fwd"
+  parts = [p for p in op_name.split("/")
+           if p not in _FRAMES and not re.match(r"(jit|jvp|transpose)\(", p)]
+  return f"{direction} {'/'.join(parts[:depth]) or '(top level)'}"
+
+
+def event_seconds(xplane_path: str, steps: int) -> dict[str, float]:
+  """Seconds per step of each named trace event."""
+  data = jax.profiler.ProfileData.from_file(xplane_path)
+  total: collections.Counter = collections.Counter()
+  for plane in data.planes:
+    for line in plane.lines:
+      for event in line.events:
+        if not event.name.startswith(_SKIP):
+          total[event.name] += event.duration_ns / 1e9 / steps
+  return dict(total)
+
+
+def profile(design: str, preset: bench.Preset, steps: int = 2) -> dict:
+  """Per-op and per-part seconds of ``steps`` train steps of ``design`` (after 2 warm-up)."""
+  c = bench.compile_train_step(design, bench.bench_config(preset, design))
+  run = bench.step_runner(c)
+  for _ in range(2):
+    run()
+  with tempfile.TemporaryDirectory() as tmp:
+    jax.profiler.start_trace(tmp)
+    for _ in range(steps):
+      run()
+    jax.profiler.stop_trace()
+    (xplane,) = glob.glob(os.path.join(tmp, "**", "*.xplane.pb"), recursive=True)
+    seconds = event_seconds(xplane, steps)
+  names = op_names(c.step.as_text())
+  # A loop or call's event spans its body's events: count the body only.
+  ops = {n: (s, names[n]) for n, s in seconds.items()
+         if n in names and not n.startswith(_CONTROL_FLOW)}
+  return {"design": design, "ops": ops, "remat_policy": c.cfg.remat_policy}
+
+
+def by_part(ops: dict, depth: int) -> list[tuple[str, float]]:
+  parts: collections.Counter = collections.Counter()
+  for seconds, op_name in ops.values():
+    parts[model_part(op_name, depth)] += seconds
+  return parts.most_common()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  ap = argparse.ArgumentParser(prog="python -m depthbench_jax.systems.profile_step",
+                               description=__doc__,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--design", default="preln")
+  ap.add_argument("--preset", default="cpu", choices=sorted(bench.PRESETS))
+  ap.add_argument("--steps", type=int, default=2)
+  ap.add_argument("--top", type=int, default=25, help="parts and ops listed")
+  ap.add_argument("--depth", type=int, default=3, help="module path components per part")
+  args = ap.parse_args(argv)
+  from depthbench_jax.residual import registry
+  if args.design not in registry.names():
+    ap.error(f"--design={args.design!r}; allowed: {', '.join(registry.names())}")
+  preset = dataclasses.replace(bench.PRESETS[args.preset], designs=(args.design,))
+  result = profile(args.design, preset, args.steps)
+  ops = result["ops"]
+  print(f"{args.design} ({result['remat_policy']}), preset {args.preset}: "
+        f"{sum(s for s, _ in ops.values()) * 1e3:.0f} ms of op time per step")
+  print("\nper part (ms/step):")
+  for part, seconds in by_part(ops, args.depth)[:args.top]:
+    print(f"  {seconds * 1e3:9.1f}  {part}")
+  print(f"\ntop {args.top} ops (ms/step):")
+  for name, (seconds, op_name) in sorted(ops.items(), key=lambda kv: -kv[1][0])[:args.top]:
+    print(f"  {seconds * 1e3:9.1f}  {name:28s} {model_part(op_name, 8)}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
