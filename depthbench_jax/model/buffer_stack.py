@@ -20,12 +20,11 @@ Because slots ``> k`` are known to be empty here (not just masked), every pass o
 memory traffic of a masked read over all ``2L+1`` slots, summed over the stack. The math is
 ``base.depth_softmax``'s (``tests/model/test_buffer_stack.py`` checks it against that).
 
-The remat policy decides what of the branch is kept, as it would under ``nn.remat``:
-``policy=None`` (``remat_policy='nothing_saveable'``, the paper suites' default) saves only
-``h_k`` and recomputes the branch in the backward; a policy (``dots_saveable``) runs the forward
-through ``jax.vjp(jax.checkpoint(branch, policy))`` and saves that VJP's residuals per sublayer
-(a ``jax.VJP`` is a pytree of them), so the backward replays it without recomputing the saved
-matmuls. ``Transformer`` takes this path for designs with ``Design.source_buffer`` whenever it
+The remat policy decides what of the branch is kept, as it would under ``nn.remat``: the
+forward runs each branch through ``jax.vjp(jax.checkpoint(branch, policy))`` and saves that
+VJP's residuals per sublayer (a ``jax.VJP`` is a pytree of them), and the backward replays it.
+Under ``nothing_saveable`` (the paper suites' default) the residuals are the branch's inputs and
+the replay recomputes it; under ``dots_saveable`` the matmul outputs are kept too. ``Transformer`` takes this path for designs with ``Design.source_buffer`` whenever it
 trains with remat: no gate, no per-layer outputs, no ``intermediates``, no decode.
 ``tests/model/test_buffer_stack.py`` checks loss and every gradient against the plain scan.
 """
@@ -101,15 +100,16 @@ def read_slots_vjp(q, values, inv_rms, k, g_h, g_values, g_inv):
 
 def source_buffer_stack(branch: Callable, query: Callable, eps: float, params: Any,
                         values: Array, inv_rms: Array,
-                        policy: Callable | None = None) -> tuple[Array, Array]:
+                        policy: Callable = jax.checkpoint_policies.nothing_saveable
+                        ) -> tuple[Array, Array]:
   """Runs L layers of Full AttnRes over the buffer; returns the final ``(values, inv_rms)``.
 
   branch(p_l, h, sub) -> y: sublayer ``sub`` of a layer with params ``p_l`` on its aggregated
   input ``h`` [B,T,d] (pre-norm included). query(p_l, sub) -> [d]: its depth query (key gain
   folded in). params: the stacked layer params [L, ...]. values [S,B,T,d] and inv_rms [S,B,T]:
   the initial buffer (slot 0 = embedding). Sublayer ``k = 2l + sub`` reads slots ``0..k`` and
-  writes slot ``k + 1``. policy: a ``jax.checkpoint_policies`` entry whose saved values the
-  backward reuses, or None to save only each sublayer's input and recompute the branch.
+  writes slot ``k + 1``. policy: the ``jax.checkpoint_policies`` entry deciding what of each
+  branch the backward reuses rather than recomputes.
   """
   return _stack(branch, query, eps, policy, params, values, inv_rms)
 
@@ -122,8 +122,7 @@ def _branch_vjp(branch, policy, p, h, sub):
 
 
 def _forward(branch, query, eps, policy, params, values, inv_rms, save: bool):
-  """The layer scan; with ``save``, per layer also what the backward needs of each sublayer:
-  its input ``h`` [2,B,T,d] (policy None) or its branch VJP's residuals (a policy)."""
+  """The layer scan; with ``save``, per layer also each sublayer's branch VJP residuals."""
   n_layers = jax.tree.leaves(params)[0].shape[0]
 
   def layer(carry, xs):
@@ -133,18 +132,13 @@ def _forward(branch, query, eps, policy, params, values, inv_rms, save: bool):
     for sub in (0, 1):
       k = 2 * l + sub
       h = read_slots(query(p, sub), values, inv_rms, k).astype(values.dtype)
-      if save and policy is not None:
+      if save:
         y, (residuals, _) = _branch_vjp(branch, policy, p, h, sub)
         saved.append(residuals)
       else:
         y = branch(p, h, sub)
-        saved.append(h)
       values, inv_rms = write_slot(values, inv_rms, k + 1, y, eps)
-    if not save:
-      saved = None
-    elif policy is None:
-      saved = jnp.stack(saved)
-    return (values, inv_rms), saved
+    return (values, inv_rms), (saved if save else None)
 
   return jax.lax.scan(layer, (values, inv_rms), (params, jnp.arange(n_layers)))
 
@@ -161,13 +155,11 @@ def _stack_fwd(branch, query, eps, policy, params, values, inv_rms):
 
 
 def _stack_bwd(branch, query, eps, policy, res, cotangents):
-  params, values, inv_rms, saved = res   # final buffer; per layer [2,B,T,d] or VJP residuals
+  params, values, inv_rms, saved = res   # final buffer; per layer the branch VJP residuals
   g_values, g_inv = cotangents
   n_layers = jax.tree.leaves(params)[0].shape[0]
 
   def branch_vjp(p, saved_l, sub):
-    if policy is None:
-      return jax.vjp(lambda p, h: branch(p, h, sub), p, saved_l[sub])[1]
     # The residuals' structure, from a trace on a placeholder input that XLA then drops.
     placeholder = jnp.zeros(values.shape[1:], values.dtype)
     _, (_, tree) = _branch_vjp(branch, policy, p, placeholder, sub)
@@ -187,7 +179,7 @@ def _stack_bwd(branch, query, eps, policy, res, cotangents):
       g_values = jax.lax.dynamic_update_slice_in_dim(
           g_values, jnp.zeros_like(g_values[:1]), slot, 0)
       g_inv = jax.lax.dynamic_update_slice_in_dim(g_inv, jnp.zeros_like(g_inv[:1]), slot, 0)
-      # The branch F(N(h)): replayed from its saved residuals, or recomputed.
+      # The branch F(N(h)), replayed from its saved residuals.
       g_p_branch, g_h = branch_vjp(p, saved_l, sub)(g_y.astype(y.dtype))
       # The depth read over slots 0..k of the final buffer.
       q, query_vjp = jax.vjp(lambda p: query(p, sub), p)

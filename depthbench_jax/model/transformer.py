@@ -170,7 +170,7 @@ class Transformer(nn.Module):
     params = nn.unbox(self.variables["params"]["layers"])
     values, inv_rms = buffer_stack.source_buffer_stack(
         branch, query, cfg.norm_eps, params, state["values"], state["inv_rms"],
-        policy=None if cfg.remat_policy == "nothing_saveable" else _POLICIES[cfg.remat_policy])
+        policy=_POLICIES[cfg.remat_policy])
     n_slots = values.shape[0]
     return attnres.depth_state(values, jnp.ones((n_slots,), jnp.float32),
                                jnp.asarray(n_slots - 1, jnp.int32), cfg.norm_eps, inv_rms)

@@ -20,7 +20,7 @@ def _cfg(n_layers, d_model=32, policy="nothing_saveable"):
   c = tiny_config(**{"model.n_layers": n_layers, "model.d_model": d_model, "model.n_heads": 4,
                      "model.ffn_dim": None})
   c.model.residual = {"name": "attnres_full"}
-  c.model.remat_policy = policy  # recompute the branch (None) or replay its saved residuals
+  c.model.remat_policy = policy  # what of each branch the buffer stack saves for its backward
   return model_config_from(c.model)
 
 
