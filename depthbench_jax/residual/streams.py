@@ -26,11 +26,8 @@ _F32 = jnp.float32
 
 
 def _weighted_sum(w: Array, h: Array) -> Array:
-  """``sum_i w[..., i] h[i]`` unrolled in fp32: w [B,T,n], h [n,B,T,d] -> [B,T,d]."""
-  out = w[..., 0, None].astype(_F32) * h[0].astype(_F32)
-  for i in range(1, h.shape[0]):
-    out = out + w[..., i, None].astype(_F32) * h[i].astype(_F32)
-  return out
+  """``sum_i w[..., i] h[i]`` in fp32: w [B,T,n], h [n,B,T,d] -> [B,T,d] (``_mix``, one row)."""
+  return _mix(w[..., None, :], h)[0]
 
 
 def _mix(m: Array, h: Array) -> Array:
