@@ -113,6 +113,20 @@ def interleaved(candidates: dict[str, Callable[[], Any]], rounds: int,
   return times
 
 
+def paired_ratio_band(num: Sequence[float], den: Sequence[float]) -> dict[str, float]:
+  """Quartiles of the per-round ratios ``num[i] / den[i]`` (both timed in the same round).
+
+  The reported ratio stays the ratio of medians; this band shows how far a single round's
+  ratio strays (machine speed drifts between rounds, and pairing within a round cancels most
+  of it), so a verdict a hair over its target can be read against the run's own noise.
+  """
+  ratios = [a / b for a, b in zip(num, den)]
+  if len(ratios) < 2:
+    return {"q1": ratios[0], "median": ratios[0], "q3": ratios[0]}
+  q1, med, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
+  return {"q1": q1, "median": med, "q3": q3}
+
+
 def matmul_runner(n: int, dtype, reps: int) -> Callable[[], None]:
   """``reps`` chained ``a @ b`` of ``n x n`` operands (``2 n^3 reps`` FLOPs) in one call: the
   device's matmul ceiling, timed as one more interleaved candidate (and about as long as a
@@ -317,13 +331,16 @@ def run_bench(p: Preset, log=print) -> dict:
       row = {"design": design, "shape": shape, "step_s": t, "step_s_all": times[design],
              "tokens_per_s": p.batch * p.seq_len / t, "model_flops_per_step": c.flops_per_step,
              "model_flops_per_s": c.flops_per_step / t, "mfu": c.flops_per_step / t / peak,
-             "step_over_preln": t / med["preln"], "peak_bytes": c.peak_bytes,
+             "step_over_preln": t / med["preln"],
+             "step_over_preln_rounds": paired_ratio_band(times[design], times["preln"]),
+             "peak_bytes": c.peak_bytes,
              "peak_over_preln": c.peak_bytes / base.peak_bytes, "compile_s": c.compile_s,
              "remat_policy": c.cfg.remat_policy}
       if design == "preln" and hf_time is not None:
         row["hf_step_s"] = hf_time
         row["hf_step_s_all"] = times["hf_llama_torch"]
         row["ours_over_hf"] = t / hf_time
+        row["ours_over_hf_rounds"] = paired_ratio_band(times[design], times["hf_llama_torch"])
         # Each framework's MFU against its own GEMM ceiling; their ratio is ours/HF with the
         # BLAS difference taken out (XLA:CPU's fp32 GEMM vs torch's oneDNN).
         row["hf_matmul_peak_flops"] = torch_peak
@@ -377,24 +394,30 @@ def verdict(result: dict) -> list[dict]:
   return checks
 
 
+def _band(band: dict | None) -> str:
+  return "" if not band else f"{band['q1']:.3f}-{band['q3']:.3f}"
+
+
 def render(result: dict) -> str:
   lines = [f"DepthBench bench on {result['device']} ({result['device_kind']}, "
            f"{result['cpu_count']} CPUs), jax {result['jax']}, {result['preset']['dtype']}, "
            f"batch {result['preset']['batch']} x seq {result['preset']['seq_len']}; matmul peak "
            f"{result['matmul_peak_flops'] / 1e9:.1f} GFLOP/s", "",
-           "| design | shape | remat | step ms | x Pre-LN | tokens/s | model GFLOP/s | MFU | "
-           "peak MiB | x Pre-LN | compile s |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "| design | shape | remat | step ms | x Pre-LN | per-round IQR | tokens/s | "
+           "model GFLOP/s | MFU | peak MiB | x Pre-LN | compile s |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
   for r in result["train"]:
     lines.append(f"| {r['design']} | {r['shape']} | {r['remat_policy']} | "
                  f"{1e3 * r['step_s']:.1f} | {r['step_over_preln']:.3f} | "
+                 f"{_band(r.get('step_over_preln_rounds'))} | "
                  f"{r['tokens_per_s']:,.0f} | {r['model_flops_per_s'] / 1e9:.1f} | "
                  f"{r['mfu']:.3f} | {r['peak_bytes'] / 2**20:,.0f} | {r['peak_over_preln']:.2f} | "
                  f"{r['compile_s']:.1f} |")
   pre = next((r for r in result["train"] if r["design"] == "preln" and "hf_step_s" in r), None)
   if pre:
     lines += ["", f"Pre-LN step {1e3 * pre['step_s']:.1f} ms vs HF LlamaForCausalLM (torch) "
-              f"{1e3 * pre['hf_step_s']:.1f} ms: ours/HF = {pre['ours_over_hf']:.3f}"]
+              f"{1e3 * pre['hf_step_s']:.1f} ms: ours/HF = {pre['ours_over_hf']:.3f} "
+              f"(per-round IQR {_band(pre.get('ours_over_hf_rounds'))})"]
     if "hf_mfu" in pre:
       lines += [f"GEMM ceilings: XLA {result['matmul_peak_flops'] / 1e9:.1f}, torch "
                 f"{pre['hf_matmul_peak_flops'] / 1e9:.1f} GFLOP/s; MFU ours {pre['mfu']:.3f}, "

@@ -118,6 +118,17 @@ def test_cli_and_report_section(tmp_path, capsys):
   assert "| preln | 16x1216 |" in section and "device-h" in section
 
 
+def test_paired_ratio_band_pairs_rounds():
+  """Per-round ratios, not a ratio of independent spreads: a machine that runs every candidate
+  2x slower in one round leaves that round's ratio unchanged."""
+  from depthbench_jax.bench import paired_ratio_band
+  preln = [1.0, 2.0, 1.0, 1.0, 1.0]
+  hc = [1.1, 2.2, 1.2, 1.0, 1.3]                     # ratios 1.1, 1.1, 1.2, 1.0, 1.3
+  band = paired_ratio_band(hc, preln)
+  np.testing.assert_allclose([band["q1"], band["median"], band["q3"]], [1.1, 1.1, 1.2])
+  assert paired_ratio_band([3.0], [2.0]) == {"q1": 1.5, "median": 1.5, "q3": 1.5}
+
+
 @pytest.mark.slow  # ~4 train-step compiles: 20-40 s on 2 busy cores. CI runs slow tests too.
 def test_bench_quick_mode(tmp_path, capsys):
   from depthbench_jax import bench
@@ -128,6 +139,10 @@ def test_bench_quick_mode(tmp_path, capsys):
   assert {"preln", "hc"} <= designs
   pre = next(r for r in result["train"] if r["design"] == "preln")
   assert pre["step_over_preln"] == 1.0 and pre["mfu"] > 0 and pre["peak_bytes"] > 0
+  assert pre["step_over_preln_rounds"] == {"q1": 1.0, "median": 1.0, "q3": 1.0}
+  hc = next(r for r in result["train"] if r["design"] == "hc")
+  band = hc["step_over_preln_rounds"]
+  assert band["q1"] <= band["median"] <= band["q3"]
   assert result["compile"]["deep_s"] > 0 and result["matmul_peak_flops"] > 0
   assert "ours_over_hf" in pre and pre["hf_matmul_peak_flops"] > 0
   np.testing.assert_allclose(pre["ours_over_hf_at_equal_gemm"] * pre["mfu"], pre["hf_mfu"])
