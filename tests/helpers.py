@@ -39,10 +39,20 @@ def tiny_flags(**overrides) -> list[str]:
   return [f"--config.{k}={v}" for k, v in {**TINY, **overrides}.items()]
 
 
+# One persistent XLA compilation cache for every subprocess of a test session (tests/conftest.py
+# makes the directory): killed-and-resumed runs, sweeps and CLIs recompile the same tiny
+# programs many times over. The cache key is the HLO plus flags, so results are unchanged.
+COMPILATION_CACHE_ENV = "DEPTHBENCH_TEST_COMPILATION_CACHE"
+
+
 def subprocess_env(devices: int = 1, **extra) -> dict:
   env = dict(os.environ)
   env.update({"JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": ROOT,
               "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"})
+  if os.environ.get(COMPILATION_CACHE_ENV):
+    env.update({"JAX_COMPILATION_CACHE_DIR": os.environ[COMPILATION_CACHE_ENV],
+                "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+                "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"})
   env.update({k: str(v) for k, v in extra.items()})
   return env
 
