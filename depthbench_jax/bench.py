@@ -1,9 +1,10 @@
 """``python -m depthbench_jax.bench``: step time, MFU, memory and compile time, side by side.
 
 Everything is measured in one process on whatever device is present, and every ratio is taken
-between candidates timed *interleaved*: each round times one step of every candidate in turn,
-and a candidate's figure is its median over the rounds, so load from other processes hits all
-of them alike. Measured:
+between candidates timed *interleaved*: each round times one step of every candidate in turn
+(the order rotated by one each round), and a candidate's figure is its median over the rounds,
+so load from other processes hits all of them alike; the interquartile range of the per-round
+ratios is reported beside each ratio. Measured:
 
 * ``matmul_peak``: the FLOP/s of a square matmul in the bench dtype, timed as one more
   interleaved candidate (the same run's ceiling, under the same load).
@@ -100,15 +101,18 @@ def device_name() -> str:
 def interleaved(candidates: dict[str, Callable[[], Any]], rounds: int,
                 warmup: int = 2) -> dict[str, list[float]]:
   """Seconds per call of each candidate: ``rounds`` rounds, each calling every candidate once
-  in turn (each call must block until its result is ready)."""
+  (each call must block until its result is ready). Round r starts at candidate r mod k, so no
+  candidate always runs first or always follows the same neighbour (a heavy GEMM chain, torch's
+  thread pool winding down)."""
   for fn in candidates.values():
     for _ in range(warmup):
       fn()
-  times: dict[str, list[float]] = {k: [] for k in candidates}
-  for _ in range(rounds):
-    for name, fn in candidates.items():
+  names = list(candidates)
+  times: dict[str, list[float]] = {k: [] for k in names}
+  for r in range(rounds):
+    for name in names[r % len(names):] + names[:r % len(names)]:
       start = time.perf_counter()
-      fn()
+      candidates[name]()
       times[name].append(time.perf_counter() - start)
   return times
 

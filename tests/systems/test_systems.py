@@ -118,6 +118,14 @@ def test_cli_and_report_section(tmp_path, capsys):
   assert "| preln | 16x1216 |" in section and "device-h" in section
 
 
+def test_interleaved_rotates_the_order_each_round():
+  from depthbench_jax.bench import interleaved
+  calls = []
+  times = interleaved({k: (lambda k=k: calls.append(k)) for k in "abc"}, rounds=4, warmup=0)
+  assert "".join(calls) == "abc" "bca" "cab" "abc"
+  assert {k: len(v) for k, v in times.items()} == {"a": 4, "b": 4, "c": 4}
+
+
 def test_paired_ratio_band_pairs_rounds():
   """Per-round ratios, not a ratio of independent spreads: a machine that runs every candidate
   2x slower in one round leaves that round's ratio unchanged."""
