@@ -24,8 +24,9 @@ The remat policy decides what of the branch is kept, as it would under ``nn.rema
 forward runs each branch through ``jax.vjp(jax.checkpoint(branch, policy))`` and saves that
 VJP's residuals per sublayer (a ``jax.VJP`` is a pytree of them), and the backward replays it.
 Under ``nothing_saveable`` (the paper suites' default) the residuals are the branch's inputs and
-the replay recomputes it; under ``dots_saveable`` the matmul outputs are kept too. ``Transformer`` takes this path for designs with ``Design.source_buffer`` whenever it
-trains with remat: no gate, no per-layer outputs, no ``intermediates``, no decode.
+the replay recomputes it; under ``dots_saveable`` the matmul outputs are kept too.
+``Transformer`` takes this path for designs with ``Design.source_buffer`` whenever it trains
+with remat: no gate, no per-layer outputs, no ``intermediates``, no decode.
 ``tests/model/test_buffer_stack.py`` checks loss and every gradient against the plain scan.
 """
 
