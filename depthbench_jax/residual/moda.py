@@ -46,7 +46,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from depthbench_jax.model.layers import apply_rope, dtype_of, normal_init
+from depthbench_jax.model.layers import (apply_rope, dtype_of, heads_major, normal_init,
+                                         tokens_major)
 from depthbench_jax.model.matmul import projection_dot_general
 from depthbench_jax.residual.base import Design, LayerWiring, StateIO, check_fields
 
@@ -61,22 +62,20 @@ def moda_attention(q: Array, k: Array, v: Array, depth_k: Array, depth_v: Array,
   presence: [S] float in [0,1] (0 = slot absent; weights are ``p_i e^(z_i) / Z``). Scale 1/sqrt(hd)
   on both parts. Returns [B,T,H,hd].
   """
-  b, t, h, hd = q.shape
-  kvh = k.shape[2]
-  qg = q.reshape(b, t, kvh, h // kvh, hd)
-  scale = 1.0 / jnp.sqrt(jnp.float32(hd))
-  seq = jnp.einsum("bqkgd,bskd->bkgqs", qg, k, preferred_element_type=jnp.float32) * scale
+  t = q.shape[1]
+  qg, kt, vt = heads_major(q, k, v)                                 # q scaled, [B,K,G,T,hd]
+  seq = jnp.einsum("bkgqd,bksd->bkgqs", qg, kt, preferred_element_type=jnp.float32)
   causal = jnp.arange(t)[None, :] <= jnp.arange(t)[:, None]
   seq = jnp.where(causal, seq, -jnp.inf)
-  dep = jnp.einsum("bqkgd,nbqkd->bkgqn", qg, depth_k, preferred_element_type=jnp.float32) * scale
+  dep = jnp.einsum("bkgqd,nbqkd->bkgqn", qg, depth_k, preferred_element_type=jnp.float32)
   present = presence > 0
   log_p = jnp.log(jnp.where(present, presence, 1.0).astype(jnp.float32))
   dep = jnp.where(present, dep + log_p, -jnp.inf)
   probs = jax.nn.softmax(jnp.concatenate([seq, dep], axis=-1), axis=-1)
   p_seq, p_dep = probs[..., :t].astype(v.dtype), probs[..., t:].astype(v.dtype)
-  out = (jnp.einsum("bkgqs,bskd->bqkgd", p_seq, v)
-         + jnp.einsum("bkgqn,nbqkd->bqkgd", p_dep, depth_v))
-  return out.reshape(b, t, h, hd)
+  out = (jnp.einsum("bkgqs,bksd->bkgqd", p_seq, vt)
+         + jnp.einsum("bkgqn,nbqkd->bkgqd", p_dep, depth_v))
+  return tokens_major(out)
 
 
 class MoDA(LayerWiring):
