@@ -40,6 +40,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from depthbench_jax import hostmem
+
 # Targets (on 2 CPU cores for the default preset); ratios are "<=", mfu is ">=".
 TARGETS = {"mfu": 0.45, "hc_over_preln": 1.10, "attnres_full_over_preln": 1.15,
            "compile_deep_over_shallow": 1.3, "ours_over_hf": 0.8}
@@ -300,8 +302,10 @@ def run_bench(p: Preset, log=print) -> dict:
       "backend": jax.default_backend(), "cpu_count": os.cpu_count(),
       "jax": jax.__version__, "python": platform.python_version(),
       "preset": dataclasses.asdict(p), "time": time.strftime("%Y-%m-%d %H:%M:%S"),
-      "targets": TARGETS, "remat": REMAT}
-  log(f"device {result['device']} ({result['device_kind']}), {os.cpu_count()} CPUs")
+      "targets": TARGETS, "remat": REMAT,
+      "host_malloc": "glibc THP (" + hostmem.SETTING + ")" if hostmem.active() else "default"}
+  log(f"device {result['device']} ({result['device_kind']}), {os.cpu_count()} CPUs, "
+      f"host malloc {result['host_malloc']}")
   matmul = matmul_runner(p.matmul_n, dtype, p.matmul_reps)
   peaks = []
 
@@ -406,7 +410,8 @@ def render(result: dict) -> str:
   lines = [f"DepthBench bench on {result['device']} ({result['device_kind']}, "
            f"{result['cpu_count']} CPUs), jax {result['jax']}, {result['preset']['dtype']}, "
            f"batch {result['preset']['batch']} x seq {result['preset']['seq_len']}; matmul peak "
-           f"{result['matmul_peak_flops'] / 1e9:.1f} GFLOP/s", "",
+           f"{result['matmul_peak_flops'] / 1e9:.1f} GFLOP/s; host malloc "
+           f"{result.get('host_malloc', 'default')}", "",
            "| design | shape | remat | step ms | x Pre-LN | per-round IQR | tokens/s | "
            "model GFLOP/s | MFU | peak MiB | x Pre-LN | compile s |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -468,4 +473,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+  hostmem.reexec_with_huge_pages("depthbench_jax.bench")
   sys.exit(main())
