@@ -92,7 +92,7 @@ def tokens_major(out: Array) -> Array:
 
 
 def grouped_attention(q: Array, k: Array, v: Array, keep: Array) -> Array:
-  """``softmax(q k^T / sqrt(hd) where keep, else -inf) v`` with GQA head groups.
+  """``softmax(q k^T / sqrt(hd) where keep, else fp32 min) v`` with GQA head groups.
 
   q: [B, Tq, H, hd]; k, v: [B, S, K, hd] with H a multiple of K (query head h reads KV head
   h // (H/K)); keep: bool, broadcastable to [B, K, H/K, Tq, S]. Logits and softmax in fp32.
