@@ -12,8 +12,9 @@ system time, Pre-LN step 3.2 -> 2.9 s; torch's step in the same process 3.0 -> 2
 come from.
 
 glibc reads tunables once, at process start, so the variable has to be in the environment
-before Python starts: ``launch/*.sh`` export it, and ``reexec_with_huge_pages`` restarts a
-``python -m`` entry point with it set. ``DEPTHBENCH_DEFAULT_MALLOC=1`` keeps glibc's default.
+before Python starts: ``launch/run_sweep.sh`` exports it, and ``reexec_with_huge_pages``
+restarts a ``python -m`` entry point with it set. ``DEPTHBENCH_DEFAULT_MALLOC=1`` keeps glibc's
+default.
 """
 
 from __future__ import annotations
@@ -42,20 +43,22 @@ def with_huge_pages(env: Mapping[str, str]) -> dict[str, str]:
   return out
 
 
-def thp_mode() -> str | None:
-  """The kernel's transparent-huge-page mode (``always``, ``madvise``, ``never``), or None."""
+def thp_available() -> bool:
+  """Whether the kernel's transparent-huge-page mode (``always``/``madvise``/``never``) lets
+  malloc ask for huge pages: Linux with mode ``always`` or ``madvise``."""
+  if sys.platform != "linux":
+    return False
   try:
     with open(_THP_MODE) as f:
       text = f.read()
   except OSError:
-    return None
-  return text[text.index("[") + 1:text.index("]")] if "[" in text else None
+    return False
+  return "[always]" in text or "[madvise]" in text
 
 
 def active() -> bool:
   """Whether this process started with huge-page malloc (the tunable set, THP available)."""
-  tunables = os.environ.get("GLIBC_TUNABLES", "").split(":")
-  return SETTING in tunables and thp_mode() in ("always", "madvise")
+  return SETTING in os.environ.get("GLIBC_TUNABLES", "").split(":") and thp_available()
 
 
 def reexec_with_huge_pages(module: str) -> None:
@@ -64,7 +67,7 @@ def reexec_with_huge_pages(module: str) -> None:
   Does nothing when the setting is already in the environment, when the user opted out, or
   off Linux/glibc or without THP, so a second start never happens.
   """
-  if sys.platform != "linux" or thp_mode() not in ("always", "madvise"):
+  if not thp_available():
     return
   env = with_huge_pages(os.environ)
   if env == dict(os.environ):

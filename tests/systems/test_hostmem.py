@@ -10,8 +10,8 @@ import pytest
 from depthbench_jax import hostmem
 from tests.helpers import ROOT
 
-THP = sys.platform == "linux" and hostmem.thp_mode() in ("always", "madvise")
-needs_thp = pytest.mark.skipif(not THP, reason="needs Linux with transparent huge pages")
+needs_thp = pytest.mark.skipif(not hostmem.thp_available(),
+                               reason="needs Linux with transparent huge pages")
 
 
 def _clean_env(**extra):
@@ -61,7 +61,8 @@ def test_huge_pages_cut_the_page_faults_of_a_large_malloc():
   assert huge < default / 10
 
 
-_REEXEC = "from depthbench_jax import hostmem; hostmem.reexec_with_huge_pages('depthbench_jax.hostmem')"
+_REEXEC = ("from depthbench_jax import hostmem; "
+           "hostmem.reexec_with_huge_pages('depthbench_jax.hostmem')")
 
 
 @needs_thp
