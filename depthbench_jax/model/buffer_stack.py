@@ -11,13 +11,20 @@ weight and zero gradient (``base.depth_softmax``). So:
 * forward: the usual scan, saving per sublayer only its aggregated input ``h_k`` [B,T,d];
 * backward: one reverse scan over layers carrying the buffer's cotangents ``(dV, d inv_rms)``
   beside the final buffer (saved once): per sublayer, the written slot's cotangent becomes
-  ``dy`` (plus the 1/RMS path), ``jax.vjp`` of the branch ``F(N(h_k))`` recomputes it and
-  returns the parameter and ``dh`` gradients, and the depth read's VJP (its softmax recomputed
-  from the final buffer) adds into ``dV``.
+  ``dy`` (plus the 1/RMS and logit paths), ``jax.vjp`` of the branch ``F(N(h_k))`` recomputes
+  it and returns the parameter and ``dh`` gradients, and the depth read's VJP (its softmax
+  recomputed from the final buffer) adds into ``dV``.
 
 Because slots ``> k`` are known to be empty here (not just masked), every pass over the buffer
 (``read_slots``, ``read_slots_vjp``) loops over the written slots ``0..k`` only: half the
-memory traffic of a masked read over all ``2L+1`` slots, summed over the stack. The math is
+memory traffic of a masked read over all ``2L+1`` slots, summed over the stack. And because
+the pseudo-queries are parameters, not functions of the input, a slot's logits for *every*
+sublayer, ``q_k . v_s`` for all k, are one [B*T, d] x [d, 2L] matmul when the slot is written
+(``slot_logits``, kept in the carry as [S,B,T,2L]); a read is then one pass over its slots
+(the weighted sum) and its VJP one more (``da_s = v_s . g_h`` beside ``dV_s += a_s g_h``),
+where recomputing ``q_k . v_s`` per read took a second pass each way and ``dq`` a third
+backward. The logits' cotangents reach ``v_s`` and the queries as two small matmuls at the
+slot's write. At 8x512 (2 CPU cores): Full AttnRes step 1.186 -> 1.157x Pre-LN. The math is
 ``base.depth_softmax``'s (``tests/model/test_buffer_stack.py`` checks it against that).
 
 The remat policy decides what of the branch is kept, as it would under ``nn.remat``: the
@@ -52,51 +59,48 @@ def _slot(x: Array, s: Array) -> Array:
   return jax.lax.dynamic_index_in_dim(x, s, 0, keepdims=False)
 
 
-def _softmax_over_written(qv: Array, inv_rms: Array, k: Array) -> Array:
-  """``a = softmax_s(inv_rms_s (q . v_s))`` over slots ``0..k``, 0 after: [S,B,T]."""
-  written = (jnp.arange(qv.shape[0]) <= k)[:, None, None]
-  return jax.nn.softmax(jnp.where(written, qv * inv_rms, -jnp.inf), axis=0)
+def _softmax_over_written(logits: Array, inv_rms: Array, k: Array) -> Array:
+  """``a = softmax_s(inv_rms_s (q_k . v_s))`` over slots ``0..k``, 0 after: [S,B,T]."""
+  written = (jnp.arange(logits.shape[0]) <= k)[:, None, None]
+  return jax.nn.softmax(jnp.where(written, logits * inv_rms, -jnp.inf), axis=0)
 
 
-def _query_dot(q: Array, v: Array) -> Array:
-  """``q . v`` [B,T] fp32 for one slot ``v`` [B,T,d] (q in the buffer's dtype, as
-  ``base.depth_softmax``; the backward recomputes exactly the forward's logits)."""
-  return jnp.einsum("btd,d->bt", v, q.astype(v.dtype), preferred_element_type=jnp.float32)
+def slot_logits(value: Array, queries: Array) -> Array:
+  """``q_k . v`` for every sublayer query at once: value [...,d], queries [K,d] -> [...,K] fp32.
+
+  One small matmul when a slot is written, instead of one pass over the slot per later read
+  (queries in the buffer's dtype, fp32 accumulation, as ``base.depth_softmax``).
+  """
+  return jnp.einsum("...d,kd->...k", value, queries.astype(value.dtype),
+                    preferred_element_type=jnp.float32)
 
 
-def read_slots(q: Array, values: Array, inv_rms: Array, k: Array) -> Array:
-  """Sublayer ``k``'s depth read ``h = sum_(s<=k) a_s v_s`` [B,T,d] (fp32), two passes."""
-  logit = lambda s, qv: qv.at[s].set(_query_dot(q, _slot(values, s)))
-  qv = _slot_loop(k, logit, jnp.zeros(values.shape[:-1], jnp.float32))
-  return _slot_weighted_sum(_softmax_over_written(qv, inv_rms, k), values, k + 1)
+def read_slots(logits: Array, values: Array, inv_rms: Array, k: Array) -> Array:
+  """Sublayer ``k``'s depth read ``h = sum_(s<=k) a_s v_s`` [B,T,d] (fp32): one pass over the
+  written slots. logits [S,B,T]: ``q_k . v_s`` (``slot_logits``, stored at each write)."""
+  return _slot_weighted_sum(_softmax_over_written(logits, inv_rms, k), values, k + 1)
 
 
-def read_slots_vjp(q, values, inv_rms, k, g_h, g_values, g_inv):
-  """Adds the read's cotangents into ``(g_values, g_inv)`` (slots ``0..k``); returns them and
-  ``dq``. With ``da_s = v_s . g_h``, ``dz = a (da - sum_s a da)``: ``dv_s = a_s g_h + dz_s
-  inv_rms_s q``, ``d inv_rms_s = dz_s (q . v_s)``, ``dq = sum_s dz_s inv_rms_s v_s``."""
+def read_slots_vjp(logits, values, inv_rms, k, g_h, g_values):
+  """The read's VJP for the cotangent ``g_h`` of ``h``, in one pass over slots ``0..k``.
+
+  With ``da_s = v_s . g_h``: adds ``a_s g_h`` into ``g_values`` (the path through the weighted
+  sum) and returns it with ``dz = a (da - sum_s a da)`` [S,B,T], the cotangent of the softmax's
+  input ``z_s = inv_rms_s logits_s``. The caller routes ``dz`` on: ``d logits_s = dz_s
+  inv_rms_s`` (to ``v_s`` and ``q_k`` through ``slot_logits``) and ``d inv_rms_s = dz_s
+  logits_s``.
+  """
   g_h = g_h.astype(jnp.float32)
-  q32 = q.astype(jnp.float32)
+  a = _softmax_over_written(logits, inv_rms, k)
 
-  def dots(s, carry):
-    qv, da = carry
-    v = _slot(values, s)
-    return (qv.at[s].set(_query_dot(q, v)),
-            da.at[s].set(jnp.sum(v.astype(jnp.float32) * g_h, axis=-1)))
-  zeros = jnp.zeros(values.shape[:-1], jnp.float32)
-  qv, da = _slot_loop(k, dots, (zeros, zeros))
-  a = _softmax_over_written(qv, inv_rms, k)
-  dz = a * (da - jnp.sum(a * da, axis=0, keepdims=True))
-  dz_scaled = dz * inv_rms
-
-  def scatter(s, carry):
-    g_values, dq = carry
-    w, c = _slot(a, s)[..., None], _slot(dz_scaled, s)[..., None]
-    dv = _slot(g_values, s).astype(jnp.float32) + w * g_h + c * q32
-    dq = dq + jnp.einsum("bt,btd->d", c[..., 0], _slot(values, s).astype(jnp.float32))
-    return g_values.at[s].set(dv.astype(g_values.dtype)), dq
-  g_values, dq = _slot_loop(k, scatter, (g_values, jnp.zeros_like(q32)))
-  return g_values, g_inv + (dz * qv).astype(g_inv.dtype), dq
+  def slot(s, carry):
+    g_values, da = carry
+    v = _slot(values, s).astype(jnp.float32)
+    dv = _slot(g_values, s).astype(jnp.float32) + _slot(a, s)[..., None] * g_h
+    return (jax.lax.dynamic_update_index_in_dim(g_values, dv.astype(g_values.dtype), s, 0),
+            da.at[s].set(jnp.sum(v * g_h, axis=-1)))
+  g_values, da = _slot_loop(k, slot, (g_values, jnp.zeros(values.shape[:-1], jnp.float32)))
+  return g_values, a * (da - jnp.sum(a * da, axis=0, keepdims=True))
 
 
 def source_buffer_stack(branch: Callable, query: Callable, eps: float, params: Any,
@@ -108,11 +112,17 @@ def source_buffer_stack(branch: Callable, query: Callable, eps: float, params: A
   branch(p_l, h, sub) -> y: sublayer ``sub`` of a layer with params ``p_l`` on its aggregated
   input ``h`` [B,T,d] (pre-norm included). query(p_l, sub) -> [d]: its depth query (key gain
   folded in). params: the stacked layer params [L, ...]. values [S,B,T,d] and inv_rms [S,B,T]:
-  the initial buffer (slot 0 = embedding). Sublayer ``k = 2l + sub`` reads slots ``0..k`` and
-  writes slot ``k + 1``. policy: the ``jax.checkpoint_policies`` entry deciding what of each
-  branch the backward reuses rather than recomputes.
+  the initial buffer (slot 0 = embedding, the other slots unwritten). Sublayer ``k = 2l + sub``
+  reads slots ``0..k`` and writes slot ``k + 1``. policy: the ``jax.checkpoint_policies`` entry
+  deciding what of each branch the backward reuses rather than recomputes.
   """
   return _stack(branch, query, eps, policy, params, values, inv_rms)
+
+
+def _all_queries(query: Callable, params: Any) -> Array:
+  """[2L, d]: row ``k = 2l + sub`` is sublayer k's depth query, from the stacked params."""
+  per_layer = jax.vmap(lambda p: jnp.stack([query(p, 0), query(p, 1)]))(params)   # [L, 2, d]
+  return per_layer.reshape(-1, per_layer.shape[-1])
 
 
 def _branch_vjp(branch, policy, p, h, sub):
@@ -122,41 +132,62 @@ def _branch_vjp(branch, policy, p, h, sub):
   return y, jax.tree.flatten(vjp)
 
 
-def _forward(branch, query, eps, policy, params, values, inv_rms, save: bool):
-  """The layer scan; with ``save``, per layer also each sublayer's branch VJP residuals."""
+def _forward(branch, eps, policy, queries, params, values, inv_rms, save: bool):
+  """The layer scan; with ``save``, per layer also each sublayer's branch VJP residuals.
+
+  The carry holds, beside the buffer, every written slot's ``slot_logits`` [S,B,T,2L].
+  """
   n_layers = jax.tree.leaves(params)[0].shape[0]
+  logits = jnp.zeros(values.shape[:-1] + queries.shape[:1], jnp.float32)
+  logits = logits.at[0].set(slot_logits(values[0], queries))
 
   def layer(carry, xs):
-    values, inv_rms = carry
+    values, inv_rms, logits = carry
     p, l = xs
     saved = []
     for sub in (0, 1):
       k = 2 * l + sub
-      h = read_slots(query(p, sub), values, inv_rms, k).astype(values.dtype)
+      logits_k = jax.lax.dynamic_index_in_dim(logits, k, axis=3, keepdims=False)
+      h = read_slots(logits_k, values, inv_rms, k).astype(values.dtype)
       if save:
         y, (residuals, _) = _branch_vjp(branch, policy, p, h, sub)
         saved.append(residuals)
       else:
         y = branch(p, h, sub)
       values, inv_rms = write_slot(values, inv_rms, k + 1, y, eps)
-    return (values, inv_rms), (saved if save else None)
+      logits = jax.lax.dynamic_update_index_in_dim(
+          logits, slot_logits(_slot(values, k + 1), queries), k + 1, 0)
+    return (values, inv_rms, logits), (saved if save else None)
 
-  return jax.lax.scan(layer, (values, inv_rms), (params, jnp.arange(n_layers)))
+  return jax.lax.scan(layer, (values, inv_rms, logits), (params, jnp.arange(n_layers)))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
 def _stack(branch, query, eps, policy, params, values, inv_rms):
-  (values, inv_rms), _ = _forward(branch, query, eps, policy, params, values, inv_rms, False)
+  queries = _all_queries(query, params)
+  (values, inv_rms, _), _ = _forward(branch, eps, policy, queries, params, values, inv_rms,
+                                     False)
   return values, inv_rms
 
 
 def _stack_fwd(branch, query, eps, policy, params, values, inv_rms):
-  (values, inv_rms), saved = _forward(branch, query, eps, policy, params, values, inv_rms, True)
-  return (values, inv_rms), (params, values, inv_rms, saved)
+  queries = _all_queries(query, params)
+  (values, inv_rms, logits), saved = _forward(branch, eps, policy, queries, params, values,
+                                              inv_rms, True)
+  return (values, inv_rms), (params, queries, values, inv_rms, logits, saved)
+
+
+def _logits_vjp(g_logits: Array, value: Array, queries: Array) -> tuple[Array, Array]:
+  """``slot_logits``' VJP for one slot: (dv [B,T,d] = g Q, dQ [K,d] = g^T v), fp32 matmuls
+  over the flattened tokens."""
+  g = g_logits.reshape(-1, g_logits.shape[-1])
+  v = value.reshape(-1, value.shape[-1]).astype(jnp.float32)
+  dv = (g @ queries.astype(jnp.float32)).reshape(value.shape)
+  return dv, jax.lax.dot_general(g, v, (((0,), (0,)), ((), ())))
 
 
 def _stack_bwd(branch, query, eps, policy, res, cotangents):
-  params, values, inv_rms, saved = res   # final buffer; per layer the branch VJP residuals
+  params, queries, values, inv_rms, logits, saved = res   # final buffer; per layer the residuals
   g_values, g_inv = cotangents
   n_layers = jax.tree.leaves(params)[0].shape[0]
 
@@ -167,29 +198,41 @@ def _stack_bwd(branch, query, eps, policy, res, cotangents):
     return jax.tree.unflatten(tree, saved_l[sub])
 
   def layer(carry, xs):
-    g_values, g_inv = carry
+    g_values, g_inv, g_logits, g_queries = carry
     p, saved_l, l = xs
     g_p = jax.tree.map(jnp.zeros_like, p)
     for sub in (1, 0):
       k = 2 * l + sub
       slot = k + 1
-      # The write: dy from the slot and from its 1/RMS; the slot held zeros before it.
+      # The write: every later read's cotangent has reached the slot, through its value, its
+      # 1/RMS and its logits; the slot held zeros before it.
       y = _slot(values, slot)
       _, inv_vjp = jax.vjp(lambda y: inverse_rms(y, eps), y)
-      g_y = _slot(g_values, slot) + inv_vjp(_slot(g_inv, slot))[0]
-      g_values = jax.lax.dynamic_update_slice_in_dim(
-          g_values, jnp.zeros_like(g_values[:1]), slot, 0)
-      g_inv = jax.lax.dynamic_update_slice_in_dim(g_inv, jnp.zeros_like(g_inv[:1]), slot, 0)
+      g_y_logits, g_q = _logits_vjp(_slot(g_logits, slot), y, queries)
+      g_y = _slot(g_values, slot) + inv_vjp(_slot(g_inv, slot))[0] + g_y_logits
+      g_queries = g_queries + g_q
+      g_values = jax.lax.dynamic_update_index_in_dim(
+          g_values, jnp.zeros_like(g_values[0]), slot, 0)
+      g_inv = jax.lax.dynamic_update_index_in_dim(g_inv, jnp.zeros_like(g_inv[0]), slot, 0)
       # The branch F(N(h)), replayed from its saved residuals.
       g_p_branch, g_h = branch_vjp(p, saved_l, sub)(g_y.astype(y.dtype))
       # The depth read over slots 0..k of the final buffer.
-      q, query_vjp = jax.vjp(lambda p: query(p, sub), p)
-      g_values, g_inv, g_q = read_slots_vjp(q, values, inv_rms, k, g_h, g_values, g_inv)
-      g_p = jax.tree.map(lambda a, b, c: a + b + c, g_p, g_p_branch, query_vjp(g_q)[0])
-    return (g_values, g_inv), g_p
+      logits_k = jax.lax.dynamic_index_in_dim(logits, k, axis=3, keepdims=False)
+      g_values, dz = read_slots_vjp(logits_k, values, inv_rms, k, g_h, g_values)
+      g_inv = g_inv + (dz * logits_k).astype(g_inv.dtype)
+      g_logits = jax.lax.dynamic_update_index_in_dim(g_logits, dz * inv_rms, k, axis=3)
+      g_p = jax.tree.map(lambda a, b: a + b, g_p, g_p_branch)
+    return (g_values, g_inv, g_logits, g_queries), g_p
 
-  (g_values, g_inv), g_params = jax.lax.scan(
-      layer, (g_values, g_inv), (params, saved, jnp.arange(n_layers)), reverse=True)
+  carry = (g_values, g_inv, jnp.zeros_like(logits), jnp.zeros(queries.shape, jnp.float32))
+  (g_values, g_inv, g_logits, g_queries), g_params = jax.lax.scan(
+      layer, carry, (params, saved, jnp.arange(n_layers)), reverse=True)
+  # Slot 0 (the embedding) is read by every sublayer and written by none.
+  g_v0, g_q = _logits_vjp(g_logits[0], values[0], queries)
+  g_values = g_values.at[0].add(g_v0.astype(g_values.dtype))
+  _, queries_vjp = jax.vjp(lambda p: _all_queries(query, p), params)
+  g_queries = (g_queries + g_q).astype(queries.dtype)
+  g_params = jax.tree.map(jnp.add, g_params, queries_vjp(g_queries)[0])
   return g_params, g_values, g_inv
 
 

@@ -97,8 +97,10 @@ def test_saved_residuals_skip_the_recompute():
 
 
 def test_read_over_written_slots_equals_the_masked_depth_softmax():
-  """read_slots / read_slots_vjp (slots 0..k only) against base.depth_softmax with slots > k
-  masked, and its autodiff, on random values with nonzero values in the unwritten slots."""
+  """read_slots / read_slots_vjp (slots 0..k only, logits stored per slot) against
+  base.depth_softmax with slots > k masked, and its autodiff, on random values with nonzero
+  values in the unwritten slots. The VJP's ``dz`` routed as the stack routes it (through the
+  stored logits to ``v`` and ``q``, and to ``inv_rms``) gives autodiff's gradients."""
   s, k, d = 6, 3, 8
   keys = jax.random.split(jax.random.PRNGKey(0), 5)
   q = jax.random.normal(keys[0], (d,))
@@ -106,16 +108,20 @@ def test_read_over_written_slots_equals_the_masked_depth_softmax():
   inv = inverse_rms(values)
   g_h = jax.random.normal(keys[2], (2, 3, d))
   g_values0 = jax.random.normal(keys[3], values.shape)
-  g_inv0 = jax.random.normal(keys[4], inv.shape)
   mask = jnp.arange(s) <= k
   reference = lambda q, v, i: depth_softmax(q, v, mask, inv_rms=i)[0]
   want, vjp = jax.vjp(reference, q, values, inv)
   want_q, want_v, want_i = vjp(g_h)
-  np.testing.assert_allclose(buffer_stack.read_slots(q, values, inv, jnp.asarray(k)), want,
+  logits = buffer_stack.slot_logits(values, q[None])[..., 0]                  # [S,B,T]
+  np.testing.assert_allclose(logits, jnp.einsum("sbtd,d->sbt", values, q), rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(buffer_stack.read_slots(logits, values, inv, jnp.asarray(k)), want,
                              rtol=1e-5, atol=1e-6)
-  got_v, got_i, got_q = buffer_stack.read_slots_vjp(q, values, inv, jnp.asarray(k), g_h,
-                                                    g_values0, g_inv0)
-  np.testing.assert_allclose(got_q, want_q, rtol=1e-4, atol=1e-5)
+  got_v, dz = buffer_stack.read_slots_vjp(logits, values, inv, jnp.asarray(k), g_h, g_values0)
+  g_logits = dz * inv
+  got_v = got_v + g_logits[..., None] * q                                      # via the logits
   np.testing.assert_allclose(got_v, g_values0 + want_v, rtol=1e-4, atol=1e-5)
-  np.testing.assert_allclose(got_i, g_inv0 + want_i, rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(jnp.einsum("sbt,sbtd->d", g_logits, values), want_q, rtol=1e-4,
+                             atol=1e-5)
+  np.testing.assert_allclose(dz * logits, want_i, rtol=1e-4, atol=1e-5)
   assert float(jnp.max(jnp.abs(want_v[k + 1:]))) == 0  # unwritten slots get no gradient
+  assert float(jnp.max(jnp.abs(dz[k + 1:]))) == 0
