@@ -303,7 +303,7 @@ def run_bench(p: Preset, log=print) -> dict:
       "jax": jax.__version__, "python": platform.python_version(),
       "preset": dataclasses.asdict(p), "time": time.strftime("%Y-%m-%d %H:%M:%S"),
       "targets": TARGETS, "remat": REMAT,
-      "host_malloc": "glibc THP (" + hostmem.SETTING + ")" if hostmem.active() else "default"}
+      "host_malloc": hostmem.describe()}
   log(f"device {result['device']} ({result['device_kind']}), {os.cpu_count()} CPUs, "
       f"host malloc {result['host_malloc']}")
   matmul = matmul_runner(p.matmul_n, dtype, p.matmul_reps)
@@ -473,5 +473,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-  hostmem.reexec_with_huge_pages("depthbench_jax.bench")
+  hostmem.reexec_with_malloc_tunables("depthbench_jax.bench")
   sys.exit(main())

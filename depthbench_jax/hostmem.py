@@ -1,19 +1,27 @@
-"""Host memory: back the process's large allocations with transparent huge pages.
+"""Host memory: keep the process's heap, in transparent huge pages, from one step to the next.
 
-XLA:CPU allocates each step's temporaries (logits [B*T, V], the embedding gradient [V, d], the
-saved activations) afresh, and glibc serves every allocation over its mmap threshold (at most
-32 MiB) with a new mapping that the kernel fills one 4 KiB page fault at a time. On the 8x512
-bench step (2 CPU cores, vocab 50257) that is ~233,000 minor faults and 0.6 s of system time
-per step. ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` (glibc >= 2.35) makes malloc
-``madvise(MADV_HUGEPAGE)`` those mappings, so a fault maps 2 MiB: ~1,300 faults, 0.25 s
-system time, Pre-LN step 3.2 -> 2.9 s; torch's step in the same process 3.0 -> 2.8 s
-(benchmarks/README.md). It needs the kernel's THP mode ``always`` or ``madvise``
-(``/sys/kernel/mm/transparent_hugepage/enabled``) and changes no result, only where pages
-come from.
+XLA:CPU allocates each step's temporaries afresh (at 8x512, vocab 50257: an 850 MB buffer and
+a few of 130-155 MB per step), and glibc serves every allocation over its mmap threshold (at
+most 32 MiB) with a new mapping, unmapped again on free. So every step the kernel zeroes and
+maps that memory anew and then takes it back: with 4 KiB pages ~233,000 faults and 0.6 s of
+system time per step; with ``glibc.malloc.hugetlb=1`` (2 MiB pages) ~450 huge-page faults,
+~0.9 GB zeroed, 0.1-0.2 s. On a VM whose host reclaims freed guest memory, some steps also
+get pages back slowly: 0.4-0.8 s more system time in one step of three to eight, which made
+step times bimodal (Pre-LN 1.38 or 1.80 s) and the bench's ratios drift by +-0.1.
 
-glibc reads tunables once, at process start, so the variable has to be in the environment
-before Python starts: ``launch/run_sweep.sh`` exports it, and ``reexec_with_huge_pages``
-restarts a ``python -m`` entry point with it set. ``DEPTHBENCH_DEFAULT_MALLOC=1`` keeps glibc's
+``TUNABLES`` keeps the memory instead: ``mmap_max=0`` serves large blocks from the heap,
+``arena_max=1`` keeps XLA's worker threads on that one heap (their own arenas would ``mmap``
+anything over 64 MiB), a 64 GiB ``trim_threshold`` never hands the freed top back, and
+``hugetlb=1`` backs the heap with huge pages. After the first step a step takes no page faults
+and ~0.01 s of system time: Pre-LN 1.39-1.43 -> 1.34 s, steps within +-2% instead of +-30%
+(benchmarks/README.md). The cost: the process's resident memory stays at its high-water
+mark. It needs glibc >= 2.35 and the kernel's THP mode ``always`` or ``madvise``
+(``/sys/kernel/mm/transparent_hugepage/enabled``), and changes no result, only where memory
+comes from.
+
+glibc reads tunables once, at process start, so they have to be in the environment before
+Python starts: ``launch/run_sweep.sh`` exports them, and ``reexec_with_malloc_tunables``
+restarts a ``python -m`` entry point with them. ``DEPTHBENCH_DEFAULT_MALLOC=1`` keeps glibc's
 default.
 """
 
@@ -23,23 +31,30 @@ import os
 import sys
 from typing import Mapping
 
-TUNABLE = "glibc.malloc.hugetlb"
-SETTING = f"{TUNABLE}=1"
+TUNABLES = ("glibc.malloc.hugetlb=1", "glibc.malloc.mmap_max=0", "glibc.malloc.arena_max=1",
+            "glibc.malloc.trim_threshold=68719476736")
 OPT_OUT = "DEPTHBENCH_DEFAULT_MALLOC"
 _THP_MODE = "/sys/kernel/mm/transparent_hugepage/enabled"
 
 
-def with_huge_pages(env: Mapping[str, str]) -> dict[str, str]:
-  """``env`` with ``glibc.malloc.hugetlb=1`` appended to ``GLIBC_TUNABLES`` (a ':' list).
+def _name(tunable: str) -> str:
+  return tunable.split("=")[0]
 
-  Other tunables are kept; an explicit ``glibc.malloc.hugetlb`` setting (any value) or the
+
+def with_malloc_tunables(env: Mapping[str, str]) -> dict[str, str]:
+  """``env`` with ``TUNABLES`` appended to ``GLIBC_TUNABLES`` (a ':' list).
+
+  Other tunables are kept, and so is any of ours that ``env`` already sets (to any value); the
   opt-out variable leaves ``env`` as it is.
   """
   out = dict(env)
-  tunables = [t for t in out.get("GLIBC_TUNABLES", "").split(":") if t]
-  if out.get(OPT_OUT) == "1" or any(t.split("=")[0] == TUNABLE for t in tunables):
+  if out.get(OPT_OUT) == "1":
     return out
-  out["GLIBC_TUNABLES"] = ":".join(tunables + [SETTING])
+  given = [t for t in out.get("GLIBC_TUNABLES", "").split(":") if t]
+  named = {_name(t) for t in given}
+  added = [t for t in TUNABLES if _name(t) not in named]
+  if added:
+    out["GLIBC_TUNABLES"] = ":".join(given + added)
   return out
 
 
@@ -57,19 +72,25 @@ def thp_available() -> bool:
 
 
 def active() -> bool:
-  """Whether this process started with huge-page malloc (the tunable set, THP available)."""
-  return SETTING in os.environ.get("GLIBC_TUNABLES", "").split(":") and thp_available()
+  """Whether this process started with all of ``TUNABLES`` (and THP available)."""
+  given = os.environ.get("GLIBC_TUNABLES", "").split(":")
+  return all(t in given for t in TUNABLES) and thp_available()
 
 
-def reexec_with_huge_pages(module: str) -> None:
-  """Restarts ``python -m module <same args>`` with huge-page malloc, once; returns otherwise.
+def describe() -> str:
+  """What the bench records as its host allocator."""
+  return ("glibc heap kept, THP (" + ":".join(TUNABLES) + ")") if active() else "default"
 
-  Does nothing when the setting is already in the environment, when the user opted out, or
-  off Linux/glibc or without THP, so a second start never happens.
+
+def reexec_with_malloc_tunables(module: str) -> None:
+  """Restarts ``python -m module <same args>`` with ``TUNABLES``, once; returns otherwise.
+
+  Does nothing when they are already in the environment, when the user opted out, or off
+  Linux/glibc or without THP, so a second start never happens.
   """
   if not thp_available():
     return
-  env = with_huge_pages(os.environ)
+  env = with_malloc_tunables(os.environ)
   if env == dict(os.environ):
     return
   sys.stdout.flush()
@@ -79,4 +100,4 @@ def reexec_with_huge_pages(module: str) -> None:
 
 if __name__ == "__main__":
   # ``export GLIBC_TUNABLES="$(python -m depthbench_jax.hostmem)"`` (launch/run_sweep.sh).
-  print(with_huge_pages(os.environ).get("GLIBC_TUNABLES", ""))
+  print(with_malloc_tunables(os.environ).get("GLIBC_TUNABLES", ""))

@@ -17,7 +17,8 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 PY="$ROOT/.venv/bin/python"
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
-# Huge-page malloc for the host side (XLA:CPU's per-step temporaries; depthbench_jax/hostmem.py).
+# glibc keeps its heap, in huge pages, across steps (XLA:CPU's per-step temporaries;
+# depthbench_jax/hostmem.py).
 export GLIBC_TUNABLES="$("$PY" -m depthbench_jax.hostmem)"
 
 CONFIG=configs/smoke.py

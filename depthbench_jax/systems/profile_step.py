@@ -123,5 +123,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
   from depthbench_jax import hostmem
-  hostmem.reexec_with_huge_pages("depthbench_jax.systems.profile_step")
+  hostmem.reexec_with_malloc_tunables("depthbench_jax.systems.profile_step")
   sys.exit(main())
