@@ -26,8 +26,8 @@ def test_moda_attention_hand_computed():
   q = jnp.ones((1, 2, 1, 1))
   k = jnp.array([0.0, np.log(2)]).reshape(1, 2, 1, 1)
   v = jnp.array([1.0, 3.0]).reshape(1, 2, 1, 1)
-  dk = jnp.array([np.log(3), 0.0]).reshape(1, 1, 2, 1, 1)
-  dv = jnp.array([5.0, 7.0]).reshape(1, 1, 2, 1, 1)
+  dk = jnp.array([np.log(3), 0.0]).reshape(1, 2, 1, 1, 1)   # [B,T,K,S,hd]
+  dv = jnp.array([5.0, 7.0]).reshape(1, 2, 1, 1, 1)
   np.testing.assert_allclose(moda_attention(q, k, v, dk, dv, jnp.ones(1)).ravel(), [4, 3.5],
                              atol=1e-5)
   np.testing.assert_allclose(moda_attention(q, k, v, dk, dv, jnp.zeros(1)).ravel(), [1, 7 / 3],
@@ -38,7 +38,7 @@ def test_moda_attention_gqa_against_loops():
   rng = np.random.RandomState(0)
   b, t, h, kvh, hd, s = 2, 5, 4, 2, 8, 3
   q, k, v = rng.randn(b, t, h, hd), rng.randn(b, t, kvh, hd), rng.randn(b, t, kvh, hd)
-  dk, dv = rng.randn(s, b, t, kvh, hd), rng.randn(s, b, t, kvh, hd)
+  dk, dv = rng.randn(b, t, kvh, s, hd), rng.randn(b, t, kvh, s, hd)
   presence = np.array([1.0, 0.0, 1.0])
   got = moda_attention(*map(jnp.asarray, (q, k, v, dk, dv, presence)))
   want = np.zeros((b, t, h, hd))
@@ -46,8 +46,8 @@ def test_moda_attention_gqa_against_loops():
     for ti in range(t):
       for hi in range(h):
         g = hi // (h // kvh)  # query head hi reads KV head hi // G
-        keys = [k[bi, j, g] for j in range(ti + 1)] + [dk[i, bi, ti, g] for i in (0, 2)]
-        vals = [v[bi, j, g] for j in range(ti + 1)] + [dv[i, bi, ti, g] for i in (0, 2)]
+        keys = [k[bi, j, g] for j in range(ti + 1)] + [dk[bi, ti, g, i] for i in (0, 2)]
+        vals = [v[bi, j, g] for j in range(ti + 1)] + [dv[bi, ti, g, i] for i in (0, 2)]
         z = np.array([q[bi, ti, hi] @ key for key in keys]) / np.sqrt(hd)
         a = np.exp(z - z.max()) / np.exp(z - z.max()).sum()
         want[bi, ti, hi] = a @ np.array(vals)
@@ -82,7 +82,7 @@ def test_depth_kv_written_by_attention_and_ffn():
   embed = params["embed"]["embedding"][TOKENS]
   p0 = jax.tree.map(lambda a: a[0], params["layers"])
   x0 = embed
-  state = {"x": x0, "k": jnp.zeros((4, 2, 12, 2, 8)), "v": jnp.zeros((4, 2, 12, 2, 8)),
+  state = {"x": x0, "k": jnp.zeros((2, 12, 2, 4, 8)), "v": jnp.zeros((2, 12, 2, 4, 8)),
            "presence": jnp.zeros(4)}
   u = x0 / kit.rms(x0) * p0["residual"]["input_layernorm"]["scale"]
   k_want = np.einsum("btd,dkh->btkh", u, p0["self_attn"]["k_proj"]["kernel"])
@@ -99,12 +99,12 @@ def test_depth_kv_written_by_attention_and_ffn():
       return Block(self.cfg, name="layer")(state, xs, positions)[0]
 
   new = OneLayer(cfg).apply({"params": {"layer": p0}}, state)
-  np.testing.assert_allclose(new["k"][0], k_want, atol=1e-5)
-  np.testing.assert_allclose(new["v"][0], v_want, atol=1e-5)
+  np.testing.assert_allclose(new["k"][:, :, :, 0], k_want, atol=1e-5)
+  np.testing.assert_allclose(new["v"][:, :, :, 0], v_want, atol=1e-5)
   x1 = np.asarray(new["x"])  # after both sublayers; the FFN input is N(x after attention)
-  assert np.abs(np.asarray(new["k"][1])).max() > 0 and np.abs(x1 - x0).max() > 0
+  assert np.abs(np.asarray(new["k"][:, :, :, 1])).max() > 0 and np.abs(x1 - x0).max() > 0
   np.testing.assert_array_equal(new["presence"], [1, 1, 0, 0])
-  np.testing.assert_array_equal(new["k"][2:], 0)
+  np.testing.assert_array_equal(new["k"][:, :, :, 2:], 0)
 
 
 def test_first_layer_is_plain_preln_attention():

@@ -32,10 +32,10 @@ B, T, H, KVH, HD = 2, 6, 4, 2, 8
 
 
 def to_ref_depth(depth):
-  """ours [S,B,T,K,hd] -> reference [B,K,T*S,hd] (token t's slots at t*S .. t*S+S-1)."""
-  s = depth.shape[0]
+  """ours [B,T,K,S,hd] -> reference [B,K,T*S,hd] (token t's slots at t*S .. t*S+S-1)."""
+  s = depth.shape[3]
   return torch.from_numpy(np.ascontiguousarray(
-      np.transpose(depth, (1, 3, 2, 0, 4)).reshape(B, KVH, T * s, HD)))
+      np.transpose(depth, (0, 2, 1, 3, 4)).reshape(B, KVH, T * s, HD)))
 
 
 def heads_first(x):  # [B,T,n,hd] -> torch [B,n,T,hd]
@@ -45,13 +45,13 @@ def heads_first(x):  # [B,T,n,hd] -> torch [B,n,T,hd]
 def random_qkv(seed, s):
   rng = np.random.RandomState(seed)
   f = lambda *shape: rng.randn(*shape).astype(np.float32)
-  return f(B, T, H, HD), f(B, T, KVH, HD), f(B, T, KVH, HD), f(s, B, T, KVH, HD), f(
-      s, B, T, KVH, HD)
+  return f(B, T, H, HD), f(B, T, KVH, HD), f(B, T, KVH, HD), f(B, T, KVH, s, HD), f(
+      B, T, KVH, s, HD)
 
 
 def reference_kernel(q, k, v, dk, dv, chunk_size=None):
   out = moda_ref.moda_attention_naive(heads_first(q), heads_first(k), heads_first(v),
-                                      to_ref_depth(dk), to_ref_depth(dv), num_layers=dk.shape[0],
+                                      to_ref_depth(dk), to_ref_depth(dv), num_layers=dk.shape[3],
                                       chunk_size=chunk_size)
   return np.transpose(out.numpy(), (0, 2, 1, 3))
 
@@ -65,12 +65,13 @@ def test_kernel_matches_reference_on_written_depth(chunk_size):
 
 def test_reference_reads_unwritten_slots_as_zero_keys():
   q, k, v, dk, dv = random_qkv(1, 4)
-  dk[2:], dv[2:] = 0, 0  # slots 2, 3 not written yet (a layer-1 attention in a 2-layer model)
+  dk[..., 2:, :], dv[..., 2:, :] = 0, 0  # slots 2, 3 unwritten (layer 1 of a 2-layer model)
   ref = reference_kernel(q, k, v, dk, dv)
   ours_paper = moda_attention(*map(jnp.asarray, (q, k, v, dk, dv)), jnp.array([1.0, 1, 0, 0]))
   ours_all = moda_attention(*map(jnp.asarray, (q, k, v, dk, dv)), jnp.ones(4))
   np.testing.assert_allclose(ours_all, ref, atol=1e-5)
-  np.testing.assert_allclose(ours_paper, reference_kernel(q, k, v, dk[:2], dv[:2]), atol=1e-5)
+  np.testing.assert_allclose(ours_paper, reference_kernel(q, k, v, dk[..., :2, :], dv[..., :2, :]),
+                             atol=1e-5)
   assert not np.allclose(ours_paper, ref, atol=1e-3)
 
 
@@ -104,7 +105,7 @@ def test_attention_module_matches_reference():
   rng = np.random.RandomState(2)
   u = rng.randn(B, T, 32).astype(np.float32)
   _, _, _, dk, dv = random_qkv(3, 4)
-  dk[2:], dv[2:] = 0, 0
+  dk[..., 2:, :], dv[..., 2:, :] = 0, 0
   state = {"x": jnp.zeros((B, T, 32)), "k": jnp.asarray(dk), "v": jnp.asarray(dv),
            "presence": jnp.ones(4)}  # all present: the reference's semantics (see above)
   (y, new), _ = AttendOnly(cfg).apply({"params": {"self_attn": attn_params}}, jnp.asarray(u),
@@ -112,6 +113,8 @@ def test_attention_module_matches_reference():
   with torch.no_grad():
     want, k_write, v_write = ref(torch.from_numpy(u), to_ref_depth(dk), to_ref_depth(dv))
   np.testing.assert_allclose(y, want.numpy(), atol=1e-5)
-  np.testing.assert_allclose(new["k"][2], np.transpose(k_write.numpy(), (0, 2, 1, 3)), atol=1e-5)
-  np.testing.assert_allclose(new["v"][2], np.transpose(v_write.numpy(), (0, 2, 1, 3)), atol=1e-5)
+  np.testing.assert_allclose(new["k"][:, :, :, 2], np.transpose(k_write.numpy(), (0, 2, 1, 3)),
+                             atol=1e-5)
+  np.testing.assert_allclose(new["v"][:, :, :, 2], np.transpose(v_write.numpy(), (0, 2, 1, 3)),
+                             atol=1e-5)
   np.testing.assert_array_equal(new["presence"], 1)
