@@ -100,22 +100,28 @@ def device_name() -> str:
 # Timing.
 # ---------------------------------------------------------------------------------------------
 
-def interleaved(candidates: dict[str, Callable[[], Any]], rounds: int,
-                warmup: int = 2) -> dict[str, list[float]]:
+def interleaved(candidates: dict[str, Callable[[], Any]], rounds: int, warmup: int = 2,
+                log: Callable[[str], None] | None = None) -> dict[str, list[float]]:
   """Seconds per call of each candidate: ``rounds`` rounds, each calling every candidate once
   (each call must block until its result is ready). Round r starts at candidate r mod k, so no
   candidate always runs first or always follows the same neighbour (a heavy GEMM chain, torch's
-  thread pool winding down)."""
+  thread pool winding down). ``log`` gets one progress line per round (elapsed, ETA)."""
+  start_all = time.perf_counter()
   for fn in candidates.values():
     for _ in range(warmup):
       fn()
   names = list(candidates)
   times: dict[str, list[float]] = {k: [] for k in names}
+  timed_start = time.perf_counter()
   for r in range(rounds):
     for name in names[r % len(names):] + names[:r % len(names)]:
       start = time.perf_counter()
       candidates[name]()
       times[name].append(time.perf_counter() - start)
+    if log is not None:
+      now = time.perf_counter()
+      eta = (now - timed_start) / (r + 1) * (rounds - r - 1)
+      log(f"  round {r + 1}/{rounds}: {now - start_all:.0f}s elapsed, ETA {eta:.0f}s")
   return times
 
 
@@ -325,7 +331,8 @@ def run_bench(p: Preset, log=print) -> dict:
         runners["hf_llama_torch"] = hf
         runners["matmul_torch"] = torch_matmul_runner(p.matmul_n, p.matmul_reps)
     runners["matmul"] = matmul
-    times = interleaved(runners, p.rounds)
+    log(f"  timing {len(runners)} candidates x {p.rounds} rounds, after 2 warm-up calls each")
+    times = interleaved(runners, p.rounds, log=log)
     med = {k: statistics.median(v) for k, v in times.items()}
     hf_time = med.pop("hf_llama_torch", None)
     torch_peak = 2.0 * p.matmul_n ** 3 * p.matmul_reps / med.pop("matmul_torch", float("inf"))

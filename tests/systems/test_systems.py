@@ -121,9 +121,13 @@ def test_cli_and_report_section(tmp_path, capsys):
 def test_interleaved_rotates_the_order_each_round():
   from depthbench_jax.bench import interleaved
   calls = []
-  times = interleaved({k: (lambda k=k: calls.append(k)) for k in "abc"}, rounds=4, warmup=0)
+  lines = []
+  times = interleaved({k: (lambda k=k: calls.append(k)) for k in "abc"}, rounds=4, warmup=0,
+                      log=lines.append)
   assert "".join(calls) == "abc" "bca" "cab" "abc"
   assert {k: len(v) for k, v in times.items()} == {"a": 4, "b": 4, "c": 4}
+  assert [line.split(":")[0].strip() for line in lines] == [f"round {r}/4" for r in (1, 2, 3, 4)]
+  assert lines[-1].endswith("ETA 0s")
 
 
 def test_paired_ratio_band_pairs_rounds():
