@@ -141,6 +141,35 @@ def test_paired_ratio_band_pairs_rounds():
   assert paired_ratio_band([3.0], [2.0]) == {"q1": 1.5, "median": 1.5, "q3": 1.5}
 
 
+def test_verdict_flags_a_target_inside_the_run_noise():
+  """A ratio just over its target with the target inside the per-round IQR is still a FAIL,
+  flagged as undecided by this run; a band clear of the target is not flagged."""
+  from depthbench_jax.bench import render, verdict
+
+  def result(hc_band):
+    train = [{"design": "preln", "shape": "8x512", "mfu": 0.7, "step_over_preln": 1.0,
+              "step_over_preln_rounds": {"q1": 1.0, "median": 1.0, "q3": 1.0}},
+             {"design": "hc", "shape": "8x512", "step_over_preln": 1.109,
+              "step_over_preln_rounds": hc_band}]
+    return {"train": train, "compile": {"deep_layers": 70, "shallow_layers": 16,
+                                        "deep_over_shallow": 0.96}}
+
+  noisy = {c["check"]: c for c in verdict(result({"q1": 1.06, "median": 1.13, "q3": 1.16}))}
+  hc = noisy["HC / Pre-LN step 8x512"]
+  assert not hc["pass"] and hc["within_noise"]
+  assert "within_noise" not in noisy["MFU Pre-LN 8x512"]
+  clear = {c["check"]: c for c in verdict(result({"q1": 1.105, "median": 1.11, "q3": 1.12}))}
+  assert not clear["HC / Pre-LN step 8x512"]["within_noise"]
+  r = result({"q1": 1.06, "median": 1.13, "q3": 1.16})
+  r.update(verdict=verdict(r), device="cpu", device_kind="cpu", cpu_count=2, jax="x",
+           preset={"dtype": "float32", "batch": 8, "seq_len": 128}, matmul_peak_flops=1e11)
+  for row in r["train"]:
+    row.update(remat_policy="dots_saveable", step_s=1.0, tokens_per_s=1.0,
+               model_flops_per_s=1.0, mfu=0.7, peak_bytes=1, peak_over_preln=1.0, compile_s=1.0)
+  r["compile"].update(shallow_s=1.0, deep_s=0.96)
+  assert "FAIL (target inside the per-round IQR 1.060-1.160)" in render(r)
+
+
 @pytest.mark.slow  # ~4 train-step compiles: 20-40 s on 2 busy cores. CI runs slow tests too.
 def test_bench_quick_mode(tmp_path, capsys):
   from depthbench_jax import bench
