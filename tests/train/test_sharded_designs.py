@@ -1,0 +1,66 @@
+"""The designs that carry a residual state other than [B,T,d] (HC's n streams, Full AttnRes's
+source buffer, MoDA's depth K/V) give the same loss and gradients on a 2x2x2 mesh of 8 fake
+CPU devices (params by the logical rules, batch over data x fsdp) as on one device.
+
+The end-to-end sharded run in test_train_loop.py trains Pre-LN; this checks the other states
+in one subprocess (the device count is fixed when jax starts)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests import helpers
+
+DESIGNS = ("hc", "attnres_full", "moda")
+
+_SCRIPT = """
+import functools, json, sys
+import jax, jax.numpy as jnp, numpy as np
+from depthbench_jax.model.config import model_config_from
+from depthbench_jax.model.transformer import Transformer
+from depthbench_jax.train import sharding
+from depthbench_jax.train.step import lm_loss
+from tests.helpers import tiny_config
+
+out = {}
+for design in sys.argv[1].split(","):
+  c = tiny_config(**{"model.residual.name": design, "mesh.data": 2, "mesh.fsdp": 2,
+                     "mesh.tensor": 2})
+  model = Transformer(model_config_from(c.model))
+  tokens = jax.random.randint(jax.random.PRNGKey(1), (8, 33), 0, 257, jnp.int32)
+  boxed = model.init(jax.random.PRNGKey(0), tokens[:, :-1])["params"]
+  params = jax.tree.map(lambda x: x.value if hasattr(x, "value") else x, boxed,
+                        is_leaf=lambda x: hasattr(x, "names"))
+  grad_fn = jax.value_and_grad(lambda p, t: lm_loss(p, model, t))
+  loss1, grads1 = jax.jit(grad_fn)(params, tokens)
+  mesh = sharding.make_mesh(c.mesh)
+  p_shard = sharding.logical_shardings(boxed, mesh)
+  sharded = jax.jit(grad_fn, in_shardings=(p_shard, sharding.batch_sharding(mesh)),
+                    out_shardings=(sharding.replicated(mesh), p_shard))
+  loss8, grads8 = sharded(jax.device_put(params, p_shard),
+                          jax.device_put(tokens, sharding.batch_sharding(mesh)))
+  n_sharded = sum(len(s.spec) > 0 and any(a is not None for a in s.spec)
+                  for s in jax.tree.leaves(p_shard))
+  diffs = jax.tree.leaves(jax.tree.map(
+      lambda a, b: float(jnp.max(jnp.abs(a - b)) / (jnp.max(jnp.abs(a)) + 1e-12)),
+      grads1, grads8))
+  out[design] = {"loss1": float(loss1), "loss8": float(loss8), "max_grad_rel": max(diffs),
+                 "devices": jax.device_count(), "sharded_params": int(n_sharded)}
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow  # one subprocess, 6 tiny compiles: ~20-30 s on 2 cores
+def test_state_carrying_designs_match_one_device_on_a_2x2x2_mesh():
+  proc = subprocess.run([sys.executable, "-c", _SCRIPT, ",".join(DESIGNS)], cwd=helpers.ROOT,
+                        env=helpers.subprocess_env(devices=8), capture_output=True, text=True,
+                        timeout=600)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  result = json.loads(proc.stdout.strip().splitlines()[-1])
+  for design in DESIGNS:
+    r = result[design]
+    assert r["devices"] == 8 and r["sharded_params"] > 0, (design, r)
+    assert abs(r["loss8"] - r["loss1"]) <= 1e-5 * abs(r["loss1"]), (design, r)
+    assert r["max_grad_rel"] < 1e-4, (design, r)
