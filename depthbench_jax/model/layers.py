@@ -69,6 +69,13 @@ def apply_rope(x: Array, positions: Array, theta: float) -> Array:
   return rotated.astype(x.dtype)
 
 
+def grouped_query(q: Array, n_kv_heads: int) -> Array:
+  """q [B,Tq,H,hd] -> ``q / sqrt(hd)`` as [B,Tq,K,H/K,hd], the query heads grouped by the KV
+  head they read (GQA), still tokens-major."""
+  b, tq, h, hd = q.shape
+  return (q * jnp.asarray(hd ** -0.5, q.dtype)).reshape(b, tq, n_kv_heads, h // n_kv_heads, hd)
+
+
 def heads_major(q: Array, k: Array, v: Array) -> tuple[Array, Array, Array]:
   """q [B,Tq,H,hd] -> ``q / sqrt(hd)`` as [B,K,H/K,Tq,hd]; k, v [B,S,K,hd] -> [B,K,S,hd].
 
@@ -79,9 +86,7 @@ def heads_major(q: Array, k: Array, v: Array) -> tuple[Array, Array, Array]:
   the 8x512 bench step less of it shows (Pre-LN 0.94x, 0.97x and 0.97x in three interleaved
   A/Bs; MoDA 0.90x); benchmarks/README.md.
   """
-  b, tq, h, hd = q.shape
-  kvh = k.shape[2]
-  qg = (q * jnp.asarray(hd ** -0.5, q.dtype)).reshape(b, tq, kvh, h // kvh, hd)
+  qg = grouped_query(q, k.shape[2])
   return jnp.transpose(qg, (0, 2, 3, 1, 4)), jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
 
 

@@ -50,8 +50,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from depthbench_jax.model.layers import (apply_rope, dtype_of, heads_major, normal_init,
-                                         tokens_major)
+from depthbench_jax.model.layers import (apply_rope, dtype_of, grouped_query, heads_major,
+                                         normal_init, tokens_major)
 from depthbench_jax.model.matmul import projection_dot_general
 from depthbench_jax.residual.base import Design, LayerWiring, StateIO, check_fields
 
@@ -70,14 +70,13 @@ def moda_attention(q: Array, k: Array, v: Array, depth_k: Array, depth_v: Array,
   over (b, t, k) of [G, hd] x [hd, S] products), so neither moves the depth buffers; only the
   small [.., G, S] logits and probabilities change layout.
   """
-  b, t, h, hd = q.shape
-  kvh = k.shape[2]
+  t = q.shape[1]
   qg, kt, vt = heads_major(q, k, v)                                 # q scaled, [B,K,G,T,hd]
   seq = jnp.einsum("bkgqd,bksd->bkgqs", qg, kt, preferred_element_type=jnp.float32)
   causal = jnp.arange(t)[None, :] <= jnp.arange(t)[:, None]
   seq = jnp.where(causal, seq, -jnp.inf)
-  q_tok = (q * jnp.asarray(hd ** -0.5, q.dtype)).reshape(b, t, kvh, h // kvh, hd)
-  dep = jnp.einsum("btkgd,btknd->btkgn", q_tok, depth_k, preferred_element_type=jnp.float32)
+  dep = jnp.einsum("btkgd,btknd->btkgn", grouped_query(q, k.shape[2]), depth_k,
+                   preferred_element_type=jnp.float32)
   present = presence > 0
   log_p = jnp.log(jnp.where(present, presence, 1.0).astype(jnp.float32))
   dep = jnp.where(present, dep + log_p, -jnp.inf)
@@ -86,7 +85,7 @@ def moda_attention(q: Array, k: Array, v: Array, depth_k: Array, depth_v: Array,
   p_seq, p_dep = probs[..., :t].astype(v.dtype), probs[..., t:].astype(v.dtype)
   out_dep = jnp.einsum("btkgn,btknd->btkgd", jnp.transpose(p_dep, (0, 3, 1, 2, 4)), depth_v)
   out_seq = jnp.einsum("bkgqs,bksd->bkgqd", p_seq, vt)
-  return tokens_major(out_seq) + out_dep.reshape(b, t, h, hd)
+  return tokens_major(out_seq) + out_dep.reshape(q.shape)
 
 
 class MoDA(LayerWiring):
