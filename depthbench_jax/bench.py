@@ -105,8 +105,12 @@ def interleaved(candidates: dict[str, Callable[[], Any]], rounds: int, warmup: i
   """Seconds per call of each candidate: ``rounds`` rounds, each calling every candidate once
   (each call must block until its result is ready). Round r starts at candidate r mod k, so no
   candidate always runs first or always follows the same neighbour (a heavy GEMM chain, torch's
-  thread pool winding down). ``log`` gets one progress line per round (elapsed, ETA)."""
+  thread pool winding down). ``log`` gets a line before the warm-up and one per round
+  (elapsed, ETA)."""
   start_all = time.perf_counter()
+  if log is not None:
+    log(f"  timing {len(candidates)} candidates x {rounds} rounds, after {warmup} warm-up "
+        f"calls each")
   for fn in candidates.values():
     for _ in range(warmup):
       fn()
@@ -331,7 +335,6 @@ def run_bench(p: Preset, log=print) -> dict:
         runners["hf_llama_torch"] = hf
         runners["matmul_torch"] = torch_matmul_runner(p.matmul_n, p.matmul_reps)
     runners["matmul"] = matmul
-    log(f"  timing {len(runners)} candidates x {p.rounds} rounds, after 2 warm-up calls each")
     times = interleaved(runners, p.rounds, log=log)
     med = {k: statistics.median(v) for k, v in times.items()}
     hf_time = med.pop("hf_llama_torch", None)

@@ -126,7 +126,9 @@ def test_interleaved_rotates_the_order_each_round():
                       log=lines.append)
   assert "".join(calls) == "abc" "bca" "cab" "abc"
   assert {k: len(v) for k, v in times.items()} == {"a": 4, "b": 4, "c": 4}
-  assert [line.split(":")[0].strip() for line in lines] == [f"round {r}/4" for r in (1, 2, 3, 4)]
+  assert lines[0].strip() == "timing 3 candidates x 4 rounds, after 0 warm-up calls each"
+  assert [line.split(":")[0].strip() for line in lines[1:]] == [f"round {r}/4" for r in
+                                                               (1, 2, 3, 4)]
   assert lines[-1].endswith("ETA 0s")
 
 
