@@ -16,8 +16,9 @@ from tests import helpers
 DESIGNS = ("hc", "attnres_full", "moda")
 
 _SCRIPT = """
-import functools, json, sys
-import jax, jax.numpy as jnp, numpy as np
+import json, sys
+import flax.linen as nn
+import jax, jax.numpy as jnp
 from depthbench_jax.model.config import model_config_from
 from depthbench_jax.model.transformer import Transformer
 from depthbench_jax.train import sharding
@@ -31,8 +32,7 @@ for design in sys.argv[1].split(","):
   model = Transformer(model_config_from(c.model))
   tokens = jax.random.randint(jax.random.PRNGKey(1), (8, 33), 0, 257, jnp.int32)
   boxed = model.init(jax.random.PRNGKey(0), tokens[:, :-1])["params"]
-  params = jax.tree.map(lambda x: x.value if hasattr(x, "value") else x, boxed,
-                        is_leaf=lambda x: hasattr(x, "names"))
+  params = nn.unbox(boxed)
   grad_fn = jax.value_and_grad(lambda p, t: lm_loss(p, model, t))
   loss1, grads1 = jax.jit(grad_fn)(params, tokens)
   mesh = sharding.make_mesh(c.mesh)
@@ -41,8 +41,7 @@ for design in sys.argv[1].split(","):
                     out_shardings=(sharding.replicated(mesh), p_shard))
   loss8, grads8 = sharded(jax.device_put(params, p_shard),
                           jax.device_put(tokens, sharding.batch_sharding(mesh)))
-  n_sharded = sum(len(s.spec) > 0 and any(a is not None for a in s.spec)
-                  for s in jax.tree.leaves(p_shard))
+  n_sharded = sum(any(a is not None for a in s.spec) for s in jax.tree.leaves(p_shard))
   diffs = jax.tree.leaves(jax.tree.map(
       lambda a, b: float(jnp.max(jnp.abs(a - b)) / (jnp.max(jnp.abs(a)) + 1e-12)),
       grads1, grads8))
