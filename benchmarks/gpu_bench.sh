@@ -2,7 +2,9 @@
 # The one accelerator run of the bench: bf16, the 400M Pre-LN and HC shapes (16x1216, 32x896),
 # batch 8 x 2048, cuDNN attention; writes $OUT/results-<device>.json (benchmarks/ when OUT is
 # unset). For the device tool (benchmarks/README.md):
-#   run(command="bash benchmarks/gpu_bench.sh", carry=[".whl"], timeout_s=420)
+#   run(command="DEPTHBENCH_COMMIT=<git rev-parse HEAD here> bash benchmarks/gpu_bench.sh",
+#       carry=[".whl"], timeout_s=420)
+# (the copy of the tree there has no .git; the variable names the commit in the JSON).
 # .whl holds the pure-Python wheels the device image lacks (ml_collections), fetched here with
 #   pip download --no-deps --only-binary=:all: -d .whl ml_collections==1.1.0
 # Test it locally first with: BENCH_PRESET=quick bash benchmarks/gpu_bench.sh

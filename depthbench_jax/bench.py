@@ -32,6 +32,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from typing import Any, Callable, Sequence
@@ -94,6 +95,47 @@ def device_name() -> str:
   if d.platform == "cpu":
     return "cpu"
   return "-".join(d.device_kind.lower().replace("_", " ").split())
+
+
+def host_cpu() -> str:
+  """The host CPU's model name (``/proc/cpuinfo`` on Linux): step-time ratios and the GEMM
+  ceilings differ between hosts by more than between the designs, so a result names its host."""
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.startswith("model name"):
+          return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or platform.machine()
+
+
+def code_revision() -> dict[str, Any]:
+  """``{'commit': HEAD, 'dirty': uncommitted changes}`` of the checkout the bench runs from.
+
+  Outside a git checkout (a copy of the tree on a device machine) the commit comes from
+  ``$DEPTHBENCH_COMMIT`` if set, else None."""
+  outside = {"commit": os.environ.get("DEPTHBENCH_COMMIT") or None, "dirty": None}
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  git = lambda *a: subprocess.run(["git", "-C", root, *a], capture_output=True, text=True,
+                                  timeout=10)
+  try:
+    head = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=no")
+  except (OSError, subprocess.SubprocessError):
+    return outside
+  if head.returncode != 0:
+    return outside
+  return {"commit": head.stdout.strip(), "dirty": bool(status.stdout.strip())}
+
+
+def torch_version() -> str | None:
+  """The installed torch's version (the HF baseline's), read without importing torch."""
+  from importlib import metadata
+  try:
+    return metadata.version("torch")
+  except metadata.PackageNotFoundError:
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -309,13 +351,14 @@ def run_bench(p: Preset, log=print) -> dict:
   shapes = p.shapes or (f"{p.n_layers}x{p.d_model}",)
   result: dict[str, Any] = {
       "device": device_name(), "device_kind": jax.devices()[0].device_kind,
-      "backend": jax.default_backend(), "cpu_count": os.cpu_count(),
-      "jax": jax.__version__, "python": platform.python_version(),
+      "backend": jax.default_backend(), "cpu_count": os.cpu_count(), "host_cpu": host_cpu(),
+      "jax": jax.__version__, "torch": torch_version(), "python": platform.python_version(),
+      "code": code_revision(),
       "preset": dataclasses.asdict(p), "time": time.strftime("%Y-%m-%d %H:%M:%S"),
       "targets": TARGETS, "remat": REMAT,
       "host_malloc": hostmem.describe()}
-  log(f"device {result['device']} ({result['device_kind']}), {os.cpu_count()} CPUs, "
-      f"host malloc {result['host_malloc']}")
+  log(f"device {result['device']} ({result['device_kind']}), {os.cpu_count()} CPUs "
+      f"({result['host_cpu']}), host malloc {result['host_malloc']}")
   matmul = matmul_runner(p.matmul_n, dtype, p.matmul_reps)
   peaks = []
 
@@ -423,8 +466,11 @@ def _band(band: dict | None) -> str:
 
 
 def render(result: dict) -> str:
+  code = result.get("code") or {}
+  commit = (code.get("commit") or "unknown")[:12] + (" + uncommitted" if code.get("dirty") else "")
   lines = [f"DepthBench bench on {result['device']} ({result['device_kind']}, "
-           f"{result['cpu_count']} CPUs), jax {result['jax']}, {result['preset']['dtype']}, "
+           f"{result['cpu_count']} CPUs, {result.get('host_cpu', 'unknown CPU')}), code "
+           f"{commit}, jax {result['jax']}, {result['preset']['dtype']}, "
            f"batch {result['preset']['batch']} x seq {result['preset']['seq_len']}; matmul peak "
            f"{result['matmul_peak_flops'] / 1e9:.1f} GFLOP/s; host malloc "
            f"{result.get('host_malloc', 'default')}", "",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import subprocess
 
 import ml_collections
 import numpy as np
@@ -189,7 +190,15 @@ def test_bench_quick_mode(tmp_path, capsys):
   assert result["compile"]["deep_s"] > 0 and result["matmul_peak_flops"] > 0
   assert "ours_over_hf" in pre and pre["hf_matmul_peak_flops"] > 0
   np.testing.assert_allclose(pre["ours_over_hf_at_equal_gemm"] * pre["mfu"], pre["hf_mfu"])
-  assert "verdict" in capsys.readouterr().out
+  out = capsys.readouterr().out
+  assert "verdict" in out
+  # The record names its code and host: a ratio means little without them.
+  head = subprocess.run(["git", "-C", os.path.dirname(bench.__file__), "rev-parse", "HEAD"],
+                        capture_output=True, text=True)
+  if head.returncode == 0:
+    assert result["code"]["commit"] == head.stdout.strip()
+    assert result["code"]["commit"][:12] in out
+  assert result["host_cpu"] and result["host_cpu"] in out
 
 
 def test_profile_step_names_model_parts():
