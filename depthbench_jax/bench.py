@@ -17,8 +17,10 @@ ratios is reported beside each ratio. Measured:
 * ``hf``: our Pre-LN step against Hugging Face ``LlamaForCausalLM`` (torch, same device type
   only on CPU) at the same shape and batch: forward, cross-entropy, backward, clip, AdamW.
 
-Writes ``OUT/results-<device>.json`` (``--out``, default ``benchmarks``) and prints the table and
-a verdict against the targets in ``TARGETS`` (thresholds live here, never in tests).
+Writes ``OUT/results-<device>.json`` (``--out``, default ``benchmarks``) and its picture
+``results-<device>.png`` (``bench_plot.py``), and prints the table and a verdict against the
+targets in ``TARGETS`` (thresholds live here, never in tests). ``--replot=JSON`` re-renders a
+saved result without timing anything.
 ``--preset=quick`` is the tiny CI mode; ``--preset=gpu400m`` the bf16 400M shapes for an
 accelerator.
 """
@@ -506,6 +508,16 @@ def render(result: dict) -> str:
   return "\n".join(lines)
 
 
+def write_plot(result: dict, json_path: str) -> str:
+  """``results-<device>.png`` beside ``json_path``; a note instead where matplotlib is missing
+  (a bare accelerator image), so the timed result is never lost to the picture."""
+  try:
+    from depthbench_jax import bench_plot
+  except ImportError as e:
+    return f"no plot ({e}; replot later with --replot={json_path})"
+  return bench_plot.plot_bench(result, os.path.splitext(json_path)[0] + ".png")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
   ap = argparse.ArgumentParser(prog="python -m depthbench_jax.bench", description=__doc__,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -515,7 +527,15 @@ def main(argv: Sequence[str] | None = None) -> int:
   ap.add_argument("--designs", default="", help="comma list (overrides the preset)")
   ap.add_argument("--rounds", type=int, default=None)
   ap.add_argument("--no_hf", action="store_true")
+  ap.add_argument("--replot", default="", metavar="JSON",
+                  help="re-render a results JSON (table, verdict, PNG beside it); no timing")
   args = ap.parse_args(argv)
+  if args.replot:
+    with open(args.replot) as f:
+      result = json.load(f)
+    print(render(result))
+    print(f"wrote {write_plot(result, args.replot)}", file=sys.stderr)
+    return 0
   name = args.preset or ("cpu" if jax.default_backend() == "cpu" else "gpu400m")
   p = PRESETS[name]
   if args.designs:
@@ -532,7 +552,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   with open(path, "w") as f:
     json.dump(result, f, indent=1)
   print(render(result))
-  print(f"wrote {path}", file=sys.stderr)
+  print(f"wrote {path}, {write_plot(result, path)}", file=sys.stderr)
   return 0
 
 

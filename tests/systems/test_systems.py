@@ -199,6 +199,12 @@ def test_bench_quick_mode(tmp_path, capsys):
     assert result["code"]["commit"] == head.stdout.strip()
     assert result["code"]["commit"][:12] in out
   assert result["host_cpu"] and result["host_cpu"] in out
+  # Its picture lands beside the JSON; --replot renders the same table from the JSON alone.
+  assert path.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  path.with_suffix(".png").unlink()
+  assert bench.main(["--replot", str(path)]) == 0
+  assert capsys.readouterr().out == out
+  assert path.with_suffix(".png").exists()
 
 
 def test_profile_step_names_model_parts():
