@@ -207,6 +207,25 @@ def test_bench_quick_mode(tmp_path, capsys):
   assert path.with_suffix(".png").exists()
 
 
+@pytest.mark.slow  # ~8 small compiles: ~30 s on 2 cores.
+def test_bench_accelerator_preset_runs_in_miniature():
+  """The gpu400m preset (bf16, jax.nn.dot_product_attention, two shapes, no HF) with only its
+  sizes shrunk: the one device run a session may get must not be the first time this path
+  runs."""
+  from depthbench_jax import bench
+  p = dataclasses.replace(bench.PRESETS["gpu400m"], d_model=64, n_layers=2, n_heads=4,
+                          vocab_size=128, seq_len=32, batch=2, shapes=("2x64", "4x48"),
+                          rounds=2, matmul_n=128, matmul_reps=2, compile_layers=(1, 2),
+                          compile_rounds=1)
+  result = bench.run_bench(p, log=lambda s: None)
+  assert {(r["design"], r["shape"]) for r in result["train"]} == {
+      (d, s) for d in ("preln", "hc") for s in ("2x64", "4x48")}
+  for r in result["train"]:
+    assert r["step_s"] > 0 and r["peak_bytes"] > 0 and np.isfinite(r["step_over_preln"])
+  assert {c["check"] for c in result["verdict"]} >= {"MFU Pre-LN 2x64", "HC / Pre-LN step 2x64"}
+  assert "hf_step_s" not in result["train"][0]
+
+
 def test_profile_step_names_model_parts():
   from depthbench_jax.systems import profile_step
   op = ("jit(train_step)/transpose(jvp(Transformer))/while/body/closed_call/checkpoint/layers/"
