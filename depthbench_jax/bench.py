@@ -531,8 +531,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                   help="re-render a results JSON (table, verdict, PNG beside it); no timing")
   args = ap.parse_args(argv)
   if args.replot:
-    with open(args.replot) as f:
-      result = json.load(f)
+    try:
+      with open(args.replot) as f:
+        result = json.load(f)
+    except (OSError, ValueError) as e:
+      ap.error(f"--replot={args.replot!r}: cannot read it as JSON: {e}")
+    if not isinstance(result, dict) or not {"train", "preset", "verdict"} <= result.keys():
+      ap.error(f"--replot={args.replot!r}: not a bench result (a results-<device>.json "
+               f"written by this command, with 'train', 'preset' and 'verdict')")
     print(render(result))
     print(f"wrote {write_plot(result, args.replot)}", file=sys.stderr)
     return 0

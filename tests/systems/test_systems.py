@@ -205,6 +205,11 @@ def test_bench_quick_mode(tmp_path, capsys):
   assert bench.main(["--replot", str(path)]) == 0
   assert capsys.readouterr().out == out
   assert path.with_suffix(".png").exists()
+  (tmp_path / "other.json").write_text('{"loss": 3.0}')
+  for bad in (tmp_path / "missing.json", tmp_path / "other.json"):
+    with pytest.raises(SystemExit):
+      bench.main(["--replot", str(bad)])
+    assert "--replot=" in capsys.readouterr().err
 
 
 @pytest.mark.slow  # ~8 small compiles: ~30 s on 2 cores.
