@@ -48,6 +48,9 @@ from depthbench_jax import hostmem
 # Targets (on 2 CPU cores for the default preset); ratios are "<=", mfu is ">=".
 TARGETS = {"mfu": 0.45, "hc_over_preln": 1.10, "attnres_full_over_preln": 1.15,
            "compile_deep_over_shallow": 1.3, "ours_over_hf": 0.8}
+# Designs with a step-time target (checked at the first shape): design -> (label, TARGETS key).
+STEP_TARGETS = {"hc": ("HC", "hc_over_preln"),
+                "attnres_full": ("Full AttnRes", "attnres_full_over_preln")}
 
 # Remat policy per design (the fastest measured on 2 CPU cores at 8x512, batch 8 x 128,
 # interleaved; benchmarks/README.md): save the matmul outputs, recompute the elementwise work.
@@ -449,12 +452,11 @@ def verdict(result: dict) -> list[dict]:
     checks.append(check)
 
   pre = rows.get(("preln", first))
-  hc, attnres = rows.get(("hc", first), {}), rows.get(("attnres_full", first), {})
   add(f"MFU Pre-LN {first}", pre and pre["mfu"], TARGETS["mfu"], True)
-  add(f"HC / Pre-LN step {first}", hc.get("step_over_preln"), TARGETS["hc_over_preln"],
-      band=hc.get("step_over_preln_rounds"))
-  add(f"Full AttnRes / Pre-LN step {first}", attnres.get("step_over_preln"),
-      TARGETS["attnres_full_over_preln"], band=attnres.get("step_over_preln_rounds"))
+  for design, (label, key) in STEP_TARGETS.items():
+    row = rows.get((design, first), {})
+    add(f"{label} / Pre-LN step {first}", row.get("step_over_preln"), TARGETS[key],
+        band=row.get("step_over_preln_rounds"))
   c = result["compile"]
   add(f"compile {c['deep_layers']}L / {c['shallow_layers']}L", c["deep_over_shallow"],
       TARGETS["compile_deep_over_shallow"])
@@ -467,12 +469,16 @@ def _band(band: dict | None) -> str:
   return "" if not band else f"{band['q1']:.3f}-{band['q3']:.3f}"
 
 
-def render(result: dict) -> str:
+def commit_label(result: dict) -> str:
+  """``'a75738457b51'``, ``'... + uncommitted'`` or ``'unknown'`` (results from before the field)."""
   code = result.get("code") or {}
-  commit = (code.get("commit") or "unknown")[:12] + (" + uncommitted" if code.get("dirty") else "")
+  return (code.get("commit") or "unknown")[:12] + (" + uncommitted" if code.get("dirty") else "")
+
+
+def render(result: dict) -> str:
   lines = [f"DepthBench bench on {result['device']} ({result['device_kind']}, "
            f"{result['cpu_count']} CPUs, {result.get('host_cpu', 'unknown CPU')}), code "
-           f"{commit}, jax {result['jax']}, {result['preset']['dtype']}, "
+           f"{commit_label(result)}, jax {result['jax']}, {result['preset']['dtype']}, "
            f"batch {result['preset']['batch']} x seq {result['preset']['seq_len']}; matmul peak "
            f"{result['matmul_peak_flops'] / 1e9:.1f} GFLOP/s; host malloc "
            f"{result.get('host_malloc', 'default')}", "",
@@ -515,7 +521,15 @@ def write_plot(result: dict, json_path: str) -> str:
     from depthbench_jax import bench_plot
   except ImportError as e:
     return f"no plot ({e}; replot later with --replot={json_path})"
-  return bench_plot.plot_bench(result, os.path.splitext(json_path)[0] + ".png")
+  # The run's own thresholds (a replotted result keeps the targets it was judged by).
+  targets = {design: result["targets"][key] for design, (_, key) in STEP_TARGETS.items()
+             if key in result.get("targets", {})}
+  p = result["preset"]
+  title = (f"{result['device']} ({result.get('host_cpu', result['device_kind'])}), "
+           f"{p['dtype']}, batch {p['batch']} x {p['seq_len']}, {p['rounds']} rounds, "
+           f"code {commit_label(result)}")
+  return bench_plot.plot_bench(result["train"], os.path.splitext(json_path)[0] + ".png",
+                               targets, title)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

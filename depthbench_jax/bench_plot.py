@@ -4,8 +4,9 @@ Left panel, per design (one group of bars per shape): the bar is the reported ra
 step over Pre-LN's median step), the whisker the interquartile range of the per-round ratios
 (design_i / Pre-LN_i, timed in the same round) and the dot their median: when the dot sits far
 from the bar's top, or the whisker spans a target, the run cannot tell that ratio apart from
-its noise. Targets from ``bench.TARGETS`` are dashed ticks on their designs' bars. Right panel:
-peak memory (``memory_analysis`` of the compiled step) over Pre-LN's, exact, no whiskers.
+its noise. Step-time targets are dashed ticks on their designs' bars at the first shape (where
+the verdict checks them). Right panel: peak memory (``memory_analysis`` of the compiled step)
+over Pre-LN's, exact, no whiskers.
 """
 
 from __future__ import annotations
@@ -17,35 +18,24 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-# bench.TARGETS key -> the design its ratio target is for.
-TARGET_DESIGNS = {"hc_over_preln": "hc", "attnres_full_over_preln": "attnres_full"}
 
+def plot_bench(rows: Sequence[dict], path: str, targets: dict[str, float], title: str) -> str:
+  """Writes the two-panel PNG of the bench's ``train`` rows to ``path``; returns ``path``.
 
-def _designs_in_order(rows: Sequence[dict]) -> list[str]:
-  out: list[str] = []
-  for r in rows:
-    if r["design"] not in out:
-      out.append(r["design"])
-  return out
-
-
-def plot_bench(result: dict, path: str) -> str:
-  """Writes the two-panel PNG of ``result`` (the bench JSON) to ``path``; returns ``path``."""
-  rows = result["train"]
-  designs = _designs_in_order(rows)
+  ``targets``: design -> its step-over-Pre-LN target, drawn at the first shape.
+  """
+  designs = list(dict.fromkeys(r["design"] for r in rows))
   shapes = list(dict.fromkeys(r["shape"] for r in rows))
-  targets = {TARGET_DESIGNS[k]: v for k, v in result.get("targets", {}).items()
-             if k in TARGET_DESIGNS}
   width = 0.8 / len(shapes)
   fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(max(9.0, 1.1 * len(designs) + 3), 4.4))
   for s, shape in enumerate(shapes):
     by_design = {r["design"]: r for r in rows if r["shape"] == shape}
     xs = [d + (s - (len(shapes) - 1) / 2) * width for d in range(len(designs))]
     present = [(x, by_design[name]) for x, name in zip(xs, designs) if name in by_design]
+    px = [x for x, _ in present]
     step = [r["step_over_preln"] for _, r in present]
     bands = [r.get("step_over_preln_rounds") or {"q1": v, "median": v, "q3": v}
              for (_, r), v in zip(present, step)]
-    px = [x for x, _ in present]
     ax_t.bar(px, step, width * 0.9, label=shape, alpha=0.8)
     ax_t.errorbar(px, [b["median"] for b in bands],
                   yerr=[[b["median"] - b["q1"] for b in bands],
@@ -54,14 +44,14 @@ def plot_bench(result: dict, path: str) -> str:
     ax_m.bar(px, [r["peak_over_preln"] for _, r in present], width * 0.9, label=shape,
              alpha=0.8)
     for x, r in present:
-      if r["design"] in targets:
+      if s == 0 and r["design"] in targets:
         ax_t.hlines(targets[r["design"]], x - width / 2, x + width / 2, colors="red",
                     linestyles="dashed", lw=1.5)
-  for ax, title in ((ax_t, "train step / Pre-LN (bar: median ratio; whisker: per-round IQR)"),
+  for ax, panel in ((ax_t, "train step / Pre-LN (bar: median ratio; whisker: per-round IQR)"),
                     (ax_m, "peak memory / Pre-LN (memory_analysis)")):
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set_xticks(range(len(designs)), designs, rotation=35, ha="right", fontsize=8)
-    ax.set_title(title, fontsize=9)
+    ax.set_title(panel, fontsize=9)
     ax.grid(axis="y", alpha=0.3)
     low = min(min(p.get_height() for p in ax.patches), 0.9)
     ax.set_ylim(bottom=max(0.0, low - 0.05))
@@ -69,10 +59,7 @@ def plot_bench(result: dict, path: str) -> str:
       ax.legend(fontsize=8)
   ax_t.plot([], [], "r--", label="target")
   ax_t.legend(fontsize=8)
-  code = (result.get("code") or {}).get("commit") or "unknown"
-  fig.suptitle(f"{result['device']} ({result.get('host_cpu', result['device_kind'])}), "
-               f"{result['preset']['dtype']}, batch {result['preset']['batch']} x "
-               f"{result['preset']['seq_len']}, {result['preset']['rounds']} rounds, code {code[:12]}", fontsize=9)
+  fig.suptitle(title, fontsize=9)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)
