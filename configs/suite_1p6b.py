@@ -43,8 +43,9 @@ def solver_model(key: str = "1p6b") -> ml_collections.ConfigDict:
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   run = sweep_lib.parse_run_arg(arg, DEFAULTS)
-  c = suite_400m.paper_recipe(base.get_config(), run["data"])
+  c = base.get_config()
   c.model = solver_model()
+  c = suite_400m.paper_recipe(c, run["data"])  # After the model, so its precision settings stay.
   c.mesh = ml_collections.ConfigDict({"data": 1, "fsdp": -1, "tensor": 1})
   return sweep_lib.apply_run(c, run, ffn_rule())
 

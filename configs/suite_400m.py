@@ -91,8 +91,9 @@ def solver_model(key: str = "400m") -> ml_collections.ConfigDict:
 def get_config(arg: str | None = None, defaults: dict | None = None) -> ml_collections.ConfigDict:
   """One run of this backbone and recipe; the control suites pass their own ``defaults``."""
   run = sweep_lib.parse_run_arg(arg, DEFAULTS if defaults is None else defaults)
-  c = paper_recipe(base.get_config(), run["data"])
+  c = base.get_config()
   c.model = solver_model()
+  c = paper_recipe(c, run["data"])  # After the model: its bf16 / fused-attention settings stay.
   return sweep_lib.apply_run(c, run, ffn_rule())
 
 

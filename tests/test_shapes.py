@@ -119,3 +119,15 @@ def test_suite_shapes_are_the_solver_picks(name):
   for key, shape_set in module.SHAPE_SETS.items():
     solved = shapes.solve_shape_set(shape_set, module.solver_model(key), module.ffn_rule(key))
     assert [s.shape.name for s in solved] == list(shape_set.shapes), (name, key)
+
+
+@pytest.mark.parametrize("name", [s for s in SUITES if s != "smoke"])
+def test_paper_suites_keep_the_recipe_precision(name):
+  # The recipe's bf16 compute and fused attention must survive the suite's solver model (the
+  # model config was once replaced after the recipe, silently training in fp32 with the T x T
+  # XLA attention); the solver's backbone fields must survive the recipe.
+  c = suite(name).get_config("arch=hc")
+  assert (c.model.dtype, c.model.param_dtype, c.model.attention_kernel) == (
+      "bfloat16", "float32", "fused")
+  assert c.model.n_heads == 16 and c.model.vocab_size == 50257 and c.model.residual.name == "hc"
+  assert c.model.max_seq_len >= c.data.seq_len == 2048
