@@ -50,8 +50,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from depthbench_jax.model.layers import (apply_rope, dtype_of, grouped_query, heads_major,
-                                         normal_init, tokens_major)
+from depthbench_jax.model.layers import (apply_rope, causal_blocks, dtype_of, grouped_query,
+                                         heads_major, normal_init, tokens_major)
 from depthbench_jax.model.matmul import projection_dot_general
 from depthbench_jax.residual.base import Design, LayerWiring, StateIO, check_fields
 
@@ -66,26 +66,31 @@ def moda_attention(q: Array, k: Array, v: Array, depth_k: Array, depth_v: Array,
   presence: [S] float in [0,1] (0 = slot absent; weights are ``p_i e^(z_i) / Z``). Scale 1/sqrt(hd)
   on both parts. Returns [B,T,H,hd].
 
-  The sequence part runs heads-major (``heads_major``), the depth part tokens-major (a batch
-  over (b, t, k) of [G, hd] x [hd, S] products), so neither moves the depth buffers; only the
-  small [.., G, S] logits and probabilities change layout.
+  The sequence part runs heads-major (``heads_major``) over the backbone's ``causal_blocks``
+  (query block i against its first keys only, each row's softmax joined with its own depth
+  logits), the depth part tokens-major (a batch over (b, t, k) of [G, hd] x [hd, S] products),
+  so neither moves the depth buffers; only the small [.., G, S] logits and probabilities change
+  layout.
   """
-  t = q.shape[1]
   qg, kt, vt = heads_major(q, k, v)                                 # q scaled, [B,K,G,T,hd]
-  seq = jnp.einsum("bkgqd,bksd->bkgqs", qg, kt, preferred_element_type=jnp.float32)
-  causal = jnp.arange(t)[None, :] <= jnp.arange(t)[:, None]
-  seq = jnp.where(causal, seq, -jnp.inf)
   dep = jnp.einsum("btkgd,btknd->btkgn", grouped_query(q, k.shape[2]), depth_k,
                    preferred_element_type=jnp.float32)
   present = presence > 0
   log_p = jnp.log(jnp.where(present, presence, 1.0).astype(jnp.float32))
-  dep = jnp.where(present, dep + log_p, -jnp.inf)
-  probs = jax.nn.softmax(
-      jnp.concatenate([seq, jnp.transpose(dep, (0, 2, 3, 1, 4))], axis=-1), axis=-1)
-  p_seq, p_dep = probs[..., :t].astype(v.dtype), probs[..., t:].astype(v.dtype)
-  out_dep = jnp.einsum("btkgn,btknd->btkgd", jnp.transpose(p_dep, (0, 3, 1, 2, 4)), depth_v)
-  out_seq = jnp.einsum("bkgqs,bksd->bkgqd", p_seq, vt)
-  return tokens_major(out_seq) + out_dep.reshape(q.shape)
+  dep = jnp.transpose(jnp.where(present, dep + log_p, -jnp.inf), (0, 2, 3, 1, 4))  # [B,K,G,T,S]
+  out_seq, p_dep = [], []
+  for rows, keys, keep in causal_blocks(q.shape[1]):
+    seq = jnp.einsum("bkgqd,bksd->bkgqs", qg[..., rows, :], kt[..., :keys, :],
+                     preferred_element_type=jnp.float32)
+    probs = jax.nn.softmax(
+        jnp.concatenate([jnp.where(keep, seq, -jnp.inf), dep[..., rows, :]], axis=-1), axis=-1)
+    out_seq.append(jnp.einsum("bkgqs,bksd->bkgqd", probs[..., :keys].astype(v.dtype),
+                              vt[..., :keys, :]))
+    p_dep.append(probs[..., keys:].astype(v.dtype))
+  joined = lambda parts: jnp.concatenate(parts, axis=-2) if len(parts) > 1 else parts[0]
+  out_dep = jnp.einsum("btkgn,btknd->btkgd", jnp.transpose(joined(p_dep), (0, 3, 1, 2, 4)),
+                       depth_v)
+  return tokens_major(joined(out_seq)) + out_dep.reshape(q.shape)
 
 
 class MoDA(LayerWiring):
@@ -163,4 +168,5 @@ def _check(residual, n_layers):
 
 
 DESIGN = Design(name="moda", layer=MoDA, io=MoDAIO, defaults={"ffn_kv": True}, check=_check,
+                fused_attention=False,
                 description="Pre-LN + attention over sequence KV and same-position depth KV")

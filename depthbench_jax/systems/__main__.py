@@ -1,7 +1,7 @@
 """``python -m depthbench_jax.systems --config=configs/suite_400m.py --seq_len=4096``
 
 For every shape of the suite and every registered design (or ``--designs``/``--shapes``): prefill
-FLOPs per sequence (analytic, causal and full, the paper's approximation, and XLA's
+FLOPs per sequence (analytic, causal and as computed, the paper's approximation, and XLA's
 ``cost_analysis`` of an abstract bf16 compile), KV-cache, residual-state and parameter bytes, peak
 memory from ``memory_analysis`` (no allocation), training FLOPs per token and device-hours for the
 suite's Chinchilla budget at ``--mfu`` of ``--peak_flops``. Then the same prefill FLOPs as a curve

@@ -68,7 +68,7 @@ def cost_row(cfg, *, seq_len: int, train_seq_len: int, tokens_per_param: float,
       "param_bytes": counts["total"] * DTYPE_BYTES[dtype],
       "seq_len": seq_len,
       "prefill_flops_causal": flops.prefill_flops(cfg, seq_len, causal=True),
-      "prefill_flops_full": flops.prefill_flops(cfg, seq_len, causal=False),
+      "prefill_flops_computed": flops.prefill_flops(cfg, seq_len, causal=False),
       "prefill_flops_paper": flops.paper_prefill_flops(cfg, seq_len),
       "design_flops_per_token": flops.design_flops_per_token(cfg)
       + 2.0 * (flops.matmul_params(cfg) - flops.backbone_matmul_params(cfg)),

@@ -10,8 +10,11 @@ sequence, the forward pass costs
 where N_matmul is every parameter that takes part in a matmul (all but the embedding table and
 the norm gains) and the middle term is QK^T and AV counted *causally*: query t sees t keys, so
 on average T/2, i.e. half of the ``4 * L * T * H * hd`` that a full (unmasked) T x T attention
-computes. ``causal=False`` gives that full count, which is what XLA's ``cost_analysis`` sees for
-the masked einsum. Over a sequence the causal term is ``2 L T^2 H hd`` (``2 L T^2 d`` for MHA):
+computes. ``causal=False`` counts the attention as this implementation computes it, which is
+what XLA's ``cost_analysis`` sees: ``causal_fraction(T) = (n + 1) / 2n`` of the full T x T for
+the blocked XLA attention (``model/layers.py``, n query blocks), the whole T x T under
+``attention_kernel='fused'`` (``jax.nn.dot_product_attention``'s XLA form, what a CPU compile
+runs; on GPU cuDNN skips the masked blocks itself). Over a sequence the causal term is ``2 L T^2 H hd`` (``2 L T^2 d`` for MHA):
 the ``T^2 L d`` term that makes depth expensive at long context. Training is 3x the forward.
 
 Residual designs add their own terms (HC's stream mixing, AttnRes's depth softmax, MoDA's depth
@@ -69,10 +72,21 @@ def design_flops_per_token(model_cfg: Any, causal: bool = True) -> float:
 def attention_flops_per_token(model_cfg: Any, seq_len: int, causal: bool = True) -> float:
   """``2 * L * T * H * hd``: causal QK^T plus AV, averaged over the T positions.
 
-  ``causal=False``: ``4 * L * T * H * hd``, the full T x T products a masked einsum computes.
+  ``causal=False``: what is computed, ``computed_attention_share`` of the full T x T products
+  ``4 * L * T * H * hd``.
   """
   full = 4.0 * model_cfg.n_layers * seq_len * model_cfg.n_heads * model_cfg.head_dim
-  return full / 2 if causal else full
+  return full / 2 if causal else full * computed_attention_share(model_cfg, seq_len)
+
+
+def computed_attention_share(model_cfg: Any, seq_len: int) -> float:
+  """Share of the full T x T attention the implementation computes: 1 where the design runs
+  ``attention_kernel='fused'`` (XLA's form of ``jax.nn.dot_product_attention`` masks the whole
+  T x T), else the blocked causal attention's ``causal_fraction(T)``."""
+  from depthbench_jax.model.layers import causal_fraction
+  if model_cfg.attention_kernel == "fused" and _design(model_cfg).fused_attention:
+    return 1.0
+  return causal_fraction(seq_len)
 
 
 def forward_flops_per_token(model_cfg: Any, seq_len: int, causal: bool = True) -> float:

@@ -11,8 +11,10 @@ CONVENTION = (
     "Prefill = one forward pass over a length-T sequence, batch 1, all T logits; a multiply-add "
     "is 2 FLOPs, only contractions count. **causal**: `2 N_matmul T + 2 L T^2 H hd` + design "
     "terms (QK^T and AV counted over the keys each query sees, i.e. half of the full T x T; "
-    "the flops.py convention, also used for MFU). **full**: the same with the whole T x T "
-    "attention (`4 L T^2 H hd`), which is what XLA computes for a masked einsum. **paper**: "
+    "the flops.py convention, also used for MFU). **computed**: the attention as this code "
+    "computes it, which XLA counts: the whole masked T x T (`4 L T^2 H hd`) under the fused "
+    "kernel's XLA form, `(n+1)/2n` of it for the blocked XLA attention (n query blocks; MoDA "
+    "always). **paper**: "
     "`2*12 L d^2 T + 2 L T^2 d` (no LM head, SwiGLU at exactly 8/3 d), the approximation behind "
     "the paper's 3.0 -> 4.4 TFLOPs. **XLA**: `compiled.cost_analysis()['flops']` of the abstract "
     "bf16 compile, with the scanned layer body counted L times. KV = K and V of every layer in "
@@ -42,14 +44,14 @@ def markdown_table(rows: Sequence[dict]) -> str:
           f"Chinchilla tokens, device-hours at {r0['peak_flops'] / 1e12:.0f} TFLOP/s peak and "
           f"MFU {r0['mfu']:.2f}.")
   lines = [head, "",
-           "| design | shape | AR | params | prefill TFLOPs causal | full | XLA | paper | "
+           "| design | shape | AR | params | prefill TFLOPs causal | computed | XLA | paper | "
            "KV MiB | state MiB | params GiB | peak GiB | train GFLOPs/tok | device-h |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
   for r in rows:
     lines.append(
         f"| {r['design']} | {r['shape']} | {r['aspect_ratio']:.1f} | "
         f"{r['params_total'] / 1e6:.1f}M | {_t(r['prefill_flops_causal'])} | "
-        f"{_t(r['prefill_flops_full'])} | {_t(r.get('xla_flops'))} | "
+        f"{_t(r['prefill_flops_computed'])} | {_t(r.get('xla_flops'))} | "
         f"{_t(r['prefill_flops_paper'])} | {_mb(r['kv_cache_bytes'])} | "
         f"{_mb(r['residual_state_bytes'])} | {_gb(r['param_bytes'])} | "
         f"{_gb(r.get('peak_bytes'))} | {r['train_flops_per_token'] / 1e9:.2f} | "

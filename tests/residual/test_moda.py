@@ -11,7 +11,7 @@ import pytest
 
 import residual_testkit as kit
 from depthbench_jax.errors import ConfigError
-from depthbench_jax.model.layers import causal_attention
+from depthbench_jax.model.layers import causal_attention, causal_query_blocks
 from depthbench_jax.model.transformer import Transformer, permute_layers, unstack_layers
 from depthbench_jax.residual.moda import moda_attention
 
@@ -34,9 +34,11 @@ def test_moda_attention_hand_computed():
                              atol=1e-5)
 
 
-def test_moda_attention_gqa_against_loops():
+@pytest.mark.parametrize("t", [5, 64])  # 64 tokens run as two causal query blocks
+def test_moda_attention_gqa_against_loops(t):
+  assert causal_query_blocks(t) == (1 if t == 5 else 2)
   rng = np.random.RandomState(0)
-  b, t, h, kvh, hd, s = 2, 5, 4, 2, 8, 3
+  b, h, kvh, hd, s = 2, 4, 2, 8, 3
   q, k, v = rng.randn(b, t, h, hd), rng.randn(b, t, kvh, hd), rng.randn(b, t, kvh, hd)
   dk, dv = rng.randn(b, t, kvh, s, hd), rng.randn(b, t, kvh, s, hd)
   presence = np.array([1.0, 0.0, 1.0])

@@ -35,12 +35,17 @@ def paper_shape(shape):
   return model_config_from(module.get_config(f"arch=preln,shape={shape}").model)
 
 
-@pytest.mark.parametrize("design", ["preln", "hc", "attnres_full"])
-def test_analytic_flops_match_xla_on_a_tiny_model(design):
-  # Small vocab and d so the design terms and the T^2 term are a visible share of the total.
-  cfg = model_cfg(design, n_layers=3, d_model=64, vocab=256, seq=64)
-  out = xla.prefill_analysis(cfg, 64, dtype="float32")
-  analytic = flops.prefill_flops(cfg, 64, causal=False)  # XLA computes the masked T x T in full
+@pytest.mark.parametrize("design,kernel", [("preln", "xla"), ("hc", "xla"),
+                                           ("attnres_full", "xla"), ("moda", "fused"),
+                                           ("preln", "fused")])
+def test_analytic_flops_match_xla_on_a_tiny_model(design, kernel):
+  # Small vocab and d so the design terms and the T^2 term are a visible share of the total:
+  # at T=256 the blocked attention computes 9/16 of the T x T, and "as computed" vs the whole
+  # T x T differ by ~20% of the total, so the 5% below tells them apart.
+  cfg = dataclasses.replace(model_cfg(design, n_layers=3, d_model=64, vocab=256, seq=256),
+                            attention_kernel=kernel)
+  out = xla.prefill_analysis(cfg, 256, dtype="float32")
+  analytic = flops.prefill_flops(cfg, 256, causal=False)  # the attention as computed
   assert out["xla_flops"] == pytest.approx(analytic, rel=0.05)
   # cost_analysis counts the scanned body once; the correction restores L - 1 layers.
   assert out["xla_flops_scanned"] < out["xla_flops"]
@@ -55,11 +60,16 @@ def test_scan_body_correction_equals_an_unrolled_compile():
   assert scanned == pytest.approx(unrolled, rel=0.01)
 
 
-def test_causal_and_full_attention_terms():
+def test_causal_and_computed_attention_terms():
   cfg = model_cfg("preln", n_layers=4, d_model=64)
-  t = 128
-  full, causal = flops.prefill_flops(cfg, t, causal=False), flops.prefill_flops(cfg, t)
-  assert full - causal == pytest.approx(2 * cfg.n_layers * t * t * cfg.d_model)
+  t = 128                      # 4 query blocks of 32: 5/8 of the 4 L T^2 d of the whole T x T
+  whole = 4 * cfg.n_layers * t * t * cfg.d_model
+  computed, causal = flops.prefill_flops(cfg, t, causal=False), flops.prefill_flops(cfg, t)
+  assert computed - causal == pytest.approx(whole * (5 / 8 - 1 / 2))
+  fused = dataclasses.replace(cfg, attention_kernel="fused")
+  assert flops.prefill_flops(fused, t, causal=False) - causal == pytest.approx(whole / 2)
+  moda = dataclasses.replace(model_cfg("moda", n_layers=4, d_model=64), attention_kernel="fused")
+  assert flops.computed_attention_share(moda, t) == 5 / 8   # MoDA's own attention, blocked
   assert flops.train_flops_per_token(cfg, t) == pytest.approx(3 * causal / t)
 
 

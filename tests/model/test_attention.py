@@ -1,0 +1,61 @@
+"""Causal attention in query blocks equals the unblocked softmax attention, values and grads."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from depthbench_jax.model.layers import causal_attention, causal_query_blocks
+
+
+def reference_attention(q, k, v):
+  """Plain numpy: softmax over keys j <= i of q_i . k_j / sqrt(hd), GQA heads h -> h // (H/K)."""
+  b, t, h, hd = q.shape
+  group = h // k.shape[2]
+  out = np.zeros_like(q)
+  for head in range(h):
+    kh, vh = k[:, :, head // group], v[:, :, head // group]
+    logits = np.einsum("bqd,bkd->bqk", q[:, :, head], kh) / np.sqrt(hd)
+    logits = np.where(np.tril(np.ones((t, t), bool)), logits, -np.inf)
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    out[:, :, head] = np.einsum("bqk,bkd->bqd", p / p.sum(-1, keepdims=True), vh)
+  return out
+
+
+def qkv(t, heads=4, kv_heads=2, hd=8, seed=0):
+  rng = np.random.default_rng(seed)
+  return (rng.normal(size=(2, t, heads, hd)).astype(np.float32),
+          rng.normal(size=(2, t, kv_heads, hd)).astype(np.float32),
+          rng.normal(size=(2, t, kv_heads, hd)).astype(np.float32))
+
+
+@pytest.mark.parametrize("n_blocks", [1, 2, 4, 8])
+def test_blocked_causal_attention_matches_reference(n_blocks):
+  q, k, v = qkv(16)
+  out = causal_attention(*map(jnp.asarray, (q, k, v)), n_blocks=n_blocks)
+  np.testing.assert_allclose(out, reference_attention(q, k, v), atol=2e-5, rtol=2e-5)
+
+
+def test_blocked_gradients_equal_unblocked():
+  q, k, v = map(jnp.asarray, qkv(64, seed=1))
+  g = jax.random.normal(jax.random.PRNGKey(0), q.shape)
+  grads = lambda n: jax.grad(lambda *a: jnp.sum(causal_attention(*a, n_blocks=n) * g),
+                             argnums=(0, 1, 2))(q, k, v)
+  for blocked, plain in zip(grads(causal_query_blocks(64, min_block=16)), grads(1)):
+    np.testing.assert_allclose(blocked, plain, atol=2e-5, rtol=2e-5)
+
+
+def test_query_blocks_divide_t_and_keep_blocks_large():
+  assert causal_query_blocks(128) == 4          # blocks of 32 (16 tokens made the dots slower)
+  assert causal_query_blocks(4096) == 8         # at most 8 blocks: 9/16 of the T x T logits
+  assert causal_query_blocks(96) == 3
+  assert causal_query_blocks(100) == 2          # 3 does not divide 100
+  assert causal_query_blocks(97) == 1           # prime: one block
+  assert causal_query_blocks(10) == 1
+  assert causal_query_blocks(64, min_block=16) == 4
+
+
+def test_causal_attention_rejects_unequal_lengths():
+  q, k, v = qkv(8)
+  with pytest.raises(ValueError, match="as many keys as queries"):
+    causal_attention(jnp.asarray(q), jnp.asarray(k[:, :4]), jnp.asarray(v[:, :4]))
