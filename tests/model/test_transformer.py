@@ -106,3 +106,19 @@ def test_gqa_and_qk_norm_shapes():
   assert params["layers"]["self_attn"]["k_proj"]["kernel"].shape == (3, 32, 2, 16)
   assert "lm_head" not in params
   assert tr.Transformer(cfg).apply({"params": params}, TOKENS).shape == (2, 10, 61)
+
+
+@pytest.mark.parametrize("layout", [dict(), dict(n_kv_heads=2, qk_norm=True)])  # MHA, Qwen3 GQA
+def test_fused_attention_kernel_equals_the_xla_attention(layout):
+  # The paper suites train with attention_kernel='fused' (jax.nn.dot_product_attention: cuDNN
+  # on GPU, its XLA form here); the blocked XLA attention is the reference it must equal.
+  xla_cfg = model_cfg(attention_kernel="xla", **layout)
+  fused_cfg = model_cfg(attention_kernel="fused", **layout)
+  tokens = jax.random.randint(jax.random.PRNGKey(2), (2, 64), 0, 61)  # 64 = 2 query blocks
+  params = __import__("flax").linen.unbox(tr.init_params(xla_cfg, jax.random.PRNGKey(0)))
+  np.testing.assert_allclose(apply(fused_cfg, params, tokens), apply(xla_cfg, params, tokens),
+                             rtol=1e-5, atol=1e-5)
+  g_fused = jax.jit(jax.grad(lambda p: loss_fn(fused_cfg, p, tokens)))(params)
+  g_xla = jax.jit(jax.grad(lambda p: loss_fn(xla_cfg, p, tokens)))(params)
+  for a, b in zip(jax.tree.leaves(g_fused), jax.tree.leaves(g_xla)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
