@@ -14,8 +14,9 @@ computes. ``causal=False`` counts the attention as this implementation computes 
 what XLA's ``cost_analysis`` sees: ``causal_fraction(T) = (n + 1) / 2n`` of the full T x T for
 the blocked XLA attention (``model/layers.py``, n query blocks), the whole T x T under
 ``attention_kernel='fused'`` (``jax.nn.dot_product_attention``'s XLA form, what a CPU compile
-runs; on GPU cuDNN skips the masked blocks itself). Over a sequence the causal term is ``2 L T^2 H hd`` (``2 L T^2 d`` for MHA):
-the ``T^2 L d`` term that makes depth expensive at long context. Training is 3x the forward.
+runs; on GPU cuDNN skips the masked blocks itself). Over a sequence the causal term is
+``2 L T^2 H hd`` (``2 L T^2 d`` for MHA): the ``T^2 L d`` term that makes depth expensive at
+long context. Training is 3x the forward.
 
 Residual designs add their own terms (HC's stream mixing, AttnRes's depth softmax, MoDA's depth
 keys and FFN KV projections): ``Design.extra_matmul_params(cfg)`` / ``Design.extra_flops_per_token
