@@ -13,7 +13,6 @@ Recipe as ``suite_400m`` (seq 2048, ~1M tokens per step), FSDP over all devices.
 
 import ml_collections
 
-from configs import base
 from configs import suite_400m
 from depthbench_jax import sweep as sweep_lib
 from depthbench_jax.shapes import FFNRule, ShapeSet
@@ -43,9 +42,7 @@ def solver_model(key: str = "1p6b") -> ml_collections.ConfigDict:
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   run = sweep_lib.parse_run_arg(arg, DEFAULTS)
-  c = base.get_config()
-  c.model = solver_model()
-  c = suite_400m.paper_recipe(c, run["data"])  # After the model, so its precision settings stay.
+  c = suite_400m.paper_config(solver_model(), run["data"])
   c.mesh = ml_collections.ConfigDict({"data": 1, "fsdp": -1, "tensor": 1})
   return sweep_lib.apply_run(c, run, ffn_rule())
 

@@ -45,8 +45,14 @@ def ffn_rule(key: str = "400m") -> FFNRule:
   return FFNRule(ratio=None, multiple_of=64)
 
 
-def paper_recipe(c: ml_collections.ConfigDict, data_path: str = "") -> ml_collections.ConfigDict:
-  """FineWeb-Edu, seq 2048, ~1M tokens/step, 20 tokens/param, bf16 compute (shared by suites)."""
+def paper_config(model: ml_collections.ConfigDict,
+                 data_path: str = "") -> ml_collections.ConfigDict:
+  """The base config with ``model`` and the paper recipe on it: FineWeb-Edu, seq 2048, ~1M
+  tokens/step, 20 tokens/param, bf16 compute, fused attention (shared by the suites). The
+  recipe's model settings are applied to ``model`` here, after it is in place, so a suite
+  cannot replace them by setting its model afterwards."""
+  c = base.get_config()
+  c.model = model
   c.data.source = "parquet"
   c.data.path = data_path or os.environ.get("FINEWEB_EDU_PATH", "data/fineweb-edu")
   c.data.tokenizer = "gpt2"
@@ -91,9 +97,7 @@ def solver_model(key: str = "400m") -> ml_collections.ConfigDict:
 def get_config(arg: str | None = None, defaults: dict | None = None) -> ml_collections.ConfigDict:
   """One run of this backbone and recipe; the control suites pass their own ``defaults``."""
   run = sweep_lib.parse_run_arg(arg, DEFAULTS if defaults is None else defaults)
-  c = base.get_config()
-  c.model = solver_model()
-  c = paper_recipe(c, run["data"])  # After the model: its bf16 / fused-attention settings stay.
+  c = paper_config(solver_model(), run["data"])
   return sweep_lib.apply_run(c, run, ffn_rule())
 
 
