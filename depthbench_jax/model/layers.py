@@ -152,6 +152,11 @@ def causal_blocks(t: int, n_blocks: int | None = None) -> list[tuple[slice, int,
           for i in range(n)]
 
 
+def join_query_blocks(parts: list[Array]) -> Array:
+  """The per-block results of ``causal_blocks`` [..., c, x] back in token order [..., T, x]."""
+  return jnp.concatenate(parts, axis=-2) if len(parts) > 1 else parts[0]
+
+
 def causal_attention(q: Array, k: Array, v: Array, n_blocks: int | None = None) -> Array:
   """``grouped_attention`` where query i sees keys j <= i (q, k, v of the same T tokens), run
   over ``causal_blocks``: ``causal_fraction(T)`` of the ``T x T`` logits are computed (and
@@ -162,7 +167,7 @@ def causal_attention(q: Array, k: Array, v: Array, n_blocks: int | None = None) 
   qg, kt, vt = heads_major(q, k, v)
   outs = [_softmax_attend(qg[..., rows, :], kt[..., :keys, :], vt[..., :keys, :], keep)
           for rows, keys, keep in causal_blocks(t, n_blocks)]
-  return tokens_major(jnp.concatenate(outs, axis=-2) if len(outs) > 1 else outs[0])
+  return tokens_major(join_query_blocks(outs))
 
 
 def masked_attention(q: Array, k: Array, v: Array, mask: Array) -> Array:

@@ -51,7 +51,8 @@ import jax
 import jax.numpy as jnp
 
 from depthbench_jax.model.layers import (apply_rope, causal_blocks, dtype_of, grouped_query,
-                                         heads_major, normal_init, tokens_major)
+                                         heads_major, join_query_blocks, normal_init,
+                                         tokens_major)
 from depthbench_jax.model.matmul import projection_dot_general
 from depthbench_jax.residual.base import Design, LayerWiring, StateIO, check_fields
 
@@ -87,10 +88,9 @@ def moda_attention(q: Array, k: Array, v: Array, depth_k: Array, depth_v: Array,
     out_seq.append(jnp.einsum("bkgqs,bksd->bkgqd", probs[..., :keys].astype(v.dtype),
                               vt[..., :keys, :]))
     p_dep.append(probs[..., keys:].astype(v.dtype))
-  joined = lambda parts: jnp.concatenate(parts, axis=-2) if len(parts) > 1 else parts[0]
-  out_dep = jnp.einsum("btkgn,btknd->btkgd", jnp.transpose(joined(p_dep), (0, 3, 1, 2, 4)),
-                       depth_v)
-  return tokens_major(joined(out_seq)) + out_dep.reshape(q.shape)
+  out_dep = jnp.einsum("btkgn,btknd->btkgd",
+                       jnp.transpose(join_query_blocks(p_dep), (0, 3, 1, 2, 4)), depth_v)
+  return tokens_major(join_query_blocks(out_seq)) + out_dep.reshape(q.shape)
 
 
 class MoDA(LayerWiring):
