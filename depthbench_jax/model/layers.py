@@ -170,6 +170,40 @@ def causal_attention(q: Array, k: Array, v: Array, n_blocks: int | None = None) 
   return tokens_major(join_query_blocks(outs))
 
 
+CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
+CUDNN_MAX_HEAD_DIM = 128  # 256 on Hopper; 128 holds on every GPU cuDNN flash attention runs on.
+
+
+def cudnn_head_dim(head_dim: int) -> int:
+  """``head_dim`` rounded up to the multiple of 8 that cuDNN flash attention requires."""
+  return -(-head_dim // 8) * 8
+
+
+def uses_cudnn_attention(dtype: DType, head_dim: int, platform: str | None = None) -> bool:
+  """Whether ``attention_kernel='fused'`` runs cuDNN flash attention here: on a GPU, for bf16 or
+  fp16 compute and a (padded) head dim cuDNN takes. Everywhere else it runs
+  ``causal_attention``: ``jax.nn.dot_product_attention`` without ``implementation='cudnn'``
+  is XLA's whole masked T x T, which the blocked form beats in time and memory."""
+  platform = platform or jax.default_backend()
+  return (platform in ("gpu", "cuda") and jnp.dtype(dtype) in map(jnp.dtype, CUDNN_DTYPES)
+          and cudnn_head_dim(head_dim) <= CUDNN_MAX_HEAD_DIM)
+
+
+def padded_dot_product_attention(q: Array, k: Array, v: Array,
+                                 implementation: str | None = "cudnn") -> Array:
+  """Causal ``softmax(q k^T / sqrt(hd)) v`` through ``jax.nn.dot_product_attention``, the head
+  dim zero-padded to a multiple of 8 (the 400M suite's 16 heads at d=1216 have hd=76).
+
+  Zero columns leave ``q . k`` unchanged and give zero output columns, which are cut off; the
+  scale stays ``1/sqrt(hd)`` of the true head dim."""
+  hd = q.shape[-1]
+  pad = [(0, 0)] * (q.ndim - 1) + [(0, cudnn_head_dim(hd) - hd)]
+  out = jax.nn.dot_product_attention(jnp.pad(q, pad), jnp.pad(k, pad), jnp.pad(v, pad),
+                                     scale=hd ** -0.5, is_causal=True,
+                                     implementation=implementation)
+  return out[..., :hd]
+
+
 def masked_attention(q: Array, k: Array, v: Array, mask: Array) -> Array:
   """``grouped_attention`` with an explicit mask (the KV-cache decode path).
 
@@ -232,7 +266,7 @@ class Attention(nn.Module):
   value_init_scale: float = 1.0  # DeepNorm beta also rescales the value projection.
   dtype: DType = jnp.float32
   param_dtype: DType = jnp.float32
-  use_fused_kernel: bool = False  # jax.nn.dot_product_attention (cuDNN on GPU) when True.
+  use_fused_kernel: bool = False  # cuDNN flash attention where uses_cudnn_attention.
   decode: bool = False            # KV cache in the 'cache' collection (see the class docstring).
 
   def setup(self):
@@ -266,8 +300,8 @@ class Attention(nn.Module):
     return self.wo(o)
 
   def attend(self, q: Array, k: Array, v: Array) -> Array:
-    if self.use_fused_kernel:
-      return jax.nn.dot_product_attention(q, k, v, is_causal=True)
+    if self.use_fused_kernel and uses_cudnn_attention(q.dtype, q.shape[-1]):
+      return padded_dot_product_attention(q, k, v, "cudnn")
     return causal_attention(q, k, v)
 
   def attend_cached(self, q: Array, k: Array, v: Array) -> Array:

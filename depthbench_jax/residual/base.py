@@ -109,10 +109,6 @@ class Design:
   # slots 0..k through ``pre_norm(depth read)`` and writes slot k+1): trainable with O(L d)
   # memory by model/buffer_stack.py.
   source_buffer: bool = False
-  # ``config.model.attention_kernel='fused'`` runs this design's attention through
-  # ``jax.nn.dot_product_attention``; False where the design attends with its own einsums
-  # (MoDA's depth keys), which stay blocked causal whatever the kernel setting.
-  fused_attention: bool = True
 
   def validate(self, residual, n_layers: int) -> None:
     self.check(residual, n_layers)

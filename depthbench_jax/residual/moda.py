@@ -34,7 +34,7 @@ a gated-out layer (gate 0) vanishes from later layers' depth keys; ``skip`` blen
 ``presence`` only (never the buffers). ``hidden(state) = x``.
 
 The depth-augmented attention always runs the XLA einsum path below
-(``config.model.attention_kernel='fused'`` does not apply to it).
+(``config.model.attention_kernel='fused'``, cuDNN on GPU, does not apply to it).
 
 Differences of the PyPI reference ``moda-attention==0.1.0`` (all checked in
 tests/residual/test_moda_parity.py): it reads its whole zero-initialised cache, so unwritten slots
@@ -168,5 +168,4 @@ def _check(residual, n_layers):
 
 
 DESIGN = Design(name="moda", layer=MoDA, io=MoDAIO, defaults={"ffn_kv": True}, check=_check,
-                fused_attention=False,
                 description="Pre-LN + attention over sequence KV and same-position depth KV")

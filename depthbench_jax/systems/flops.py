@@ -12,9 +12,9 @@ the norm gains) and the middle term is QK^T and AV counted *causally*: query t s
 on average T/2, i.e. half of the ``4 * L * T * H * hd`` that a full (unmasked) T x T attention
 computes. ``causal=False`` counts the attention as this implementation computes it, which is
 what XLA's ``cost_analysis`` sees: ``causal_fraction(T) = (n + 1) / 2n`` of the full T x T for
-the blocked XLA attention (``model/layers.py``, n query blocks), the whole T x T under
-``attention_kernel='fused'`` (``jax.nn.dot_product_attention``'s XLA form, what a CPU compile
-runs; on GPU cuDNN skips the masked blocks itself). Over a sequence the causal term is
+the blocked XLA attention (``model/layers.py``, n query blocks), which every kernel setting runs
+off-GPU. On a GPU ``attention_kernel='fused'`` is cuDNN flash attention: a custom call that
+``cost_analysis`` cannot see into, skipping masked tiles itself (close to the causal count). Over a sequence the causal term is
 ``2 L T^2 H hd`` (``2 L T^2 d`` for MHA): the ``T^2 L d`` term that makes depth expensive at
 long context. Training is 3x the forward.
 
@@ -81,12 +81,11 @@ def attention_flops_per_token(model_cfg: Any, seq_len: int, causal: bool = True)
 
 
 def computed_attention_share(model_cfg: Any, seq_len: int) -> float:
-  """Share of the full T x T attention the implementation computes: 1 where the design runs
-  ``attention_kernel='fused'`` (XLA's form of ``jax.nn.dot_product_attention`` masks the whole
-  T x T), else the blocked causal attention's ``causal_fraction(T)``."""
+  """Share of the full T x T attention that XLA computes: the blocked causal attention's
+  ``causal_fraction(T)``, for every design and kernel setting (cuDNN, the GPU's ``'fused'``, is
+  opaque to XLA's count; see the module docstring)."""
+  del model_cfg  # The same for every design: MoDA's sequence part is blocked the same way.
   from depthbench_jax.model.layers import causal_fraction
-  if model_cfg.attention_kernel == "fused" and _design(model_cfg).fused_attention:
-    return 1.0
   return causal_fraction(seq_len)
 
 

@@ -1,11 +1,13 @@
-"""Causal attention in query blocks equals the unblocked softmax attention, values and grads."""
+"""Causal attention in query blocks equals the unblocked softmax attention, values and grads;
+the cuDNN path's head-dim padding and its selection rule."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from depthbench_jax.model.layers import causal_attention, causal_query_blocks
+from depthbench_jax.model.layers import (causal_attention, causal_query_blocks, cudnn_head_dim,
+                                         padded_dot_product_attention, uses_cudnn_attention)
 
 
 def reference_attention(q, k, v):
@@ -59,3 +61,22 @@ def test_causal_attention_rejects_unequal_lengths():
   q, k, v = qkv(8)
   with pytest.raises(ValueError, match="as many keys as queries"):
     causal_attention(jnp.asarray(q), jnp.asarray(k[:, :4]), jnp.asarray(v[:, :4]))
+
+
+def test_head_dim_padding_leaves_attention_unchanged():
+  # The cuDNN path pads hd=12 to 16 with zeros and keeps the 1/sqrt(12) scale; run through
+  # jax.nn.dot_product_attention's XLA form here, it must equal the unpadded reference.
+  q, k, v = qkv(16, hd=12, seed=2)
+  out = jax.jit(padded_dot_product_attention, static_argnums=3)(q, k, v, "xla")
+  assert out.shape == q.shape
+  np.testing.assert_allclose(out, reference_attention(q, k, v), atol=2e-5, rtol=2e-5)
+
+
+def test_cudnn_is_chosen_only_on_gpu_in_half_precision_for_head_dims_it_takes():
+  assert [cudnn_head_dim(h) for h in (40, 44, 56, 76, 128)] == [40, 48, 56, 80, 128]
+  assert uses_cudnn_attention(jnp.bfloat16, 76, platform="gpu")       # 400M suite, padded to 80
+  assert uses_cudnn_attention(jnp.float16, 128, platform="gpu")
+  assert not uses_cudnn_attention(jnp.float32, 64, platform="gpu")    # cuDNN flash: bf16/fp16
+  assert not uses_cudnn_attention(jnp.bfloat16, 136, platform="gpu")  # beyond cuDNN's head dim
+  assert not uses_cudnn_attention(jnp.bfloat16, 64, platform="cpu")
+  assert not uses_cudnn_attention(jnp.bfloat16, 64, platform="tpu")

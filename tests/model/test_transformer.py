@@ -109,15 +109,25 @@ def test_gqa_and_qk_norm_shapes():
 
 
 @pytest.mark.parametrize("layout", [dict(), dict(n_kv_heads=2, qk_norm=True)])  # MHA, Qwen3 GQA
-def test_fused_attention_kernel_equals_the_xla_attention(layout):
-  # The paper suites train with attention_kernel='fused' (jax.nn.dot_product_attention: cuDNN
-  # on GPU, its XLA form here); the blocked XLA attention is the reference it must equal.
-  xla_cfg = model_cfg(attention_kernel="xla", **layout)
-  fused_cfg = model_cfg(attention_kernel="fused", **layout)
+def test_padded_dot_product_attention_in_the_model_equals_the_blocked_attention(layout,
+                                                                               monkeypatch):
+  # The paper suites train with attention_kernel='fused': on a GPU in bf16 that is cuDNN
+  # through padded_dot_product_attention. Off-GPU it is the blocked attention, so here the
+  # selection is forced and cuDNN swapped for jax.nn.dot_product_attention's XLA form, which
+  # runs the same padding and scale inside the model; it must equal the blocked attention.
+  from depthbench_jax.model import layers
+  monkeypatch.setattr(layers, "uses_cudnn_attention", lambda dtype, head_dim: True)
+  real = layers.padded_dot_product_attention
+  calls = []
+  monkeypatch.setattr(layers, "padded_dot_product_attention",
+                      lambda q, k, v, impl: calls.append(impl) or real(q, k, v, "xla"))
+  xla_cfg = model_cfg(attention_kernel="xla", head_dim=12, **layout)   # padded to 16
+  fused_cfg = model_cfg(attention_kernel="fused", head_dim=12, **layout)
   tokens = jax.random.randint(jax.random.PRNGKey(2), (2, 64), 0, 61)  # 64 = 2 query blocks
   params = __import__("flax").linen.unbox(tr.init_params(xla_cfg, jax.random.PRNGKey(0)))
   np.testing.assert_allclose(apply(fused_cfg, params, tokens), apply(xla_cfg, params, tokens),
                              rtol=1e-5, atol=1e-5)
+  assert calls and set(calls) == {"cudnn"}
   g_fused = jax.jit(jax.grad(lambda p: loss_fn(fused_cfg, p, tokens)))(params)
   g_xla = jax.jit(jax.grad(lambda p: loss_fn(xla_cfg, p, tokens)))(params)
   for a, b in zip(jax.tree.leaves(g_fused), jax.tree.leaves(g_xla)):

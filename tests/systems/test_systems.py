@@ -36,8 +36,8 @@ def paper_shape(shape):
 
 
 @pytest.mark.parametrize("design,kernel", [("preln", "xla"), ("hc", "xla"),
-                                           ("attnres_full", "xla"), ("moda", "fused"),
-                                           ("preln", "fused")])
+                                           ("attnres_full", "xla"), ("moda", "xla"),
+                                           ("preln", "fused")])   # off-GPU 'fused' is blocked
 def test_analytic_flops_match_xla_on_a_tiny_model(design, kernel):
   # Small vocab and d so the design terms and the T^2 term are a visible share of the total:
   # at T=256 the blocked attention computes 9/16 of the T x T, and "as computed" vs the whole
@@ -66,10 +66,8 @@ def test_causal_and_computed_attention_terms():
   whole = 4 * cfg.n_layers * t * t * cfg.d_model
   computed, causal = flops.prefill_flops(cfg, t, causal=False), flops.prefill_flops(cfg, t)
   assert computed - causal == pytest.approx(whole * (5 / 8 - 1 / 2))
-  fused = dataclasses.replace(cfg, attention_kernel="fused")
-  assert flops.prefill_flops(fused, t, causal=False) - causal == pytest.approx(whole / 2)
-  moda = dataclasses.replace(model_cfg("moda", n_layers=4, d_model=64), attention_kernel="fused")
-  assert flops.computed_attention_share(moda, t) == 5 / 8   # MoDA's own attention, blocked
+  moda = model_cfg("moda", n_layers=4, d_model=64)
+  assert flops.computed_attention_share(moda, t) == 5 / 8   # MoDA's sequence part, blocked
   assert flops.train_flops_per_token(cfg, t) == pytest.approx(3 * causal / t)
 
 
@@ -187,7 +185,7 @@ def test_verdict_flags_a_target_inside_the_run_noise():
 def test_bench_quick_mode(tmp_path, capsys):
   from depthbench_jax import bench
   assert bench.main(["--preset", "quick", "--out", str(tmp_path)]) == 0
-  (path,) = list(tmp_path.glob("results-*.json"))
+  (path,) = list(tmp_path.glob("results-*.json"))  # The partial save is gone once it is whole.
   result = json.loads(path.read_text())
   designs = {r["design"] for r in result["train"]}
   assert {"preln", "hc"} <= designs
@@ -198,6 +196,7 @@ def test_bench_quick_mode(tmp_path, capsys):
   band = hc["step_over_preln_rounds"]
   assert band["q1"] <= band["median"] <= band["q3"]
   assert result["compile"]["deep_s"] > 0 and result["matmul_peak_flops"] > 0
+  assert pre["attention"] == "xla-blocked" and result["device_memory"] == {"2x32": None}
   assert "ours_over_hf" in pre and pre["hf_matmul_peak_flops"] > 0
   np.testing.assert_allclose(pre["ours_over_hf_at_equal_gemm"] * pre["mfu"], pre["hf_mfu"])
   out = capsys.readouterr().out
@@ -222,17 +221,32 @@ def test_bench_quick_mode(tmp_path, capsys):
     assert "--replot=" in capsys.readouterr().err
 
 
+def test_cudnn_check_fails_where_cudnn_cannot_run_and_passes_the_padded_path(capsys):
+  from depthbench_jax.systems import cudnn_check
+  small = ["--head_dims=12", "--batch=1", "--seq_len=64", "--heads=2", "--rounds=1"]
+  assert cudnn_check.main(small) == 1          # No cuDNN on the CPU: the bench falls back.
+  assert "error" in json.loads(capsys.readouterr().out)
+  assert cudnn_check.main(small + ["--implementation=xla"]) == 0
+  row = json.loads(capsys.readouterr().out)
+  assert row["ok"] and max(row["max_rel_error"].values()) < 0.05 and row["cudnn_ms"] > 0
+
+
 @pytest.mark.slow  # ~8 small compiles: ~30 s on 2 cores.
 def test_bench_accelerator_preset_runs_in_miniature():
-  """The gpu400m preset (bf16, jax.nn.dot_product_attention, two shapes, no HF) with only its
+  """The gpu400m preset (bf16, attention_kernel='fused', two shapes, no HF) with only its
   sizes shrunk: the one device run a session may get must not be the first time this path
-  runs."""
+  runs. Off-GPU 'fused' runs the blocked attention; the train section is saved before the
+  compile section starts."""
   from depthbench_jax import bench
   p = dataclasses.replace(bench.PRESETS["gpu400m"], d_model=64, n_layers=2, n_heads=4,
                           vocab_size=128, seq_len=32, batch=2, shapes=("2x64", "4x48"),
                           rounds=2, matmul_n=128, matmul_reps=2, compile_layers=(1, 2),
                           compile_rounds=1)
-  result = bench.run_bench(p, log=lambda s: None)
+  partial = []
+  result = bench.run_bench(p, log=lambda s: None,
+                           save_partial=lambda r: partial.append(sorted(r)))
+  assert "train" in partial[0] and "compile" not in partial[0]
+  assert {r["attention"] for r in result["train"]} == {"xla-blocked"}
   assert {(r["design"], r["shape"]) for r in result["train"]} == {
       (d, s) for d in ("preln", "hc") for s in ("2x64", "4x48")}
   for r in result["train"]:
