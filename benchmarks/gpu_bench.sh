@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # The one accelerator run of the bench: bf16, the 400M Pre-LN and HC shapes (16x1216, 32x896),
-# batch 8 x 2048, cuDNN attention; writes $OUT/results-<device>.json (benchmarks/ when OUT is
-# unset). For the device tool (benchmarks/README.md):
+# batch 8 x 2048, cuDNN attention (checked against the blocked XLA attention first); writes
+# $OUT/results-<device>.json (benchmarks/ when OUT is unset). For the device tool (benchmarks/README.md):
 #   run(command="DEPTHBENCH_COMMIT=<git rev-parse HEAD here> bash benchmarks/gpu_bench.sh",
-#       carry=[".whl"], timeout_s=420)
+#       carry=[".whl"], timeout_s=540)
 # (the copy of the tree there has no .git; the variable names the commit in the JSON).
 # .whl holds the pure-Python wheels the device image lacks (ml_collections), fetched here with
 #   pip download --no-deps --only-binary=:all: -d .whl ml_collections==1.1.0
-# Test it locally first with: BENCH_PRESET=quick bash benchmarks/gpu_bench.sh
+# Test it locally first with (the cuDNN check fails on a CPU, so it falls back to xla):
+#   OUT=/tmp/gb PYTHON=.venv/bin/python BENCH_PRESET=quick \\
+#   CUDNN_CHECK_ARGS='--batch=1 --seq_len=64 --heads=2 --rounds=1' bash benchmarks/gpu_bench.sh
 set -euo pipefail
 if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -17,7 +19,19 @@ fi
 PY=${PYTHON:-python3}
 OUT_DIR=${OUT:-benchmarks}
 mkdir -p "$OUT_DIR"
-export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2
-"$PY" -c "import jax; print(jax.__version__, jax.devices())"
-"$PY" -m depthbench_jax.bench --preset="${BENCH_PRESET:-gpu400m}" --out="$OUT_DIR" 2>&1 \
-  | tee "$OUT_DIR/bench.log"
+# glibc's default malloc: hostmem's tunables are for XLA:CPU's per-step buffers.
+export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2 DEPTHBENCH_DEFAULT_MALLOC=1
+"$PY" -c "import jax, flax, optax; print('jax', jax.__version__, 'flax', flax.__version__, \
+  'optax', optax.__version__, jax.devices())"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv || true
+# cuDNN flash attention vs the blocked XLA attention (values, grads, time); the bench runs
+# attention_kernel='fused' (cuDNN) only if that check passes, else 'xla'.
+KERNEL=fused
+# shellcheck disable=SC2086
+if ! "$PY" -m depthbench_jax.systems.cudnn_check ${CUDNN_CHECK_ARGS:-} \
+    | tee "$OUT_DIR/cudnn_check.jsonl"; then
+  KERNEL=xla
+  echo "cuDNN check failed: benching attention_kernel=xla"
+fi
+"$PY" -m depthbench_jax.bench --preset="${BENCH_PRESET:-gpu400m}" --attention_kernel="$KERNEL" \
+  --out="$OUT_DIR" 2>&1 | tee "$OUT_DIR/bench.log"

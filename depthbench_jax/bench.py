@@ -77,7 +77,7 @@ class Preset:
   compile_layers: tuple[int, int] = (16, 70)
   compile_rounds: int = 3
   hf: bool = True
-  attention_kernel: str = "xla"          # 'fused' = jax.nn.dot_product_attention (cuDNN)
+  attention_kernel: str = "xla"          # 'fused' = cuDNN flash attention (GPU, bf16)
 
 
 PRESETS = {
@@ -262,6 +262,27 @@ def compile_train_step(name: str, config) -> Compiled:
                   flops_per_step=flops.train_flops_per_token(cfg, t) * b * t)
 
 
+def attention_impl(cfg) -> str:
+  """Which attention the compiled step runs: ``cudnn`` (flash attention, head dim padded to a
+  multiple of 8 where it is not one) or ``xla-blocked`` (``model/layers.py``)."""
+  from depthbench_jax.model.layers import cudnn_head_dim, dtype_of, uses_cudnn_attention
+  if cfg.attention_kernel != "fused" or not uses_cudnn_attention(dtype_of(cfg.dtype),
+                                                                 cfg.head_dim):
+    return "xla-blocked"
+  padded = cudnn_head_dim(cfg.head_dim)
+  return "cudnn" + (f" (hd {cfg.head_dim} padded to {padded})" if padded != cfg.head_dim else "")
+
+
+def device_memory() -> dict[str, int] | None:
+  """The allocator's own counters on an accelerator (``peak_bytes_in_use``: the high-water mark
+  of everything the process has run so far, ``bytes_limit``); None on CPU."""
+  stats = jax.devices()[0].memory_stats()
+  if not stats:
+    return None
+  return {k: int(stats[k]) for k in ("peak_bytes_in_use", "bytes_in_use", "bytes_limit")
+          if k in stats}
+
+
 def step_runner(c: Compiled) -> Callable[[], None]:
   def run():
     c.state, metrics = c.step(c.state, c.batch)
@@ -347,7 +368,9 @@ def torch_matmul_runner(n: int, reps: int) -> Callable[[], None] | None:
 # The bench.
 # ---------------------------------------------------------------------------------------------
 
-def run_bench(p: Preset, log=print) -> dict:
+def run_bench(p: Preset, log=print, save_partial: Callable[[dict], None] | None = None) -> dict:
+  """The bench; ``save_partial(result)`` is called once the train section is in, so a run cut
+  off later (a device lease running out in the compile section) keeps its step times."""
   from depthbench_jax.residual import registry
   dtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[p.dtype]
   designs = p.designs or registry.names()
@@ -374,7 +397,8 @@ def run_bench(p: Preset, log=print) -> dict:
     for design in designs:
       c = compile_train_step(design, bench_config(p, design, n_layers, d_model))
       compiled[design] = c
-      log(f"  compiled {design} {shape}: {c.compile_s:.1f}s, peak {c.peak_bytes / 2**20:.0f} MiB")
+      log(f"  compiled {design} {shape}: {c.compile_s:.1f}s, peak {c.peak_bytes / 2**20:.0f} MiB, "
+          f"attention {attention_impl(c.cfg)}")
     runners = {k: step_runner(c) for k, c in compiled.items()}
     hf_time = None
     if p.hf and shape == shapes[0]:
@@ -401,7 +425,7 @@ def run_bench(p: Preset, log=print) -> dict:
              "step_over_preln_rounds": paired_ratio_band(times[design], times["preln"]),
              "peak_bytes": c.peak_bytes,
              "peak_over_preln": c.peak_bytes / base.peak_bytes, "compile_s": c.compile_s,
-             "remat_policy": c.cfg.remat_policy}
+             "remat_policy": c.cfg.remat_policy, "attention": attention_impl(c.cfg)}
       if design == "preln" and hf_time is not None:
         row["hf_step_s"] = hf_time
         row["hf_step_s_all"] = times["hf_llama_torch"]
@@ -414,8 +438,12 @@ def run_bench(p: Preset, log=print) -> dict:
         row["ours_over_hf_at_equal_gemm"] = row["hf_mfu"] / row["mfu"]
       train_rows.append(row)
     del compiled, runners
+    # The allocator's high-water mark after this shape (cumulative: it is never reset).
+    result.setdefault("device_memory", {})[shape] = device_memory()
   result["train"] = train_rows
   result["matmul_peak_flops"] = max(peaks)
+  if save_partial is not None:
+    save_partial(result)
 
   shallow, deep = p.compile_layers
   cfgs = {L: bench_config(p, "preln", L, p.d_model if not p.shapes else
@@ -482,11 +510,12 @@ def render(result: dict) -> str:
            f"batch {result['preset']['batch']} x seq {result['preset']['seq_len']}; matmul peak "
            f"{result['matmul_peak_flops'] / 1e9:.1f} GFLOP/s; host malloc "
            f"{result.get('host_malloc', 'default')}", "",
-           "| design | shape | remat | step ms | x Pre-LN | per-round IQR | tokens/s | "
+           "| design | shape | remat | attention | step ms | x Pre-LN | per-round IQR | tokens/s | "
            "model GFLOP/s | MFU | peak MiB | x Pre-LN | compile s |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
   for r in result["train"]:
     lines.append(f"| {r['design']} | {r['shape']} | {r['remat_policy']} | "
+                 f"{r.get('attention', 'n/a')} | "
                  f"{1e3 * r['step_s']:.1f} | {r['step_over_preln']:.3f} | "
                  f"{_band(r.get('step_over_preln_rounds'))} | "
                  f"{r['tokens_per_s']:,.0f} | {r['model_flops_per_s'] / 1e9:.1f} | "
@@ -502,6 +531,11 @@ def render(result: dict) -> str:
                 f"{pre['hf_matmul_peak_flops'] / 1e9:.1f} GFLOP/s; MFU ours {pre['mfu']:.3f}, "
                 f"HF {pre['hf_mfu']:.3f}: ours/HF at equal GEMM speed = "
                 f"{pre['ours_over_hf_at_equal_gemm']:.3f}"]
+  for shape, mem in (result.get("device_memory") or {}).items():
+    if mem:
+      lines += ["", f"Device allocator after {shape} (cumulative high-water mark): peak "
+                f"{mem.get('peak_bytes_in_use', 0) / 2**30:.2f} GiB of "
+                f"{mem.get('bytes_limit', 0) / 2**30:.1f} GiB"]
   c = result["compile"]
   lines += ["", f"Train-step compile (abstract): {c['shallow_layers']}L {c['shallow_s']:.2f}s, "
             f"{c['deep_layers']}L {c['deep_s']:.2f}s, ratio {c['deep_over_shallow']:.2f}", "",
@@ -541,6 +575,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   ap.add_argument("--designs", default="", help="comma list (overrides the preset)")
   ap.add_argument("--rounds", type=int, default=None)
   ap.add_argument("--no_hf", action="store_true")
+  ap.add_argument("--attention_kernel", default=None, choices=("xla", "fused"),
+                  help="overrides the preset's ('fused' = cuDNN flash attention on GPU, bf16)")
   ap.add_argument("--replot", default="", metavar="JSON",
                   help="re-render a results JSON (table, verdict, PNG beside it); no timing")
   args = ap.parse_args(argv)
@@ -564,13 +600,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = dataclasses.replace(p, rounds=args.rounds)
   if args.no_hf:
     p = dataclasses.replace(p, hf=False)
-  result = run_bench(p, log=lambda s: print(s, file=sys.stderr, flush=True))
-  result["preset_name"] = name
+  if args.attention_kernel:
+    p = dataclasses.replace(p, attention_kernel=args.attention_kernel)
   os.makedirs(args.out, exist_ok=True)
   suffix = "" if name in ("cpu", "gpu400m") else f"-{name}"
-  path = os.path.join(args.out, f"results-{result['device']}{suffix}.json")
-  with open(path, "w") as f:
-    json.dump(result, f, indent=1)
+  path = os.path.join(args.out, f"results-{device_name()}{suffix}.json")
+
+  def save(result, path=path):
+    result["preset_name"] = name
+    with open(path, "w") as f:
+      json.dump(result, f, indent=1)
+
+  log = lambda s: print(s, file=sys.stderr, flush=True)
+  partial = os.path.splitext(path)[0] + "-partial.json"
+  result = run_bench(p, log=log, save_partial=lambda r: save(r, partial))
+  save(result)
+  if os.path.exists(partial):
+    os.remove(partial)
   print(render(result))
   print(f"wrote {path}, {write_plot(result, path)}", file=sys.stderr)
   return 0
