@@ -58,6 +58,7 @@ STEP_TARGETS = {"hc": ("HC", "hc_over_preln"),
 # saved once); under dots_saveable it replays each branch's VJP from the saved matmuls:
 # 1.13x Pre-LN vs 1.17x recomputing them (nothing_saveable), at 1.06x vs 0.95x Pre-LN's peak.
 REMAT = {"default": "dots_saveable"}
+REMAT_CHOICES = ("none", "nothing_saveable", "dots_saveable")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +79,7 @@ class Preset:
   compile_rounds: int = 3
   hf: bool = True
   attention_kernel: str = "xla"          # 'fused' = cuDNN flash attention (GPU, bf16)
+  remat: str = ""                        # one policy for every design; "" = REMAT's
 
 
 PRESETS = {
@@ -118,9 +120,11 @@ def host_cpu() -> str:
 def code_revision() -> dict[str, Any]:
   """``{'commit': HEAD, 'dirty': uncommitted changes}`` of the checkout the bench runs from.
 
-  Outside a git checkout (a copy of the tree on a device machine) the commit comes from
-  ``$DEPTHBENCH_COMMIT`` if set, else None."""
-  outside = {"commit": os.environ.get("DEPTHBENCH_COMMIT") or None, "dirty": None}
+  ``$DEPTHBENCH_COMMIT``, if set, names the commit instead: a copy of the tree on a device
+  machine can carry a stale ``.git`` (seen: HEAD at the session's first commit, so "dirty")."""
+  if os.environ.get("DEPTHBENCH_COMMIT"):
+    return {"commit": os.environ["DEPTHBENCH_COMMIT"], "dirty": False}
+  outside = {"commit": None, "dirty": None}
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   git = lambda *a: subprocess.run(["git", "-C", root, *a], capture_output=True, text=True,
                                   timeout=10)
@@ -217,7 +221,7 @@ def bench_config(p: Preset, design: str, n_layers: int | None = None, d_model: i
   m.dtype = p.dtype
   m.param_dtype = "float32"
   m.attention_kernel = p.attention_kernel
-  m.remat_policy = REMAT.get(design, REMAT["default"])
+  m.remat_policy = p.remat or REMAT.get(design, REMAT["default"])
   m.residual = {**registry.get(design).defaults, "name": design}
   c.data.seq_len, c.data.global_batch_size = p.seq_len, p.batch
   c.steps = 1000
@@ -575,6 +579,10 @@ def main(argv: Sequence[str] | None = None) -> int:
   ap.add_argument("--designs", default="", help="comma list (overrides the preset)")
   ap.add_argument("--rounds", type=int, default=None)
   ap.add_argument("--no_hf", action="store_true")
+  ap.add_argument("--shapes", default="", help="comma list of LxD (overrides the preset's)")
+  ap.add_argument("--remat", default="", choices=("",) + REMAT_CHOICES,
+                  help="one remat policy for every design (default: REMAT, per design); the "
+                       "result file is then results-<device>-remat-<policy>.json")
   ap.add_argument("--attention_kernel", default=None, choices=("xla", "fused"),
                   help="overrides the preset's ('fused' = cuDNN flash attention on GPU, bf16)")
   ap.add_argument("--replot", default="", metavar="JSON",
@@ -602,8 +610,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = dataclasses.replace(p, hf=False)
   if args.attention_kernel:
     p = dataclasses.replace(p, attention_kernel=args.attention_kernel)
+  if args.shapes:
+    p = dataclasses.replace(p, shapes=tuple(s.strip() for s in args.shapes.split(",")))
+  if args.remat:
+    p = dataclasses.replace(p, remat=args.remat)
   os.makedirs(args.out, exist_ok=True)
-  suffix = "" if name in ("cpu", "gpu400m") else f"-{name}"
+  suffix = ("" if name in ("cpu", "gpu400m") else f"-{name}") + (
+      f"-remat-{args.remat}" if args.remat else "")
   path = os.path.join(args.out, f"results-{device_name()}{suffix}.json")
 
   def save(result, path=path):

@@ -55,15 +55,27 @@ def model_part(op_name: str, depth: int) -> str:
   return f"{direction} {'/'.join(parts[:depth]) or '(top level)'}"
 
 
+def _event_name(event) -> str:
+  """A GPU kernel's HLO op (its ``hlo_op`` stat: a cuBLAS kernel is named by cuBLAS), else the
+  event's own name (XLA:CPU names its events by the HLO op)."""
+  for key, value in event.stats:
+    if key == "hlo_op":
+      return str(value)
+  return event.name
+
+
 def event_seconds(xplane_path: str, steps: int) -> dict[str, float]:
-  """Seconds per step of each named trace event."""
+  """Seconds per step of each named trace event: the GPU's kernels where the trace has a GPU
+  (the host's launch events would count each op twice), else every event."""
   data = jax.profiler.ProfileData.from_file(xplane_path)
+  planes = [p for p in data.planes if p.name.startswith("/device:GPU")] or list(data.planes)
   total: collections.Counter = collections.Counter()
-  for plane in data.planes:
+  for plane in planes:
     for line in plane.lines:
       for event in line.events:
-        if not event.name.startswith(_SKIP):
-          total[event.name] += event.duration_ns / 1e9 / steps
+        name = _event_name(event)
+        if not name.startswith(_SKIP):
+          total[name] += event.duration_ns / 1e9 / steps
   return dict(total)
 
 
