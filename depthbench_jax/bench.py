@@ -576,7 +576,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   ap.add_argument("--preset", default=None, choices=sorted(PRESETS),
                   help="default: gpu400m on an accelerator, cpu otherwise")
   ap.add_argument("--out", default="benchmarks", help="directory for results-<device>.json")
-  ap.add_argument("--designs", default="", help="comma list (overrides the preset)")
+  ap.add_argument("--designs", default="",
+                  help="comma list (overrides the preset; writes results-<device>-designs.json)")
   ap.add_argument("--rounds", type=int, default=None)
   ap.add_argument("--no_hf", action="store_true")
   ap.add_argument("--shapes", default="", help="comma list of LxD (overrides the preset's)")
@@ -616,7 +617,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = dataclasses.replace(p, remat=args.remat)
   os.makedirs(args.out, exist_ok=True)
   suffix = ("" if name in ("cpu", "gpu400m") else f"-{name}") + (
-      f"-remat-{args.remat}" if args.remat else "")
+      f"-remat-{args.remat}" if args.remat else "") + ("-designs" if args.designs else "")
   path = os.path.join(args.out, f"results-{device_name()}{suffix}.json")
 
   def save(result, path=path):

@@ -45,10 +45,15 @@ def op_names(hlo_text: str) -> dict[str, str]:
   return out
 
 
+UNMAPPED = "(no HLO op of the step)"
+
+
 def model_part(op_name: str, depth: int) -> str:
   """``'bwd residual.sublayer/mlp'`` from ``jit(train_step)/transpose(jvp(Transformer))/while/
   body/closed_call/checkpoint/layers/residual.sublayer/mlp/...`` (``depth`` path components
   after the autodiff and loop frames are dropped)."""
+  if op_name == UNMAPPED:
+    return op_name
   direction = "bwd" if "transpose(" in op_name else "fwd"
   parts = [p for p in op_name.split("/")
            if p not in _FRAMES and not re.match(r"(jit|jvp|transpose)\(", p)]
@@ -64,19 +69,27 @@ def _event_name(event) -> str:
   return event.name
 
 
-def event_seconds(xplane_path: str, steps: int) -> dict[str, float]:
+def event_seconds(xplane_path: str, steps: int) -> tuple[dict[str, float], list[str]]:
   """Seconds per step of each named trace event: the GPU's kernels where the trace has a GPU
-  (the host's launch events would count each op twice), else every event."""
+  (the host's launch events would count each op twice), else every event; and the names of
+  the planes read (``/device:GPU:0``, ``/host:CPU``)."""
   data = jax.profiler.ProfileData.from_file(xplane_path)
   planes = [p for p in data.planes if p.name.startswith("/device:GPU")] or list(data.planes)
   total: collections.Counter = collections.Counter()
+  samples = []
   for plane in planes:
     for line in plane.lines:
+      e = next(iter(line.events), None)
+      if len(samples) < 12 and e is not None:
+        samples.append(f"{plane.name} | {line.name} | {e.name[:50]} | "
+                       f"{[(k, str(v)[:40]) for k, v in e.stats][:8]}")
       for event in line.events:
         name = _event_name(event)
         if not name.startswith(_SKIP):
           total[name] += event.duration_ns / 1e9 / steps
-  return dict(total)
+  if os.environ.get("DEPTHBENCH_PROFILE_SAMPLES"):
+    print("\n".join(samples), file=sys.stderr)
+  return dict(total), [p.name for p in planes]
 
 
 def profile(design: str, preset: bench.Preset, steps: int = 2) -> dict:
@@ -91,12 +104,15 @@ def profile(design: str, preset: bench.Preset, steps: int = 2) -> dict:
       run()
     jax.profiler.stop_trace()
     (xplane,) = glob.glob(os.path.join(tmp, "**", "*.xplane.pb"), recursive=True)
-    seconds = event_seconds(xplane, steps)
+    seconds, planes = event_seconds(xplane, steps)
   names = op_names(c.step.as_text())
-  # A loop or call's event spans its body's events: count the body only.
-  ops = {n: (s, names[n]) for n, s in seconds.items()
-         if n in names and not n.startswith(_CONTROL_FLOW)}
-  return {"design": design, "ops": ops, "remat_policy": c.cfg.remat_policy}
+  on_gpu = any(p.startswith("/device:GPU") for p in planes)
+  # A loop or call's event spans its body's events: count the body only. On a GPU every
+  # kernel is step time, so one that names no HLO op of the step is listed as unmapped.
+  ops = {n: (s, names.get(n, UNMAPPED)) for n, s in seconds.items()
+         if (n in names or on_gpu) and not n.startswith(_CONTROL_FLOW)}
+  return {"design": design, "ops": ops, "remat_policy": c.cfg.remat_policy, "planes": planes,
+          "mapped": sum(n in names for n in ops)}
 
 
 def by_part(ops: dict, depth: int) -> list[tuple[str, float]]:
@@ -123,13 +139,15 @@ def main(argv: Sequence[str] | None = None) -> int:
   result = profile(args.design, preset, args.steps)
   ops = result["ops"]
   print(f"{args.design} ({result['remat_policy']}), preset {args.preset}: "
-        f"{sum(s for s, _ in ops.values()) * 1e3:.0f} ms of op time per step")
+        f"{sum(s for s, _ in ops.values()) * 1e3:.0f} ms of op time per step; "
+        f"{result['mapped']} of {len(ops)} ops mapped to the model; planes read: "
+        f"{', '.join(result['planes'])}")
   print("\nper part (ms/step):")
   for part, seconds in by_part(ops, args.depth)[:args.top]:
     print(f"  {seconds * 1e3:9.1f}  {part}")
   print(f"\ntop {args.top} ops (ms/step):")
   for name, (seconds, op_name) in sorted(ops.items(), key=lambda kv: -kv[1][0])[:args.top]:
-    print(f"  {seconds * 1e3:9.1f}  {name:28s} {model_part(op_name, 8)}")
+    print(f"  {seconds * 1e3:9.1f}  {name[:60]:28s} {model_part(op_name, 8)}")
   return 0
 
 
