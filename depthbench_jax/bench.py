@@ -270,8 +270,9 @@ def attention_impl(cfg) -> str:
   """Which attention the compiled step runs: ``cudnn`` (flash attention, head dim padded to a
   multiple of 8 where it is not one) or ``xla-blocked`` (``model/layers.py``)."""
   from depthbench_jax.model.layers import cudnn_head_dim, dtype_of, uses_cudnn_attention
-  if cfg.attention_kernel != "fused" or not uses_cudnn_attention(dtype_of(cfg.dtype),
-                                                                 cfg.head_dim):
+  from depthbench_jax.residual import registry
+  if (cfg.attention_kernel != "fused" or not registry.get(cfg.design).backbone_attention
+      or not uses_cudnn_attention(dtype_of(cfg.dtype), cfg.head_dim)):
     return "xla-blocked"
   padded = cudnn_head_dim(cfg.head_dim)
   return "cudnn" + (f" (hd {cfg.head_dim} padded to {padded})" if padded != cfg.head_dim else "")

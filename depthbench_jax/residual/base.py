@@ -109,6 +109,10 @@ class Design:
   # slots 0..k through ``pre_norm(depth read)`` and writes slot k+1): trainable with O(L d)
   # memory by model/buffer_stack.py.
   source_buffer: bool = False
+  # The design's sublayers attend through ``model/layers.Attention`` (so
+  # ``config.model.attention_kernel='fused'``, cuDNN on GPU, applies); False where the design
+  # attends with its own einsums (MoDA's depth keys), which stay blocked XLA attention.
+  backbone_attention: bool = True
 
   def validate(self, residual, n_layers: int) -> None:
     self.check(residual, n_layers)

@@ -168,4 +168,5 @@ def _check(residual, n_layers):
 
 
 DESIGN = Design(name="moda", layer=MoDA, io=MoDAIO, defaults={"ffn_kv": True}, check=_check,
+                backbone_attention=False,
                 description="Pre-LN + attention over sequence KV and same-position depth KV")

@@ -221,6 +221,20 @@ def test_bench_quick_mode(tmp_path, capsys):
     assert "--replot=" in capsys.readouterr().err
 
 
+def test_bench_names_the_attention_each_design_runs(monkeypatch):
+  # What a GPU would pick (forced here): cuDNN for the backbone attention, padded where hd is
+  # not a multiple of 8; MoDA attends with its own einsums whatever the kernel setting.
+  from depthbench_jax import bench
+  from depthbench_jax.model import layers
+  monkeypatch.setattr(layers, "uses_cudnn_attention", lambda dtype, head_dim: True)
+  fused = lambda design, d: dataclasses.replace(model_cfg(design, n_layers=2, d_model=d),
+                                                attention_kernel="fused")
+  assert bench.attention_impl(fused("preln", 76 * 4)) == "cudnn (hd 76 padded to 80)"
+  assert bench.attention_impl(fused("hc", 64 * 4)) == "cudnn"
+  assert bench.attention_impl(fused("moda", 64 * 4)) == "xla-blocked"
+  assert bench.attention_impl(model_cfg("preln", n_layers=2)) == "xla-blocked"   # kernel 'xla'
+
+
 def test_cudnn_check_fails_where_cudnn_cannot_run_and_passes_the_padded_path(capsys):
   from depthbench_jax.systems import cudnn_check
   small = ["--head_dims=12", "--batch=1", "--seq_len=64", "--heads=2", "--rounds=1"]
