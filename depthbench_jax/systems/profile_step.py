@@ -22,9 +22,14 @@ import sys
 import tempfile
 from typing import Sequence
 
-_TRACEME = "--xla_cpu_enable_xprof_traceme=true"
-if _TRACEME not in os.environ.get("XLA_FLAGS", ""):  # before jax initialises its backends
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _TRACEME).strip()
+# XLA:CPU records one event per fusion only with traceme on. XLA:GPU replays runs of kernels
+# as command buffers (CUDA graphs), which the trace shows as one ``command_buffer_N`` event
+# each (the first H200 profile: five events per step, nothing mapped to the model); with
+# command buffers off each kernel is its own event. Not yet re-run on a GPU.
+_FLAGS = ("--xla_cpu_enable_xprof_traceme=true", "--xla_gpu_enable_command_buffer=")
+for _flag in _FLAGS:  # before jax initialises its backends
+  if _flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()
 
 import jax  # noqa: E402
 
