@@ -8,8 +8,8 @@ laptop CPU in seconds (the scanned layer stack is compiled once whatever the dep
 count misses ``L - 1`` layers. ``xla_prefill_flops`` adds them back from a second compile of one
 ``Block`` on the same state (``total(scan) + (L - 1) * block``); the tests check this against an
 unrolled compile. XLA counts a multiply-add as 2 FLOPs and also counts elementwise work (a few
-percent) and counts the attention as computed (the blocked causal share, or the whole masked
-T x T under the fused kernel's XLA form), so compare it with the analytic ``causal=False``
+percent) and counts the attention as computed (the blocked causal share: off-GPU both kernel
+settings run the blocked attention), so compare it with the analytic ``causal=False``
 ("computed") column.
 """
 
