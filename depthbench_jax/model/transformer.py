@@ -19,7 +19,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from depthbench_jax.model import buffer_stack
+from depthbench_jax.model import append_stack, buffer_stack
 from depthbench_jax.model.config import ModelConfig
 from depthbench_jax.model.layers import Attention, SwiGLU, dtype_of, normal_init
 from depthbench_jax.model.matmul import PROJECTION, projection_dot_general
@@ -66,15 +66,30 @@ class Block(nn.Module):
   def __call__(self, state, xs, positions):
     wiring, layer, gate = self.wiring, xs["layer"], xs["gate"]
     state_in = state
-    state, y_attn = wiring.sublayer(
-        state, 0, layer, lambda u, s: wiring.attend(self.attn, u, positions, s, layer))
-    state, y_mlp = wiring.sublayer(state, 1, layer, lambda u, s: (self.mlp(u), s))
+    state, y_attn, y_mlp = self._sublayers(state, layer, positions)
     state = wiring.skip(state_in, state, gate)
 
     outputs = None
     if self.return_layers:
       outputs = {"hidden": wiring.hidden(state), "update": y_attn + y_mlp}
     return state, outputs
+
+  def _sublayers(self, state, layer, positions):
+    wiring = self.wiring
+    state, y_attn = wiring.sublayer(
+        state, 0, layer, lambda u, s: wiring.attend(self.attn, u, positions, s, layer))
+    state, y_mlp = wiring.sublayer(state, 1, layer, lambda u, s: (self.mlp(u), s))
+    return state, y_attn, y_mlp
+
+  def append_layer(self, x, buffers, layer, positions):
+    """The layer for ``model/append_stack.py``: ``(x, buffers) -> (x', writes)`` with the
+    presence of an ungated stack before ``layer``; writes = its slots of each buffer."""
+    spec = registry.get(self.cfg.design).append_buffer
+    state = {"x": x, **buffers, "presence": spec.presence(self.cfg, layer)}
+    state, _, _ = self._sublayers(state, layer, positions)
+    writes = {n: jax.lax.dynamic_slice_in_dim(state[n], spec.width * layer, spec.width, spec.axis)
+              for n in spec.names}
+    return state["x"], writes
 
   def depth_query(self, sub: int):
     return self.wiring.depth_query(sub)
@@ -125,6 +140,9 @@ class Transformer(nn.Module):
     if self._use_source_buffer_stack(design, gate, return_layers):
       state = self._run_source_buffer_stack(state, positions)
       layer_outputs = None
+    elif self._use_append_buffer_stack(design, gate, return_layers):
+      state = self._run_append_buffer_stack(design.append_buffer, state, positions)
+      layer_outputs = None
     elif cfg.scan_layers:
       stack = nn.scan(
           block_cls, variable_axes=variable_axes,
@@ -152,15 +170,33 @@ class Transformer(nn.Module):
     logits = logits.astype(jnp.float32)
     return (logits, layer_outputs) if return_layers else logits
 
-  def _use_source_buffer_stack(self, design, gate, return_layers) -> bool:
-    """Whether to train through ``model/buffer_stack.py`` (O(L d) memory for Full AttnRes):
-    the design keeps a source buffer, the layers are rematerialised (any policy but 'none'),
-    and nothing but the loss is asked for (no gate, per-layer outputs, sown diagnostics or KV
-    cache)."""
+  def _plain_training_stack(self, gate, return_layers) -> bool:
+    """A scanned, rematerialised (any policy but 'none') stack of which nothing but the loss
+    is asked (no gate, per-layer outputs, sown diagnostics or KV cache): where the buffer
+    stacks below may replace ``nn.scan``."""
     cfg = self.cfg
-    return (design.source_buffer and cfg.scan_layers and cfg.remat_policy != "none"
-            and gate is None and not return_layers and not self.decode
-            and not self.is_initializing() and not self.is_mutable_collection("intermediates"))
+    return (cfg.scan_layers and cfg.remat_policy != "none" and gate is None
+            and not return_layers and not self.decode and not self.is_initializing()
+            and not self.is_mutable_collection("intermediates"))
+
+  def _use_source_buffer_stack(self, design, gate, return_layers) -> bool:
+    """Whether to train through ``model/buffer_stack.py`` (O(L d) memory for Full AttnRes)."""
+    return design.source_buffer and self._plain_training_stack(gate, return_layers)
+
+  def _use_append_buffer_stack(self, design, gate, return_layers) -> bool:
+    """Whether to train through ``model/append_stack.py`` (O(L) memory for MoDA)."""
+    return (design.append_buffer is not None
+            and self._plain_training_stack(gate, return_layers))
+
+  def _run_append_buffer_stack(self, spec, state, positions):
+    block = Block(self.cfg)
+    layer = lambda p, x, buffers, l: block.apply({"params": p}, x, buffers, l, positions,
+                                                 method=Block.append_layer)
+    params = nn.unbox(self.variables["params"]["layers"])
+    x, buffers = append_stack.append_buffer_stack(
+        layer, spec.axis, spec.width, params, state["x"], {n: state[n] for n in spec.names})
+    return {**state, "x": x, **buffers,
+            "presence": spec.presence(self.cfg, jnp.asarray(self.cfg.n_layers))}
 
   def _run_source_buffer_stack(self, state, positions):
     cfg = self.cfg

@@ -96,6 +96,18 @@ class InitScales:
 
 
 @dataclasses.dataclass(frozen=True)
+class AppendBuffer:
+  """An append-only buffer in a dict state: layer ``l`` writes slots ``[width*l, width*(l+1))``
+  of each array in ``names`` along ``axis`` and reads earlier slots only, masked by the state's
+  ``presence``, which ``presence(cfg, l)`` gives as it stands before layer ``l`` (ungated).
+  Trainable with O(L) memory by model/append_stack.py."""
+  names: tuple[str, ...]
+  axis: int
+  width: int
+  presence: Callable[[Any, Array], Array]
+
+
+@dataclasses.dataclass(frozen=True)
 class Design:
   """A registry entry: the two modules, default hyperparameters, checks and init scales."""
   name: str
@@ -109,6 +121,7 @@ class Design:
   # slots 0..k through ``pre_norm(depth read)`` and writes slot k+1): trainable with O(L d)
   # memory by model/buffer_stack.py.
   source_buffer: bool = False
+  append_buffer: AppendBuffer | None = None
   # The design's sublayers attend through ``model/layers.Attention`` (so
   # ``config.model.attention_kernel='fused'``, cuDNN on GPU, applies); False where the design
   # attends with its own einsums (MoDA's depth keys), which stay blocked XLA attention.

@@ -25,6 +25,8 @@ Attention of layer l reads slots ``0..2l-1`` of layers ``< l``.
 
 State: ``x`` [B,T,d]; ``k``, ``v`` [B, T, K, 2L, hd] preallocated depth buffers carried by the
 scan, written with ``dynamic_update_slice`` at the traced slot; ``presence`` [2L] (1 = written).
+Trained through ``model/append_stack.py`` (``Design.append_buffer``): through ``nn.scan`` the
+buffers would be saved once per layer, O(L^2) memory.
 The slot axis sits after the KV heads so that the depth attention, a batch over (b, t, k) of
 [G, hd] x [hd, 2L] products, reads the buffers in place: with the slot axis first XLA copied
 both whole buffers into that layout in every layer, forward and backward (interleaved A/B at
@@ -54,7 +56,8 @@ from depthbench_jax.model.layers import (apply_rope, causal_blocks, dtype_of, gr
                                          heads_major, join_query_blocks, normal_init,
                                          tokens_major)
 from depthbench_jax.model.matmul import projection_dot_general
-from depthbench_jax.residual.base import Design, LayerWiring, StateIO, check_fields
+from depthbench_jax.residual.base import (AppendBuffer, Design, LayerWiring, StateIO,
+                                          check_fields)
 
 Array = jax.Array
 
@@ -160,6 +163,14 @@ class MoDAIO(StateIO):
     return self.final_norm(state["x"])
 
 
+def presence_before(cfg, layer: Array) -> Array:
+  """``presence`` [2L] before layer ``layer`` of an ungated stack: the slots of earlier layers
+  (attention slots only when ``ffn_kv=False``)."""
+  slot = jnp.arange(2 * cfg.n_layers)
+  written = (slot % 2 == 0) | cfg.residual.get("ffn_kv", True)
+  return ((slot < 2 * layer) & written).astype(jnp.float32)
+
+
 def _check(residual, n_layers):
   check_fields(residual, {
       "ffn_kv": (lambda v: isinstance(v, bool),
@@ -169,4 +180,6 @@ def _check(residual, n_layers):
 
 DESIGN = Design(name="moda", layer=MoDA, io=MoDAIO, defaults={"ffn_kv": True}, check=_check,
                 backbone_attention=False,
+                append_buffer=AppendBuffer(("k", "v"), axis=3, width=2,
+                                           presence=presence_before),
                 description="Pre-LN + attention over sequence KV and same-position depth KV")
