@@ -11,16 +11,8 @@
 #   OUT=/tmp/gb PYTHON=.venv/bin/python BENCH_PRESET=quick \\
 #   CUDNN_CHECK_ARGS='--batch=1 --seq_len=64 --heads=2 --rounds=1' bash benchmarks/gpu_bench.sh
 set -euo pipefail
-if compgen -G ".whl/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl
-  export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
-fi
-PY=${PYTHON:-python3}
-OUT_DIR=${OUT:-benchmarks}
-mkdir -p "$OUT_DIR"
-# glibc's default malloc: hostmem's tunables are for XLA:CPU's per-step buffers.
-export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2 DEPTHBENCH_DEFAULT_MALLOC=1
+# shellcheck source=benchmarks/device_env.sh
+source "$(dirname "$0")/device_env.sh"
 "$PY" -c "import jax, flax, optax; print('jax', jax.__version__, 'flax', flax.__version__, \
   'optax', optax.__version__, jax.devices())"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv || true

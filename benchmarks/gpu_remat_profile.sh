@@ -8,15 +8,8 @@
 #   run(command="DEPTHBENCH_COMMIT=<sha> bash benchmarks/gpu_remat_profile.sh", carry=[".whl"],
 #       timeout_s=360)
 set -uo pipefail
-if compgen -G ".whl/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl
-  export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
-fi
-PY=${PYTHON:-python3}
-OUT_DIR=${OUT:-benchmarks}
-mkdir -p "$OUT_DIR"
-export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2 DEPTHBENCH_DEFAULT_MALLOC=1
+# shellcheck source=benchmarks/device_env.sh
+source "$(dirname "$0")/device_env.sh"
 PRESET=${BENCH_PRESET:-gpu400m}
 SHAPE=${BENCH_SHAPE:-16x1216}
 for policy in none nothing_saveable; do
