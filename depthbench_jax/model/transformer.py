@@ -66,7 +66,7 @@ class Block(nn.Module):
   def __call__(self, state, xs, positions):
     wiring, layer, gate = self.wiring, xs["layer"], xs["gate"]
     state_in = state
-    state, y_attn, y_mlp = self._sublayers(state, layer, positions)
+    state, y_attn, y_mlp = _sublayers(self, state, layer, positions)
     state = wiring.skip(state_in, state, gate)
 
     outputs = None
@@ -74,19 +74,12 @@ class Block(nn.Module):
       outputs = {"hidden": wiring.hidden(state), "update": y_attn + y_mlp}
     return state, outputs
 
-  def _sublayers(self, state, layer, positions):
-    wiring = self.wiring
-    state, y_attn = wiring.sublayer(
-        state, 0, layer, lambda u, s: wiring.attend(self.attn, u, positions, s, layer))
-    state, y_mlp = wiring.sublayer(state, 1, layer, lambda u, s: (self.mlp(u), s))
-    return state, y_attn, y_mlp
-
   def append_layer(self, x, buffers, layer, positions):
     """The layer for ``model/append_stack.py``: ``(x, buffers) -> (x', writes)`` with the
     presence of an ungated stack before ``layer``; writes = its slots of each buffer."""
     spec = registry.get(self.cfg.design).append_buffer
     state = {"x": x, **buffers, "presence": spec.presence(self.cfg, layer)}
-    state, _, _ = self._sublayers(state, layer, positions)
+    state, _, _ = _sublayers(self, state, layer, positions)
     writes = {n: jax.lax.dynamic_slice_in_dim(state[n], spec.width * layer, spec.width, spec.axis)
               for n in spec.names}
     return state["x"], writes
@@ -99,6 +92,16 @@ class Block(nn.Module):
     whose ``read`` is an aggregation followed by the pre-norm (``wiring.pre_norm``; AttnRes)."""
     u = self.wiring.pre_norm(h, sub)
     return self.attn(u, positions) if sub == 0 else self.mlp(u)
+
+
+def _sublayers(block: Block, state, layer, positions):
+  """Attention then MLP through the block's wiring: ``(state, y_attn, y_mlp)``. A function, not
+  a method: flax would add a ``_sublayers`` scope to every op name (profile_step's parts)."""
+  wiring = block.wiring
+  state, y_attn = wiring.sublayer(
+      state, 0, layer, lambda u, s: wiring.attend(block.attn, u, positions, s, layer))
+  state, y_mlp = wiring.sublayer(state, 1, layer, lambda u, s: (block.mlp(u), s))
+  return state, y_attn, y_mlp
 
 
 def _block_class(cfg: ModelConfig, decode: bool = False) -> type[nn.Module]:
