@@ -38,7 +38,7 @@ def train_temp_bytes(design: str, n_layers: int) -> int:
   return step.lower(state, batch).compile().memory_analysis().temp_size_in_bytes
 
 
-@pytest.mark.parametrize("design", ["preln", "attnres_full", "moda"])
+@pytest.mark.parametrize("design", ["attnres_full", "moda"])  # the two designs with a buffer
 def test_training_temporaries_grow_at_most_linearly_with_depth(design):
   growth = train_temp_bytes(design, 16) / train_temp_bytes(design, 8)
   assert growth < 2.5, f"{design}: temporaries x{growth:.2f} from 8 to 16 layers"
