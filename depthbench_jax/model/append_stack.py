@@ -4,10 +4,9 @@ A design whose state carries a preallocated buffer that layer ``l`` appends to (
 K/V: slots ``2l, 2l+1`` of [B,T,K,2L,hd]) and whose reads see only the slots written before
 (masked by ``presence``) trains through ``nn.scan`` with O(L^2) memory: reverse-mode saves
 every iteration's carry, so L copies of an O(L) buffer (at 400M, 16 x 1216, batch 8 x 2048:
-a 92 GiB step on an H200; ``tests/model/test_train_memory.py``). The observation that
-``buffer_stack.py`` makes for Full AttnRes holds here too: the buffer layer ``l`` read equals
-the *final* buffer with the slots from ``l``'s own on masked, and masked slots get zero weight
-and zero gradient. So:
+a 92 GiB step on an H200). The observation that ``buffer_stack.py`` makes for Full AttnRes
+holds here too: the buffer layer ``l`` read equals the *final* buffer with the slots from
+``l``'s own on masked, and masked slots get zero weight and zero gradient. So:
 
 * forward: the usual scan, saving per layer only its input ``x_l`` [B,T,d] (and, once, the
   final buffer);
@@ -19,7 +18,7 @@ and zero gradient. So:
 Each layer is recomputed once in the backward whatever the remat policy (the forward cannot
 keep residuals that hold the buffer without keeping L of them), which is what the suites'
 ``nothing_saveable`` does anyway. ``tests/model/test_append_stack.py`` checks loss and every
-gradient against the plain scan.
+gradient against the plain scan, and the memory's growth with depth.
 """
 
 from __future__ import annotations
