@@ -14,9 +14,9 @@ computes. ``causal=False`` counts the attention as this implementation computes 
 what XLA's ``cost_analysis`` sees: ``causal_fraction(T) = (n + 1) / 2n`` of the full T x T for
 the blocked XLA attention (``model/layers.py``, n query blocks), which every kernel setting runs
 off-GPU. On a GPU ``attention_kernel='fused'`` is cuDNN flash attention: a custom call that
-``cost_analysis`` cannot see into, skipping masked tiles itself (close to the causal count). Over a sequence the causal term is
-``2 L T^2 H hd`` (``2 L T^2 d`` for MHA): the ``T^2 L d`` term that makes depth expensive at
-long context. Training is 3x the forward.
+``cost_analysis`` cannot see into, skipping masked tiles itself (close to the causal count).
+Over a sequence the causal term is ``2 L T^2 H hd`` (``2 L T^2 d`` for MHA): the ``T^2 L d``
+term that makes depth expensive at long context. Training is 3x the forward.
 
 Residual designs add their own terms (HC's stream mixing, AttnRes's depth softmax, MoDA's depth
 keys and FFN KV projections): ``Design.extra_matmul_params(cfg)`` / ``Design.extra_flops_per_token

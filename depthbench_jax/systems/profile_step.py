@@ -80,21 +80,27 @@ def event_seconds(xplane_path: str, steps: int) -> tuple[dict[str, float], list[
   the planes read (``/device:GPU:0``, ``/host:CPU``)."""
   data = jax.profiler.ProfileData.from_file(xplane_path)
   planes = [p for p in data.planes if p.name.startswith("/device:GPU")] or list(data.planes)
+  if os.environ.get("DEPTHBENCH_PROFILE_SAMPLES"):
+    _print_samples(planes)
   total: collections.Counter = collections.Counter()
-  samples = []
   for plane in planes:
     for line in plane.lines:
-      e = next(iter(line.events), None)
-      if len(samples) < 12 and e is not None:
-        samples.append(f"{plane.name} | {line.name} | {e.name[:50]} | "
-                       f"{[(k, str(v)[:40]) for k, v in e.stats][:8]}")
       for event in line.events:
         name = _event_name(event)
         if not name.startswith(_SKIP):
           total[name] += event.duration_ns / 1e9 / steps
-  if os.environ.get("DEPTHBENCH_PROFILE_SAMPLES"):
-    print("\n".join(samples), file=sys.stderr)
   return dict(total), [p.name for p in planes]
+
+
+def _print_samples(planes, limit: int = 12) -> None:
+  """The first event of each trace line (plane, line, name, stats) on stderr: what a new
+  backend's trace looks like (``DEPTHBENCH_PROFILE_SAMPLES=1``)."""
+  lines = [(plane, line) for plane in planes for line in plane.lines]
+  for plane, line in lines[:limit]:
+    e = next(iter(line.events), None)
+    if e is not None:
+      print(f"{plane.name} | {line.name} | {e.name[:50]} | "
+            f"{[(k, str(v)[:40]) for k, v in e.stats][:8]}", file=sys.stderr)
 
 
 def profile(design: str, preset: bench.Preset, steps: int = 2) -> dict:
