@@ -50,6 +50,16 @@ def op_names(hlo_text: str) -> dict[str, str]:
   return out
 
 
+def op_shapes(hlo_text: str) -> dict[str, str]:
+  """HLO instruction name -> its result type without layout, e.g. ``'bf16[4,8,2048,1216]'``."""
+  out = {}
+  for line in hlo_text.splitlines():
+    m = re.match(r"\s*(?:ROOT )?%?([\w.\-]+) = (\(.*?\)|\w+\[[\d,]*\])", line)
+    if m:
+      out[m.group(1)] = m.group(2)
+  return out
+
+
 UNMAPPED = "(no HLO op of the step)"
 
 
@@ -103,8 +113,9 @@ def _print_samples(planes, limit: int = 12) -> None:
             f"{[(k, str(v)[:40]) for k, v in e.stats][:8]}", file=sys.stderr)
 
 
-def profile(design: str, preset: bench.Preset, steps: int = 2) -> dict:
-  """Per-op and per-part seconds of ``steps`` train steps of ``design`` (after 2 warm-up)."""
+def profile(design: str, preset: bench.Preset, steps: int = 2, hlo_out: str = "") -> dict:
+  """Per-op and per-part seconds of ``steps`` train steps of ``design`` (after 2 warm-up);
+  ``hlo_out``: a file for the compiled step's HLO text (fusions and shapes, to read offline)."""
   c = bench.compile_train_step(design, bench.bench_config(preset, design))
   run = bench.step_runner(c)
   for _ in range(2):
@@ -116,14 +127,19 @@ def profile(design: str, preset: bench.Preset, steps: int = 2) -> dict:
     jax.profiler.stop_trace()
     (xplane,) = glob.glob(os.path.join(tmp, "**", "*.xplane.pb"), recursive=True)
     seconds, planes = event_seconds(xplane, steps)
-  names = op_names(c.step.as_text())
+  hlo = c.step.as_text()
+  if hlo_out:
+    with open(hlo_out, "w") as f:
+      f.write(hlo)
+  names, shapes = op_names(hlo), op_shapes(hlo)
   on_gpu = any(p.startswith("/device:GPU") for p in planes)
   # A loop or call's event spans its body's events: count the body only. On a GPU every
   # kernel is step time, so one that names no HLO op of the step is listed as unmapped.
   ops = {n: (s, names.get(n, UNMAPPED)) for n, s in seconds.items()
          if (n in names or on_gpu) and not n.startswith(_CONTROL_FLOW)}
   return {"design": design, "ops": ops, "remat_policy": c.cfg.remat_policy, "planes": planes,
-          "mapped": sum(n in names for n in ops)}
+          "mapped": sum(n in names for n in ops),
+          "shapes": {n: shapes.get(n, "") for n in ops}}
 
 
 def by_part(ops: dict, depth: int) -> list[tuple[str, float]]:
@@ -142,12 +158,13 @@ def main(argv: Sequence[str] | None = None) -> int:
   ap.add_argument("--steps", type=int, default=2)
   ap.add_argument("--top", type=int, default=25, help="parts and ops listed")
   ap.add_argument("--depth", type=int, default=3, help="module path components per part")
+  ap.add_argument("--hlo_out", default="", help="write the compiled step's HLO text here")
   args = ap.parse_args(argv)
   from depthbench_jax.residual import registry
   if args.design not in registry.names():
     ap.error(f"--design={args.design!r}; allowed: {', '.join(registry.names())}")
   preset = dataclasses.replace(bench.PRESETS[args.preset], designs=(args.design,))
-  result = profile(args.design, preset, args.steps)
+  result = profile(args.design, preset, args.steps, args.hlo_out)
   ops = result["ops"]
   print(f"{args.design} ({result['remat_policy']}), preset {args.preset}: "
         f"{sum(s for s, _ in ops.values()) * 1e3:.0f} ms of op time per step; "
@@ -158,7 +175,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"  {seconds * 1e3:9.1f}  {part}")
   print(f"\ntop {args.top} ops (ms/step):")
   for name, (seconds, op_name) in sorted(ops.items(), key=lambda kv: -kv[1][0])[:args.top]:
-    print(f"  {seconds * 1e3:9.1f}  {name[:60]:28s} {model_part(op_name, 8)}")
+    print(f"  {seconds * 1e3:9.1f}  {name[:60]:28s} {result['shapes'][name]:24s} "
+          f"{model_part(op_name, 8)}")
   return 0
 
 

@@ -278,6 +278,9 @@ def test_profile_step_names_model_parts():
                                  3) == "fwd lm_head/dot_general"
   hlo = '  %dot.1 = f32[2,3]{1,0} dot(%a, %b), metadata={op_name="jit(f)/jvp(g)/mlp/dot"}'
   assert profile_step.op_names(hlo) == {"dot.1": "jit(f)/jvp(g)/mlp/dot"}
+  assert profile_step.op_shapes(hlo) == {"dot.1": "f32[2,3]"}
+  tup = "  %fusion.7 = (bf16[4,8]{1,0}, f32[]) fusion(%x), kind=kLoop"
+  assert profile_step.op_shapes(tup) == {"fusion.7": "(bf16[4,8]{1,0}, f32[])"}
 
 
 def test_profile_step_quick_run():
