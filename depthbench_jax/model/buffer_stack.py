@@ -45,14 +45,10 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from depthbench_jax.residual.base import _slot_weighted_sum, inverse_rms, write_slot
+from depthbench_jax.residual.base import (SLOT_CHUNK, _slot_weighted_sum, inverse_rms,
+                                          slot_chunks, write_slot)
 
 Array = jax.Array
-
-
-def _slot_loop(k: Array, body: Callable, init):
-  """``body(s, carry)`` for the written slots ``s = 0..k`` (a while loop: ``k`` is traced)."""
-  return jax.lax.fori_loop(0, k + 1, body, init)
 
 
 def _slot(x: Array, s: Array) -> Array:
@@ -75,31 +71,38 @@ def slot_logits(value: Array, queries: Array) -> Array:
                     preferred_element_type=jnp.float32)
 
 
-def read_slots(logits: Array, values: Array, inv_rms: Array, k: Array) -> Array:
+def read_slots(logits: Array, values: Array, inv_rms: Array, k: Array,
+               chunk: int = SLOT_CHUNK) -> Array:
   """Sublayer ``k``'s depth read ``h = sum_(s<=k) a_s v_s`` [B,T,d] (fp32): one pass over the
-  written slots. logits [S,B,T]: ``q_k . v_s`` (``slot_logits``, stored at each write)."""
-  return _slot_weighted_sum(_softmax_over_written(logits, inv_rms, k), values, k + 1)
+  written slots, ``chunk`` at a time. logits [S,B,T]: ``q_k . v_s`` (``slot_logits``, stored at
+  each write)."""
+  return _slot_weighted_sum(_softmax_over_written(logits, inv_rms, k), values, k + 1, chunk)
 
 
-def read_slots_vjp(logits, values, inv_rms, k, g_h, g_values):
+def read_slots_vjp(logits, values, inv_rms, k, g_h, g_values, chunk: int = SLOT_CHUNK):
   """The read's VJP for the cotangent ``g_h`` of ``h``, in one pass over slots ``0..k``.
 
   With ``da_s = v_s . g_h``: adds ``a_s g_h`` into ``g_values`` (the path through the weighted
   sum) and returns it with ``dz = a (da - sum_s a da)`` [S,B,T], the cotangent of the softmax's
   input ``z_s = inv_rms_s logits_s``. The caller routes ``dz`` on: ``d logits_s = dz_s
   inv_rms_s`` (to ``v_s`` and ``q_k`` through ``slot_logits``) and ``d inv_rms_s = dz_s
-  logits_s``.
+  logits_s``. The slots are visited ``chunk`` at a time (``base.slot_chunks``).
   """
   g_h = g_h.astype(jnp.float32)
   a = _softmax_over_written(logits, inv_rms, k)
 
-  def slot(s, carry):
+  def add_chunk(start, live, carry):
     g_values, da = carry
-    v = _slot(values, s).astype(jnp.float32)
-    dv = _slot(g_values, s).astype(jnp.float32) + _slot(a, s)[..., None] * g_h
-    return (jax.lax.dynamic_update_index_in_dim(g_values, dv.astype(g_values.dtype), s, 0),
-            da.at[s].set(jnp.sum(v * g_h, axis=-1)))
-  g_values, da = _slot_loop(k, slot, (g_values, jnp.zeros(values.shape[:-1], jnp.float32)))
+    c = live.shape[0]
+    window = lambda x: jax.lax.dynamic_slice_in_dim(x, start, c, 0)
+    v = window(values).astype(jnp.float32)
+    w = jnp.where(live[:, None, None], window(a), 0.0)
+    dv = window(g_values).astype(jnp.float32) + w[..., None] * g_h[None]
+    da_c = jnp.where(live[:, None, None], jnp.sum(v * g_h[None], axis=-1), window(da))
+    return (jax.lax.dynamic_update_slice_in_dim(g_values, dv.astype(g_values.dtype), start, 0),
+            jax.lax.dynamic_update_slice_in_dim(da, da_c, start, 0))
+  g_values, da = slot_chunks(k + 1, values.shape[0], chunk, add_chunk,
+                             (g_values, jnp.zeros(values.shape[:-1], jnp.float32)))
   return g_values, a * (da - jnp.sum(a * da, axis=0, keepdims=True))
 
 

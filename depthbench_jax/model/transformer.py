@@ -41,7 +41,7 @@ _POLICIES = {
 
 
 class Block(nn.Module):
-  """One Transformer layer: ``(state, {layer, gate}) -> (state, per-layer outputs)``."""
+  """One Transformer layer: ``(state, {layer[, gate]}) -> (state, per-layer outputs)``."""
 
   cfg: ModelConfig
   return_layers: bool = False
@@ -64,10 +64,11 @@ class Block(nn.Module):
                       param_dtype=param_dtype, name="mlp")
 
   def __call__(self, state, xs, positions):
-    wiring, layer, gate = self.wiring, xs["layer"], xs["gate"]
+    wiring, layer = self.wiring, xs["layer"]
     state_in = state
     state, y_attn, y_mlp = _sublayers(self, state, layer, positions)
-    state = wiring.skip(state_in, state, gate)
+    if "gate" in xs:  # only a diagnostics gate blends: with none, no pass over the state
+      state = wiring.skip(state_in, state, xs["gate"])
 
     outputs = None
     if self.return_layers:
@@ -134,8 +135,9 @@ class Transformer(nn.Module):
                      embedding_init=normal_init(cfg.init_std, "vocab", "embed"), name="embed")
     io = design.io(cfg, name="residual_io")
     state = io.init_state(embed(tokens))
-    xs = {"layer": jnp.arange(cfg.n_layers, dtype=jnp.int32),
-          "gate": (jnp.ones((cfg.n_layers,), dtype) if gate is None else gate.astype(dtype))}
+    xs = {"layer": jnp.arange(cfg.n_layers, dtype=jnp.int32)}
+    if gate is not None:
+      xs["gate"] = gate.astype(dtype)
     block_cls = _block_class(cfg, self.decode)
     variable_axes = {"params": 0, "intermediates": 0}
     if self.decode:

@@ -208,19 +208,53 @@ def _depth_attend_fwd(query, values, inv_rms, bias):
   return (h.astype(values.dtype), a), (query, values, inv_rms, qv, a)
 
 
-def _slot_weighted_sum(a: Array, values: Array, n_slots: Array | None = None) -> Array:
+SLOT_CHUNK = 8
+
+
+def slot_chunks(n_slots: Array, n_total: int, chunk: int, body: Callable, init):
+  """``body(start, live, carry)`` over the slots ``0..n_slots-1`` in chunks of ``c = min(chunk,
+  n_total)`` (a while loop: ``n_slots`` is traced). ``start`` is the chunk's first slot,
+  clamped so that ``start + c <= n_total``; ``live`` [c] marks the chunk's slots not yet
+  visited and ``< n_slots``; the others are to be left as they are.
+
+  One iteration touches ``c`` slots in one fused pass, so an accumulator the loop carries is
+  read and written once per ``c`` slots, not once per slot: on an H200 a one-slot-per-iteration
+  depth read of [B,T,d] moved 5x the bytes of the slots it read (the fp32 accumulator's round
+  trip per slot), benchmarks/README.md.
+  """
+  c = min(chunk, n_total)
+
+  def step(i, carry):
+    first = i * c
+    start = jnp.minimum(first, n_total - c)
+    slots = start + jnp.arange(c)
+    return body(start, (slots >= first) & (slots < n_slots), carry)
+  return jax.lax.fori_loop(0, (n_slots + c - 1) // c, step, init)
+
+
+def _slot_weighted_sum(a: Array, values: Array, n_slots: Array | None = None,
+                       chunk: int = SLOT_CHUNK) -> Array:
   """``sum_s a_s v_s``: a [S,B,T], values [S,B,T,d] -> [B,T,d] fp32, as a loop over slots.
 
-  Over slots ``0..n_slots-1`` (all when None; a traced ``n_slots`` runs a while loop, else the
-  loop is unrolled by 8). A reduce over the leading slot axis of the broadcast product runs 3x
-  (S=17) to 50x (S=141) slower on XLA:CPU than accumulating one slot at a time.
+  Over slots ``0..n_slots-1`` (all when None; a traced ``n_slots`` runs a while loop over
+  chunks of ``chunk`` slots, ``slot_chunks``, else the loop is unrolled by 8). A reduce over
+  the leading slot axis of the broadcast product runs 3x (S=17) to 50x (S=141) slower on
+  XLA:CPU than accumulating one slot at a time; a chunk's slots are summed unrolled.
   """
-  def add_slot(s, acc):
-    return acc + a[s][..., None] * values[s].astype(jnp.float32)
   zero = jnp.zeros(values.shape[1:], jnp.float32)
   if n_slots is None:
+    def add_slot(s, acc):
+      return acc + a[s][..., None] * values[s].astype(jnp.float32)
     return jax.lax.fori_loop(0, values.shape[0], add_slot, zero, unroll=min(8, values.shape[0]))
-  return jax.lax.fori_loop(0, n_slots, add_slot, zero)
+
+  def add_chunk(start, live, acc):
+    c = live.shape[0]
+    w = jnp.where(live[:, None, None], jax.lax.dynamic_slice_in_dim(a, start, c, 0), 0.0)
+    v = jax.lax.dynamic_slice_in_dim(values, start, c, 0)
+    for j in range(c):
+      acc = acc + w[j][..., None] * v[j].astype(jnp.float32)
+    return acc
+  return slot_chunks(n_slots, values.shape[0], chunk, add_chunk, zero)
 
 
 def write_slot(values: Array, inv_rms: Array, slot: Array, value: Array,

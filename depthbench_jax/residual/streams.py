@@ -86,7 +86,13 @@ def stream_update(m: Array, h: Array, w_out: Array, y: Array) -> Array:
   ``dM[j, i] = <H[i], G[j]>``, ``dw_out[j] = <y, G[j]>`` (inner products over d).
   """
   out = _mix(m, h) + jnp.moveaxis(w_out.astype(_F32), -1, 0)[..., None] * y.astype(_F32)[None]
-  return out.astype(h.dtype)
+  if h.dtype == out.dtype:
+    return out
+  # Rounded to the streams' dtype (bf16) and materialised once as such: without the barrier
+  # XLA:GPU wrote the fp32 sum and had every consumer read it and round it again (the next
+  # sublayer's norm, projection, collapse and update, and the backward's Gram: each an fp32
+  # pass over n x d where a bf16 one suffices).
+  return jax.lax.optimization_barrier(out.astype(h.dtype))
 
 
 def _update_fwd(m, h, w_out, y):

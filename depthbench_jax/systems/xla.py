@@ -61,7 +61,7 @@ def _block_flops(cfg, params, batch: int, seq_len: int) -> float:
       params.get("residual_io", {}), x0)
   layer_params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype),
                               params["layers"])
-  xs = {"layer": jax.ShapeDtypeStruct((), jnp.int32), "gate": jax.ShapeDtypeStruct((), dtype)}
+  xs = {"layer": jax.ShapeDtypeStruct((), jnp.int32)}   # no gate: the training layer
   positions = jax.ShapeDtypeStruct((batch, seq_len), jnp.int32)
   fn = lambda p, s, x, pos: Block(cfg).apply({"params": p}, s, x, pos)[0]
   compiled = jax.jit(fn).lower(layer_params, state, xs, positions).compile()

@@ -96,12 +96,16 @@ def test_saved_residuals_skip_the_recompute():
   assert flops("dots_saveable") < 0.92 * flops("nothing_saveable")
 
 
-def test_read_over_written_slots_equals_the_masked_depth_softmax():
+@pytest.mark.parametrize("k,chunk", [(3, 8), (3, 1), (5, 4), (4, 4), (2, 2)])
+def test_read_over_written_slots_equals_the_masked_depth_softmax(k, chunk):
   """read_slots / read_slots_vjp (slots 0..k only, logits stored per slot) against
   base.depth_softmax with slots > k masked, and its autodiff, on random values with nonzero
   values in the unwritten slots. The VJP's ``dz`` routed as the stack routes it (through the
-  stored logits to ``v`` and ``q``, and to ``inv_rms``) gives autodiff's gradients."""
-  s, k, d = 6, 3, 8
+  stored logits to ``v`` and ``q``, and to ``inv_rms``) gives autodiff's gradients. Over 6
+  slots in chunks: one chunk wider than the buffer (8), one slot per chunk (1), a last chunk
+  clamped back over visited slots (k=5, 4: slots 2..5, of which 4 and 5 live), a chunk cut
+  by k (4, 4) and a k+1 that the chunk divides (2, 2)."""
+  s, d = 6, 8
   keys = jax.random.split(jax.random.PRNGKey(0), 5)
   q = jax.random.normal(keys[0], (d,))
   values = jax.random.normal(keys[1], (s, 2, 3, d))
@@ -114,14 +118,17 @@ def test_read_over_written_slots_equals_the_masked_depth_softmax():
   want_q, want_v, want_i = vjp(g_h)
   logits = buffer_stack.slot_logits(values, q[None])[..., 0]                  # [S,B,T]
   np.testing.assert_allclose(logits, jnp.einsum("sbtd,d->sbt", values, q), rtol=1e-5, atol=1e-5)
-  np.testing.assert_allclose(buffer_stack.read_slots(logits, values, inv, jnp.asarray(k)), want,
-                             rtol=1e-5, atol=1e-6)
-  got_v, dz = buffer_stack.read_slots_vjp(logits, values, inv, jnp.asarray(k), g_h, g_values0)
+  np.testing.assert_allclose(buffer_stack.read_slots(logits, values, inv, jnp.asarray(k), chunk),
+                             want, rtol=1e-5, atol=1e-6)
+  got_v, dz = buffer_stack.read_slots_vjp(logits, values, inv, jnp.asarray(k), g_h, g_values0,
+                                          chunk)
   g_logits = dz * inv
   got_v = got_v + g_logits[..., None] * q                                      # via the logits
   np.testing.assert_allclose(got_v, g_values0 + want_v, rtol=1e-4, atol=1e-5)
   np.testing.assert_allclose(jnp.einsum("sbt,sbtd->d", g_logits, values), want_q, rtol=1e-4,
                              atol=1e-5)
   np.testing.assert_allclose(dz * logits, want_i, rtol=1e-4, atol=1e-5)
-  assert float(jnp.max(jnp.abs(want_v[k + 1:]))) == 0  # unwritten slots get no gradient
-  assert float(jnp.max(jnp.abs(dz[k + 1:]))) == 0
+  if k + 1 < s:  # unwritten slots get no gradient
+    assert float(jnp.max(jnp.abs(want_v[k + 1:]))) == 0
+    assert float(jnp.max(jnp.abs(dz[k + 1:]))) == 0
+    np.testing.assert_array_equal(got_v[k + 1:], g_values0[k + 1:])

@@ -174,7 +174,8 @@ def check_scan_matches_unrolled(name: str, residual=None):
 
 
 def check_gate_zero_removes_layer(name: str, residual=None):
-  """gate[1] = 0 leaves the state as layer 0 left it, and changes the output."""
+  """gate[1] = 0 leaves the state as layer 0 left it, and changes the output; a gate of ones
+  gives the model without a gate (which skips the blend)."""
   cfg = tiny_cfg(name, residual=residual)
   params = perturb(init(cfg))
   tokens = jnp.asarray(text_batch(2, 12))
@@ -183,6 +184,8 @@ def check_gate_zero_removes_layer(name: str, residual=None):
   logits_full, layers_full = run(cfg, params, tokens)
   assert not np.allclose(layers_full["hidden"][1], layers_full["hidden"][0], atol=1e-3)
   assert not np.allclose(logits, logits_full, atol=1e-4)
+  no_gate = jit(lambda p, t: Transformer(cfg).apply({"params": p}, t))(params, tokens)
+  np.testing.assert_allclose(no_gate, logits_full, atol=1e-5, rtol=1e-5)
 
 
 def check_permute_layers(name: str, residual=None):

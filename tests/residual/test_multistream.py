@@ -76,6 +76,30 @@ def test_hc_update_by_hand(use_tanh):
   assert mixing.shape == (1, 3, 2, 2)
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_hc_rms_projection_value_and_vjp_match_autodiff(dtype):
+  """hc.rms_projection's hand-written VJP (``dh`` as e multiply-adds, the 1/RMS term, ``dW``)
+  against autodiff of ``rsqrt(mean h^2 + eps) (h W)``; with bf16 streams the cotangent keeps
+  the streams' dtype."""
+  from depthbench_jax.residual.hc import rms_projection
+  keys = jax.random.split(jax.random.PRNGKey(3), 3)
+  h = (3.0 * jax.random.normal(keys[0], (4, 2, 5, 16))).astype(dtype)
+  w = jax.random.normal(keys[1], (16, 6))
+  g = jax.random.normal(keys[2], (4, 2, 5, 6))
+
+  def reference(h, w):
+    h32 = h.astype(jnp.float32)
+    return jax.lax.rsqrt(jnp.mean(h32 ** 2, -1, keepdims=True) + 1e-6) * (h32 @ w)
+  want, vjp = jax.vjp(reference, h, w)
+  got, got_vjp = jax.vjp(lambda h, w: rms_projection(h, w, 1e-6), h, w)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  (want_h, want_w), (got_h, got_w) = vjp(g), got_vjp(g)
+  assert got_h.dtype == dtype
+  tol = 1e-5 if dtype == jnp.float32 else 1e-2
+  np.testing.assert_allclose(np.float32(got_h), np.float32(want_h), rtol=tol, atol=tol)
+  np.testing.assert_allclose(got_w, want_w, rtol=1e-4, atol=1e-4)
+
+
 def test_static_hc_has_no_dynamic_part():
   cfg = small("hc", dynamic=False)
   conn = {k: v for k, v in random_hc_params().items() if k.startswith("static")}
