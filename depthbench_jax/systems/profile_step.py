@@ -20,6 +20,7 @@ import os
 import re
 import sys
 import tempfile
+import warnings
 from typing import Sequence
 
 # XLA:CPU records one event per fusion only with traceme on. XLA:GPU replays runs of kernels
@@ -35,18 +36,42 @@ import jax  # noqa: E402
 
 from depthbench_jax import bench  # noqa: E402
 
+# jax's profiler bindings warn on every read of a GPU event's stats (python 3.12).
+warnings.filterwarnings("ignore", message="builtin type event_stats has no __module__")
+
 _SKIP = ("PjRt", "Thunk", "jit_", "Execute", "SlinkyThreadPool", "PjitFunction")
 _CONTROL_FLOW = ("while", "call", "conditional")
 _FRAMES = {"while", "body", "closed_call", "checkpoint", "rematted_computation", "layers", "cond"}
 
 
 def op_names(hlo_text: str) -> dict[str, str]:
-  """HLO instruction name -> its ``op_name`` metadata (the jax source op)."""
-  out = {}
+  """HLO instruction name -> its ``op_name`` metadata (the jax source op).
+
+  A fusion that XLA built without metadata (XLA:GPU's multi-output and reduce fusions often
+  are) takes the op_name of the last instruction of its fused computation that has one: the
+  op nearest its root.
+  """
+  out, last_in_computation, calls = {}, {}, {}
+  computation = None
   for line in hlo_text.splitlines():
-    m = re.match(r"\s*(?:ROOT )?%?([\w.\-]+) = .*?metadata=\{op_name=\"([^\"]+)\"", line)
-    if m:
-      out[m.group(1)] = m.group(2)
+    header = re.match(r"(?:ENTRY )?%?([\w.\-]+) .*\{\s*$", line)
+    if header and not line.startswith(" "):
+      computation = header.group(1)
+      continue
+    m = re.match(r"\s*(?:ROOT )?%?([\w.\-]+) = ", line)
+    if not m:
+      continue
+    named = re.search(r'metadata=\{op_name="([^"]+)"', line)
+    if named:
+      out[m.group(1)] = named.group(1)
+      last_in_computation[computation] = named.group(1)
+    else:
+      called = re.search(r"calls=%?([\w.\-]+)", line)
+      if called:
+        calls[m.group(1)] = called.group(1)
+  for name, computation in calls.items():
+    if computation in last_in_computation:
+      out[name] = last_in_computation[computation]
   return out
 
 

@@ -72,6 +72,19 @@ def test_gate_zero_removes_a_layer_and_return_layers_shapes():
   assert not np.allclose(skipped["hidden"][2], layers["hidden"][2], atol=1e-4)
 
 
+def test_the_gate_blend_is_compiled_only_with_a_gate():
+  """Without a gate the layer skips the blend ``g new + (1 - g) old`` (a pass over the state
+  per layer that XLA:GPU did not fuse away: 6.3 ms of HC's 185 ms H200 step)."""
+  cfg = model_cfg()
+  params = __import__("flax").linen.unbox(tr.init_params(cfg, jax.random.PRNGKey(0)))
+
+  def hlo(**kw):
+    f = jax.jit(lambda p, t: tr.Transformer(cfg).apply({"params": p}, t, **kw))
+    return f.lower(params, TOKENS).compile().as_text()
+  assert "residual.skip" not in hlo()
+  assert "residual.skip" in hlo(gate=jnp.ones((3,)))
+
+
 def test_permute_layers_identity_and_swap():
   cfg = model_cfg()
   params = __import__("flax").linen.unbox(tr.init_params(cfg, jax.random.PRNGKey(0)))

@@ -279,6 +279,15 @@ def test_profile_step_names_model_parts():
   hlo = '  %dot.1 = f32[2,3]{1,0} dot(%a, %b), metadata={op_name="jit(f)/jvp(g)/mlp/dot"}'
   assert profile_step.op_names(hlo) == {"dot.1": "jit(f)/jvp(g)/mlp/dot"}
   assert profile_step.op_shapes(hlo) == {"dot.1": "f32[2,3]"}
+  # A fusion without metadata is named by the last named op of its fused computation.
+  fused = ('%fused_reduce.7 (p: f32[4]) -> f32[] {\n'
+           '  %mul.1 = f32[4]{0} multiply(%p, %p), metadata={op_name="jit(f)/transpose(g)/mul"}\n'
+           '  ROOT %reduce.2 = f32[] reduce(%mul.1, %c), dimensions={0}\n}\n\n'
+           'ENTRY %main (x: f32[4]) -> f32[] {\n'
+           '  ROOT %input_reduce_fusion.7 = f32[] fusion(%x), kind=kInput, calls=%fused_reduce.7\n}\n')
+  names = profile_step.op_names(fused)
+  assert names["input_reduce_fusion.7"] == "jit(f)/transpose(g)/mul"
+  assert profile_step.model_part(names["input_reduce_fusion.7"], 2) == "bwd mul"
   tup = "  %fusion.7 = (bf16[4,8]{1,0}, f32[]) fusion(%x), kind=kLoop"
   assert profile_step.op_shapes(tup) == {"fusion.7": "(bf16[4,8]{1,0}, f32[])"}
 
