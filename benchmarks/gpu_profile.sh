@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Where the multi-stream and cross-layer designs spend their GPU step time. At the bench's
 # gpu400m shape (16x1216, bf16, batch 8 x 2048, cuDNN attention, dots_saveable):
-#   * the bench for every design but the four norm variants (BENCH_DESIGNS), interleaved:
-#     results-<device>-designs.json and bench-designs.log;
+#   * the bench for every design but the four norm variants, and mHC with its Sinkhorn as a
+#     Pallas kernel (BENCH_DESIGNS; a candidate that fails to compile is reported, not fatal),
+#     interleaved: results-<device>-designs.json and bench-designs.log;
 #   * profile_step for PROFILE_DESIGNS with XLA:GPU's command buffers off (each kernel its own
 #     trace event, mapped to the model by its hlo_op): profile-<design>.txt, and the compiled
 #     step's HLO (hlo-<design>.txt) to read the fusions offline.
@@ -14,7 +15,7 @@ set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
 PRESET=${BENCH_PRESET:-gpu400m}
 "$PY" -m depthbench_jax.bench --preset="$PRESET" \
-  --designs="${BENCH_DESIGNS:-preln,hc,mhc,attnres_full,attnres_block,moda}" \
+  --designs="${BENCH_DESIGNS:-preln,hc,mhc,mhc:sinkhorn_kernel=pallas,attnres_full,attnres_block,moda}" \
   --shapes="${BENCH_SHAPE:-16x1216}" --rounds="${BENCH_ROUNDS:-10}" --out="$OUT_DIR" 2>&1 \
   | tee "$OUT_DIR/bench-designs.log"
 for design in ${PROFILE_DESIGNS:-hc attnres_full}; do

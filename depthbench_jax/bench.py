@@ -208,10 +208,28 @@ def matmul_runner(n: int, dtype, reps: int) -> Callable[[], None]:
 # Our train step.
 # ---------------------------------------------------------------------------------------------
 
+def design_spec(spec: str) -> tuple[str, dict[str, Any]]:
+  """``'mhc:sinkhorn_kernel=pallas:sinkhorn_iters=10'`` -> ``('mhc', {...})``: a design and
+  overrides of its ``config.model.residual`` fields (ints and true/false parsed), so that two
+  forms of one design are timed side by side (``--designs=mhc,mhc:sinkhorn_kernel=pallas``)."""
+  name, *pairs = spec.split(":")
+  overrides = {}
+  for pair in pairs:
+    key, sep, value = pair.partition("=")
+    if not sep or not key:
+      raise ValueError(f"--designs entry {spec!r}: {pair!r} is not key=value; allowed: "
+                       "design[:field=value...], e.g. mhc:sinkhorn_kernel=pallas")
+    overrides[key] = (int(value) if value.lstrip("-").isdigit() else
+                      {"true": True, "false": False}.get(value.lower(), value))
+  return name, overrides
+
+
 def bench_config(p: Preset, design: str, n_layers: int | None = None, d_model: int | None = None):
-  """The full ``config`` (recipe from ``configs/base.py``) of a bench model."""
+  """The full ``config`` (recipe from ``configs/base.py``) of a bench model; ``design`` may
+  carry residual overrides (``design_spec``)."""
   from depthbench_jax import sweep
   from depthbench_jax.residual import registry
+  design, overrides = design_spec(design)
   base = sweep.load_config_module(os.path.join(sweep.REPO_ROOT, "configs", "base.py"))
   c = base.get_config()
   m = c.model
@@ -222,7 +240,7 @@ def bench_config(p: Preset, design: str, n_layers: int | None = None, d_model: i
   m.param_dtype = "float32"
   m.attention_kernel = p.attention_kernel
   m.remat_policy = p.remat or REMAT.get(design, REMAT["default"])
-  m.residual = {**registry.get(design).defaults, "name": design}
+  m.residual = {**registry.get(design).defaults, **overrides, "name": design}
   c.data.seq_len, c.data.global_batch_size = p.seq_len, p.batch
   c.steps = 1000
   return c
@@ -400,7 +418,18 @@ def run_bench(p: Preset, log=print, save_partial: Callable[[dict], None] | None 
     n_layers, d_model = (int(x) for x in shape.split("x"))
     compiled = {}
     for design in designs:
-      c = compile_train_step(design, bench_config(p, design, n_layers, d_model))
+      try:
+        c = compile_train_step(design, bench_config(p, design, n_layers, d_model))
+        step_runner(c)()   # the first step allocates: an out-of-memory shows here
+      except Exception as e:  # pylint: disable=broad-except
+        if design == "preln":
+          raise
+        # One candidate that does not compile or fit (an untried kernel, memory) must not
+        # cost the others' measurements: it is named in the result and the log instead.
+        message = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+        result.setdefault("failed", {})[f"{design} {shape}"] = message
+        log(f"  FAILED {design} {shape}: {message}")
+        continue
       compiled[design] = c
       log(f"  compiled {design} {shape}: {c.compile_s:.1f}s, peak {c.peak_bytes / 2**20:.0f} MiB, "
           f"attention {attention_impl(c.cfg)}")
@@ -526,6 +555,8 @@ def render(result: dict) -> str:
                  f"{r['tokens_per_s']:,.0f} | {r['model_flops_per_s'] / 1e9:.1f} | "
                  f"{r['mfu']:.3f} | {r['peak_bytes'] / 2**20:,.0f} | {r['peak_over_preln']:.2f} | "
                  f"{r['compile_s']:.1f} |")
+  lines += [f"| {key.split()[0]} | {key.split()[1]} | failed: {message} |"
+            for key, message in result.get("failed", {}).items()]
   pre = next((r for r in result["train"] if r["design"] == "preln" and "hf_step_s" in r), None)
   if pre:
     lines += ["", f"Pre-LN step {1e3 * pre['step_s']:.1f} ms vs HF LlamaForCausalLM (torch) "
@@ -578,7 +609,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                   help="default: gpu400m on an accelerator, cpu otherwise")
   ap.add_argument("--out", default="benchmarks", help="directory for results-<device>.json")
   ap.add_argument("--designs", default="",
-                  help="comma list (overrides the preset; writes results-<device>-designs.json)")
+                  help="comma list, each design[:field=value...] (overrides the preset; writes "
+                       "results-<device>-designs.json)")
   ap.add_argument("--rounds", type=int, default=None)
   ap.add_argument("--no_hf", action="store_true")
   ap.add_argument("--shapes", default="", help="comma list of LxD (overrides the preset's)")
@@ -606,6 +638,15 @@ def main(argv: Sequence[str] | None = None) -> int:
   p = PRESETS[name]
   if args.designs:
     p = dataclasses.replace(p, designs=tuple(s.strip() for s in args.designs.split(",")))
+    from depthbench_jax.residual import registry
+    for spec in p.designs:
+      try:
+        design = design_spec(spec)[0]
+      except ValueError as e:
+        ap.error(str(e))
+      if design not in registry.names():
+        ap.error(f"--designs entry {spec!r}: unknown design {design!r}; allowed: "
+                 f"{', '.join(registry.names())}")
   if args.rounds:
     p = dataclasses.replace(p, rounds=args.rounds)
   if args.no_hf:

@@ -12,12 +12,15 @@ import jax
 import jax.numpy as jnp
 
 from depthbench_jax.model.matmul import projection_dot_general
+from depthbench_jax.errors import ConfigError
 from depthbench_jax.residual.base import Design, check_fields, sinkhorn_knopp
 from depthbench_jax.residual.hc import StreamIO, StreamWiring, _is_int, _param, constant, home_stream
+from depthbench_jax.residual.sinkhorn_kernel import sinkhorn_pallas
 
 Array = jax.Array
 
 RES_INITS = ("identity", "uniform")
+SINKHORN_KERNELS = ("xla", "pallas")   # base.sinkhorn_knopp, or sinkhorn_kernel.py (GPUs)
 # Static logits of the identity-like start: +3/-3 on the read map, 6I - 3 on the mixing logits.
 # These are the "paper A.6 static values" a third-party Megatron/PaddleFleet port cites; the
 # paper text we could reach gives only the gates (0.01), n = 4 and 20 Sinkhorn iterations.
@@ -57,11 +60,14 @@ class ManifoldConnection(nn.Module):
   stream j. SK = Sinkhorn-Knopp on ``exp``, columns then rows, ``sinkhorn_iters`` rounds, fp32
   (``base.sinkhorn_knopp``): rows sum to 1 exactly, columns to the method's convergence.
   Static logits: ``static_logits``. Returns pre [B,T,n], res [B,T,n,n], post [B,T,n].
+  ``sinkhorn_kernel='pallas'`` runs SK as one Pallas kernel each way (``sinkhorn_kernel.py``,
+  same math; for GPUs, not yet timed on one).
   """
 
   n: int
   sinkhorn_iters: int = 20
   res_init: str = "identity"
+  sinkhorn_kernel: str = "xla"
   eps: float = 1e-6
 
   @nn.compact
@@ -85,7 +91,8 @@ class ManifoldConnection(nn.Module):
     pre = jax.nn.sigmoid(a_pre * proj[..., :n] + b_pre)
     post = 2.0 * jax.nn.sigmoid(a_post * proj[..., n:2 * n] + b_post)
     res_logits = a_res * proj[..., 2 * n:].reshape(*proj.shape[:-1], n, n) + b_res
-    return pre, sinkhorn_knopp(res_logits, self.sinkhorn_iters), post
+    sinkhorn = sinkhorn_pallas if self.sinkhorn_kernel == "pallas" else sinkhorn_knopp
+    return pre, sinkhorn(res_logits, self.sinkhorn_iters), post
 
 
 class MHC(StreamWiring):
@@ -121,7 +128,7 @@ class MHC(StreamWiring):
     res = self.cfg.residual
     make = lambda name: ManifoldConnection(
         res["n_streams"], sinkhorn_iters=res["sinkhorn_iters"], res_init=res["res_init"],
-        eps=self.cfg.norm_eps, name=name)
+        sinkhorn_kernel=res["sinkhorn_kernel"], eps=self.cfg.norm_eps, name=name)
     self.connections = (make("mhc_attn"), make("mhc_mlp"))
 
   def maps(self, h, sub, layer):
@@ -133,9 +140,15 @@ def _check(residual, n_layers):
       "n_streams": (_is_int, "a positive integer (the paper uses 4)"),
       "sinkhorn_iters": (_is_int, "a positive integer (the paper uses 20)"),
       "res_init": (lambda v: v in RES_INITS, ", ".join(RES_INITS)),
+      "sinkhorn_kernel": (lambda v: v in SINKHORN_KERNELS, ", ".join(SINKHORN_KERNELS)),
   })
+  n = residual["n_streams"]
+  if residual["sinkhorn_kernel"] == "pallas" and n & (n - 1):
+    raise ConfigError(f"config.model.residual.n_streams={n} with sinkhorn_kernel='pallas'; "
+                      "allowed: a power of two (Triton's block shapes), or sinkhorn_kernel='xla'")
 
 
 DESIGN = Design(name="mhc", layer=MHC, io=StreamIO, check=_check,
-                defaults={"n_streams": 4, "sinkhorn_iters": 20, "res_init": "identity"},
+                defaults={"n_streams": 4, "sinkhorn_iters": 20, "res_init": "identity",
+                          "sinkhorn_kernel": "xla"},
                 description="H <- SK(.) H + 2sig(.)^T F(N(sig(.) H)), dynamic from vec(H)")

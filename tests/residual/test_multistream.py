@@ -277,7 +277,14 @@ def test_config_checks():
                                            "tanh": True}
   assert tiny_cfg("mhc").residual["sinkhorn_iters"] == 20
   for name, field, value in (("hc", "n_streams", 0), ("hc", "dynamic", "yes"),
-                             ("mhc", "res_init", "eye"), ("mhc", "sinkhorn_iters", 0)):
+                             ("mhc", "res_init", "eye"), ("mhc", "sinkhorn_iters", 0),
+                             ("mhc", "sinkhorn_kernel", "cuda"),
+                             ("mhc", "n_streams", 3)):          # 3 only with the xla kernel
+    if (name, field) == ("mhc", "n_streams"):
+      with pytest.raises(ConfigError, match=r"n_streams=3 with sinkhorn_kernel='pallas'.*allowed"):
+        tiny_cfg(name, residual={field: value, "sinkhorn_kernel": "pallas"})
+      tiny_cfg(name, residual={field: value})
+      continue
     with pytest.raises(ConfigError, match=rf"config\.model\.residual\.{field}=.*allowed"):
       tiny_cfg(name, residual={field: value})
   with pytest.raises(ConfigError, match=r"config\.model\.residual\.tanh.*allowed"):

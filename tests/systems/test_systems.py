@@ -221,6 +221,43 @@ def test_bench_quick_mode(tmp_path, capsys):
     assert "--replot=" in capsys.readouterr().err
 
 
+def test_bench_design_specs_carry_residual_overrides(capsys):
+  """``--designs=mhc:sinkhorn_kernel=pallas`` times a design with changed residual fields;
+  a malformed entry or an unknown design is one clear error naming the entry."""
+  from depthbench_jax import bench
+  assert bench.design_spec("mhc:sinkhorn_kernel=pallas:sinkhorn_iters=10") == (
+      "mhc", {"sinkhorn_kernel": "pallas", "sinkhorn_iters": 10})
+  assert bench.design_spec("hc:dynamic=false") == ("hc", {"dynamic": False})
+  config = bench.bench_config(bench.PRESETS["quick"], "mhc:sinkhorn_kernel=pallas")
+  assert config.model.residual["name"] == "mhc"
+  assert config.model.residual["sinkhorn_kernel"] == "pallas"
+  assert config.model.residual["sinkhorn_iters"] == 20                 # the default kept
+  for spec, message in (("mhc:sinkhorn_kernel", "is not key=value"),
+                        ("mhcc", "unknown design 'mhcc'; allowed: preln")):
+    with pytest.raises(SystemExit):
+      bench.main(["--preset", "quick", "--designs", spec])
+    assert message in capsys.readouterr().err
+
+
+def test_bench_keeps_going_when_one_candidate_fails(tmp_path, monkeypatch, capsys):
+  """A candidate that does not compile (an untried kernel) or fit is named as failed; the
+  others are still timed and written."""
+  from depthbench_jax import bench
+  real = bench.compile_train_step
+
+  def compile_or_fail(name, config):
+    if name == "hc":
+      raise RuntimeError("Triton lowering failed\nmore detail")
+    return real(name, config)
+  monkeypatch.setattr(bench, "compile_train_step", compile_or_fail)
+  assert bench.main(["--preset", "quick", "--no_hf", "--rounds", "1", "--out", str(tmp_path),
+                     "--designs", "preln,hc"]) == 0
+  result = json.loads((tmp_path / "results-cpu-quick-designs.json").read_text())
+  assert [r["design"] for r in result["train"]] == ["preln"]
+  assert result["failed"] == {"hc 2x32": "RuntimeError: Triton lowering failed"}
+  assert "| hc | 2x32 | failed: RuntimeError: Triton lowering failed |" in capsys.readouterr().out
+
+
 def test_bench_names_the_attention_each_design_runs(monkeypatch):
   # What a GPU would pick (forced here): cuDNN for the backbone attention, padded where hd is
   # not a multiple of 8; MoDA attends with its own einsums whatever the kernel setting.

@@ -1,0 +1,41 @@
+"""mHC's Sinkhorn as a Pallas kernel (run in Pallas's interpreter here) against base's XLA form."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from depthbench_jax.residual.base import sinkhorn_knopp
+from depthbench_jax.residual.sinkhorn_kernel import BLOCK, sinkhorn_pallas
+from residual_testkit import init, jit, perturb, text_batch, tiny_cfg
+from depthbench_jax.model.transformer import Transformer
+
+
+@pytest.mark.parametrize("shape,iterations,eps", [((2, 3, 4, 4), 20, 0.0),   # one padded tile
+                                                  ((BLOCK + 5, 4, 4), 3, 1e-3),  # two tiles
+                                                  ((7, 2, 2), 1, 0.0)])
+def test_values_and_vjp_equal_the_xla_rounds(shape, iterations, eps):
+  keys = jax.random.split(jax.random.PRNGKey(0), 2)
+  logits = 2.0 * jax.random.normal(keys[0], shape)
+  g = jax.random.normal(keys[1], shape)
+  want, want_vjp = jax.vjp(lambda x: sinkhorn_knopp(x, iterations, eps), logits)
+  got, got_vjp = jax.vjp(lambda x: sinkhorn_pallas(x, iterations, eps), logits)
+  np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+  np.testing.assert_allclose(got_vjp(g)[0], want_vjp(g)[0], rtol=1e-5, atol=1e-6)
+  if eps == 0.0:                                   # rows exactly stochastic after the last round
+    np.testing.assert_allclose(got.sum(-1), 1.0, atol=1e-6)
+
+
+def test_mhc_with_the_kernel_equals_mhc_without():
+  """The model's loss and every gradient are the same whichever kernel runs the Sinkhorn."""
+  cfgs = [tiny_cfg("mhc", residual={"sinkhorn_kernel": k}) for k in ("xla", "pallas")]
+  params = perturb(init(cfgs[0]), scale=0.1)
+  tokens = jnp.asarray(text_batch(2, 12))
+
+  def loss(cfg):
+    return jit(jax.value_and_grad(lambda p: jnp.mean(
+        Transformer(cfg).apply({"params": p}, tokens) ** 2)))(params)
+  (want, want_g), (got, got_g) = loss(cfgs[0]), loss(cfgs[1])
+  np.testing.assert_allclose(got, want, rtol=1e-6)
+  for a, b in zip(jax.tree.leaves(got_g), jax.tree.leaves(want_g)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
