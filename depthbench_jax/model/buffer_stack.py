@@ -16,7 +16,8 @@ weight and zero gradient (``base.depth_softmax``). So:
   recomputed from the final buffer) adds into ``dV``.
 
 Because slots ``> k`` are known to be empty here (not just masked), every pass over the buffer
-(``read_slots``, ``read_slots_vjp``) loops over the written slots ``0..k`` only: half the
+(``read_slots``, ``read_slots_vjp``) loops over the written slots ``0..k`` only, 8 per
+iteration (``base.slot_chunks``; the last chunk reads up to 7 masked slots): about half the
 memory traffic of a masked read over all ``2L+1`` slots, summed over the stack. And because
 the pseudo-queries are parameters, not functions of the input, a slot's logits for *every*
 sublayer, ``q_k . v_s`` for all k, are one [B*T, d] x [d, 2L] matmul when the slot is written
