@@ -15,8 +15,9 @@ traffic) and applies the round's adjoint. With ``c``/``s`` the column/row sums p
 and at the end ``dlogits = dM0 o M0`` (the max shift carries no gradient, as in base). Same
 math as ``base.sinkhorn_knopp``: ``tests/residual/test_sinkhorn_kernel.py`` compares values and
 gradients, running the kernels in Pallas's interpreter off-GPU (which is also what the model
-does there). Chosen by mHC's ``residual.sinkhorn_kernel='pallas'``; Triton's block shapes need
-n a power of two.
+does there), and lowers both to Triton for a CUDA target without a GPU (what is left untested
+is Triton's own compile and the speed). Chosen by mHC's ``residual.sinkhorn_kernel='pallas'``;
+Triton's block shapes need n a power of two.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import math
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pallas_triton
 
 Array = jax.Array
 BLOCK = 128  # tokens per program (the tile's lane axis)
@@ -83,7 +85,13 @@ def _call(kernel, *arrays: Array) -> Array:
   return pl.pallas_call(
       kernel, out_shape=jax.ShapeDtypeStruct(arrays[0].shape, jnp.float32),
       grid=(width // BLOCK,), in_specs=[spec] * len(arrays), out_specs=spec,
-      interpret=jax.default_backend() != "gpu")(*arrays)
+      compiler_params=pallas_triton.CompilerParams(num_warps=4, num_stages=1),
+      interpret=_interpret())(*arrays)
+
+
+def _interpret() -> bool:
+  """Pallas's interpreter off-GPU (tests, CPU runs); Triton on a GPU."""
+  return jax.default_backend() != "gpu"
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))

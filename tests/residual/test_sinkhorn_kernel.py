@@ -39,3 +39,18 @@ def test_mhc_with_the_kernel_equals_mhc_without():
   np.testing.assert_allclose(got, want, rtol=1e-6)
   for a, b in zip(jax.tree.leaves(got_g), jax.tree.leaves(want_g)):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_both_kernels_lower_to_triton_for_a_cuda_target(monkeypatch):
+  """Cross-platform lowering (no GPU needed): the forward and backward kernels pass Pallas's
+  Triton lowering, the step that rejects unsupported ops; Triton's compile is the GPU's."""
+  from jax import export
+  from depthbench_jax.residual import sinkhorn_kernel
+  monkeypatch.setattr(sinkhorn_kernel, "_interpret", lambda: False)
+  f = jax.jit(jax.value_and_grad(lambda x: jnp.sum(sinkhorn_pallas(x, 20) ** 2)))
+  triton = "__gpu$xla.gpu.triton"
+  exported = export.export(f, platforms=["cuda"], disabled_checks=[
+      export.DisabledSafetyCheck.custom_call(triton)])(jnp.zeros((2, 300, 4, 4), jnp.float32))
+  text = exported.mlir_module()
+  assert text.count(f"@{triton}") == 2
+  assert 'name = "_forward_kernel"' in text and 'name = "_backward_kernel"' in text
