@@ -2,8 +2,9 @@
 
 Profiles the bench's train step (``bench.py``'s preset and remat policy) with
 ``jax.profiler`` and maps every XLA op of the trace back to the model code that emitted it
-(the ``op_name`` metadata of the compiled HLO), then prints the time per op and per part of
-the model: ``fwd``/``bwd`` (autodiff's ``transpose(jvp(...))``) x the module path, e.g.
+(the ``op_name`` metadata of the compiled HLO, ``hlo_text.py``), then prints the time per op,
+with its calls, the bytes it moves and the bandwidth that makes, and per part of the
+model: ``fwd``/``bwd`` (autodiff's ``transpose(jvp(...))``) x the module path, e.g.
 ``bwd residual.sublayer/mlp`` or ``fwd lm_head``. On CPU it sets
 ``--xla_cpu_enable_xprof_traceme`` so XLA records one event per fusion. Op times on XLA:CPU
 can overlap (independent ops run concurrently), so their sum exceeds the step; compare
@@ -35,6 +36,7 @@ for _flag in _FLAGS:  # before jax initialises its backends
 import jax  # noqa: E402
 
 from depthbench_jax import bench  # noqa: E402
+from depthbench_jax.systems.hlo_text import op_bytes, op_names, op_shapes  # noqa: E402
 
 # jax's profiler bindings warn on every read of a GPU event's stats (python 3.12).
 warnings.filterwarnings("ignore", message="builtin type event_stats has no __module__")
@@ -42,47 +44,6 @@ warnings.filterwarnings("ignore", message="builtin type event_stats has no __mod
 _SKIP = ("PjRt", "Thunk", "jit_", "Execute", "SlinkyThreadPool", "PjitFunction")
 _CONTROL_FLOW = ("while", "call", "conditional")
 _FRAMES = {"while", "body", "closed_call", "checkpoint", "rematted_computation", "layers", "cond"}
-
-
-def op_names(hlo_text: str) -> dict[str, str]:
-  """HLO instruction name -> its ``op_name`` metadata (the jax source op).
-
-  A fusion that XLA built without metadata (XLA:GPU's multi-output and reduce fusions often
-  are) takes the op_name of the last instruction of its fused computation that has one: the
-  op nearest its root.
-  """
-  out, last_in_computation, calls = {}, {}, {}
-  computation = None
-  for line in hlo_text.splitlines():
-    header = re.match(r"(?:ENTRY )?%?([\w.\-]+) .*\{\s*$", line)
-    if header and not line.startswith(" "):
-      computation = header.group(1)
-      continue
-    m = re.match(r"\s*(?:ROOT )?%?([\w.\-]+) = ", line)
-    if not m:
-      continue
-    named = re.search(r'metadata=\{op_name="([^"]+)"', line)
-    if named:
-      out[m.group(1)] = named.group(1)
-      last_in_computation[computation] = named.group(1)
-    else:
-      called = re.search(r"calls=%?([\w.\-]+)", line)
-      if called:
-        calls[m.group(1)] = called.group(1)
-  for name, computation in calls.items():
-    if computation in last_in_computation:
-      out[name] = last_in_computation[computation]
-  return out
-
-
-def op_shapes(hlo_text: str) -> dict[str, str]:
-  """HLO instruction name -> its result type without layout, e.g. ``'bf16[4,8,2048,1216]'``."""
-  out = {}
-  for line in hlo_text.splitlines():
-    m = re.match(r"\s*(?:ROOT )?%?([\w.\-]+) = (\(.*?\)|\w+\[[\d,]*\])", line)
-    if m:
-      out[m.group(1)] = m.group(2)
-  return out
 
 
 UNMAPPED = "(no HLO op of the step)"
@@ -109,22 +70,25 @@ def _event_name(event) -> str:
   return event.name
 
 
-def event_seconds(xplane_path: str, steps: int) -> tuple[dict[str, float], list[str]]:
-  """Seconds per step of each named trace event: the GPU's kernels where the trace has a GPU
-  (the host's launch events would count each op twice), else every event; and the names of
-  the planes read (``/device:GPU:0``, ``/host:CPU``)."""
+def event_seconds(xplane_path: str, steps: int
+                  ) -> tuple[dict[str, float], dict[str, float], list[str]]:
+  """Seconds and calls per step of each named trace event: the GPU's kernels where the trace
+  has a GPU (the host's launch events would count each op twice), else every event; and the
+  names of the planes read (``/device:GPU:0``, ``/host:CPU``)."""
   data = jax.profiler.ProfileData.from_file(xplane_path)
   planes = [p for p in data.planes if p.name.startswith("/device:GPU")] or list(data.planes)
   if os.environ.get("DEPTHBENCH_PROFILE_SAMPLES"):
     _print_samples(planes)
   total: collections.Counter = collections.Counter()
+  calls: collections.Counter = collections.Counter()
   for plane in planes:
     for line in plane.lines:
       for event in line.events:
         name = _event_name(event)
         if not name.startswith(_SKIP):
           total[name] += event.duration_ns / 1e9 / steps
-  return dict(total), [p.name for p in planes]
+          calls[name] += 1 / steps
+  return dict(total), dict(calls), [p.name for p in planes]
 
 
 def _print_samples(planes, limit: int = 12) -> None:
@@ -151,12 +115,12 @@ def profile(design: str, preset: bench.Preset, steps: int = 2, hlo_out: str = ""
       run()
     jax.profiler.stop_trace()
     (xplane,) = glob.glob(os.path.join(tmp, "**", "*.xplane.pb"), recursive=True)
-    seconds, planes = event_seconds(xplane, steps)
+    seconds, calls, planes = event_seconds(xplane, steps)
   hlo = c.step.as_text()
   if hlo_out:
     with open(hlo_out, "w") as f:
       f.write(hlo)
-  names, shapes = op_names(hlo), op_shapes(hlo)
+  names, shapes, moved = op_names(hlo), op_shapes(hlo), op_bytes(hlo)
   on_gpu = any(p.startswith("/device:GPU") for p in planes)
   # A loop or call's event spans its body's events: count the body only. On a GPU every
   # kernel is step time, so one that names no HLO op of the step is listed as unmapped.
@@ -164,7 +128,14 @@ def profile(design: str, preset: bench.Preset, steps: int = 2, hlo_out: str = ""
          if (n in names or on_gpu) and not n.startswith(_CONTROL_FLOW)}
   return {"design": design, "ops": ops, "remat_policy": c.cfg.remat_policy, "planes": planes,
           "mapped": sum(n in names for n in ops),
-          "shapes": {n: shapes.get(n, "") for n in ops}}
+          "shapes": {n: shapes.get(n, "") for n in ops},
+          "calls": {n: calls[n] for n in ops}, "bytes": {n: moved.get(n, 0) for n in ops}}
+
+
+def bandwidth(result: dict, name: str) -> float:
+  """GB/s an op reached: its bytes per call (``hlo_text.op_bytes``) x calls / time."""
+  seconds = result["ops"][name][0]
+  return result["bytes"][name] * result["calls"][name] / seconds / 1e9 if seconds else 0.0
 
 
 def by_part(ops: dict, depth: int) -> list[tuple[str, float]]:
@@ -198,10 +169,12 @@ def main(argv: Sequence[str] | None = None) -> int:
   print("\nper part (ms/step):")
   for part, seconds in by_part(ops, args.depth)[:args.top]:
     print(f"  {seconds * 1e3:9.1f}  {part}")
-  print(f"\ntop {args.top} ops (ms/step):")
+  print(f"\ntop {args.top} ops: ms/step, calls/step, MB moved per call (result + operands "
+        f"read), GB/s reached")
   for name, (seconds, op_name) in sorted(ops.items(), key=lambda kv: -kv[1][0])[:args.top]:
-    print(f"  {seconds * 1e3:9.1f}  {name[:60]:28s} {result['shapes'][name]:24s} "
-          f"{model_part(op_name, 8)}")
+    print(f"  {seconds * 1e3:9.1f} {result['calls'][name]:5.0f} "
+          f"{result['bytes'][name] / 1e6:8.1f} {bandwidth(result, name):7.0f}  "
+          f"{name[:60]:28s} {result['shapes'][name]:24s} {model_part(op_name, 8)}")
   return 0
 
 

@@ -313,20 +313,61 @@ def test_profile_step_names_model_parts():
   assert profile_step.model_part(op, 2) == "bwd residual.sublayer/mlp"
   assert profile_step.model_part("jit(train_step)/jvp(Transformer)/lm_head/dot_general",
                                  3) == "fwd lm_head/dot_general"
-  hlo = '  %dot.1 = f32[2,3]{1,0} dot(%a, %b), metadata={op_name="jit(f)/jvp(g)/mlp/dot"}'
-  assert profile_step.op_names(hlo) == {"dot.1": "jit(f)/jvp(g)/mlp/dot"}
-  assert profile_step.op_shapes(hlo) == {"dot.1": "f32[2,3]"}
+
+
+_HLO = """\
+%fused_reduce.7 (p: f32[4]) -> f32[] {
+  %p = f32[4]{0} parameter(0)
+  %mul.1 = f32[4]{0} multiply(%p, %p), metadata={op_name="jit(f)/transpose(g)/mul"}
+  ROOT %reduce.2 = f32[] reduce(%mul.1, %c), dimensions={0}
+}
+
+%fused_slice (stack: bf16[16,8,32], i: s32[]) -> f32[8,32] {
+  %stack = bf16[16,8,32]{2,1,0} parameter(0)
+  %i = s32[] parameter(1)
+  %ds = bf16[1,8,32]{2,1,0} dynamic-slice(%stack, %i, %z, %z), dynamic_slice_sizes={1,8,32}
+  ROOT %cv = f32[8,32]{1,0} convert(%ds)
+}
+
+%fused_update (buf: f32[16,8,32], u: f32[1,8,32], i: s32[]) -> f32[16,8,32] {
+  %buf = f32[16,8,32]{2,1,0} parameter(0)
+  %u = f32[1,8,32]{2,1,0} parameter(1)
+  %i.1 = s32[] parameter(2)
+  %neg = f32[1,8,32]{2,1,0} negate(%u)
+  ROOT %dus = f32[16,8,32]{2,1,0} dynamic-update-slice(%buf, %neg, %i.1, %z, %z)
+}
+
+ENTRY %main (x: f32[4], s: bf16[16,8,32], i: s32[], b: f32[16,8,32], u: f32[1,8,32]) -> f32[] {
+  %x = f32[4]{0} parameter(0)
+  %s = bf16[16,8,32]{2,1,0} parameter(1)
+  %i = s32[] parameter(2)
+  %b = f32[16,8,32]{2,1,0} parameter(3)
+  %u.2 = f32[1,8,32]{2,1,0} parameter(4)
+  %dot.1 = f32[4,4]{1,0} dot(%x, %x), metadata={op_name="jit(f)/jvp(g)/mlp/dot"}
+  %loop_slice_fusion = f32[8,32]{1,0} fusion(%s, %i), kind=kLoop, calls=%fused_slice
+  %loop_dynamic_update_slice_fusion = f32[16,8,32]{2,1,0} fusion(%b, /*index=1*/%u.2, %i), kind=kLoop, calls=%fused_update
+  %fusion.7 = (bf16[4,8]{1,0}, f32[]) fusion(%x), kind=kLoop, calls=%fused_reduce.7
+  ROOT %input_reduce_fusion.7 = f32[] fusion(%x), kind=kInput, calls=%fused_reduce.7
+}
+"""
+
+
+def test_hlo_text_names_shapes_and_bytes_of_ops():
+  from depthbench_jax.systems import hlo_text, profile_step
+  names = hlo_text.op_names(_HLO)
+  assert names["dot.1"] == "jit(f)/jvp(g)/mlp/dot"
   # A fusion without metadata is named by the last named op of its fused computation.
-  fused = ('%fused_reduce.7 (p: f32[4]) -> f32[] {\n'
-           '  %mul.1 = f32[4]{0} multiply(%p, %p), metadata={op_name="jit(f)/transpose(g)/mul"}\n'
-           '  ROOT %reduce.2 = f32[] reduce(%mul.1, %c), dimensions={0}\n}\n\n'
-           'ENTRY %main (x: f32[4]) -> f32[] {\n'
-           '  ROOT %input_reduce_fusion.7 = f32[] fusion(%x), kind=kInput, calls=%fused_reduce.7\n}\n')
-  names = profile_step.op_names(fused)
   assert names["input_reduce_fusion.7"] == "jit(f)/transpose(g)/mul"
   assert profile_step.model_part(names["input_reduce_fusion.7"], 2) == "bwd mul"
-  tup = "  %fusion.7 = (bf16[4,8]{1,0}, f32[]) fusion(%x), kind=kLoop"
-  assert profile_step.op_shapes(tup) == {"fusion.7": "(bf16[4,8]{1,0}, f32[])"}
+  shapes = hlo_text.op_shapes(_HLO)
+  assert shapes["dot.1"] == "f32[4,4]" and shapes["fusion.7"] == "(bf16[4,8]{1,0}, f32[])"
+  assert hlo_text.type_bytes("(bf16[4,8]{1,0}, f32[])") == 4 * 8 * 2 + 4
+  moved = hlo_text.op_bytes(_HLO)
+  assert moved["dot.1"] == 4 * 4 * 4 + 4 * 4               # result + x (read once)
+  # The layer's slice of the stack, not the stack: 8*32 bf16 in, 8*32 f32 out, the index.
+  assert moved["loop_slice_fusion"] == 8 * 32 * 2 + 8 * 32 * 4 + 4
+  # In place: the update written, the update read; the 16-slot buffer not copied.
+  assert moved["loop_dynamic_update_slice_fusion"] == 8 * 32 * 4 * 2 + 4
 
 
 def test_profile_step_quick_run():
