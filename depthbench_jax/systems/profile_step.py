@@ -149,7 +149,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   ap = argparse.ArgumentParser(prog="python -m depthbench_jax.systems.profile_step",
                                description=__doc__,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
-  ap.add_argument("--design", default="preln")
+  ap.add_argument("--design", default="preln",
+                  help="a design, optionally with residual overrides: mhc:sinkhorn_kernel=pallas")
   ap.add_argument("--preset", default="cpu", choices=sorted(bench.PRESETS))
   ap.add_argument("--steps", type=int, default=2)
   ap.add_argument("--top", type=int, default=25, help="parts and ops listed")
@@ -157,8 +158,13 @@ def main(argv: Sequence[str] | None = None) -> int:
   ap.add_argument("--hlo_out", default="", help="write the compiled step's HLO text here")
   args = ap.parse_args(argv)
   from depthbench_jax.residual import registry
-  if args.design not in registry.names():
-    ap.error(f"--design={args.design!r}; allowed: {', '.join(registry.names())}")
+  try:
+    name = bench.design_spec(args.design)[0]
+  except ValueError as e:
+    ap.error(str(e))
+  if name not in registry.names():
+    ap.error(f"--design={args.design!r}; allowed: {', '.join(registry.names())}"
+             f" (each optionally :field=value)")
   preset = dataclasses.replace(bench.PRESETS[args.preset], designs=(args.design,))
   result = profile(args.design, preset, args.steps, args.hlo_out)
   ops = result["ops"]
