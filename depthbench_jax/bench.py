@@ -210,8 +210,9 @@ def matmul_runner(n: int, dtype, reps: int) -> Callable[[], None]:
 
 def design_spec(spec: str) -> tuple[str, dict[str, Any]]:
   """``'mhc:sinkhorn_kernel=pallas:sinkhorn_iters=10'`` -> ``('mhc', {...})``: a design and
-  overrides of its ``config.model.residual`` fields (ints and true/false parsed), so that two
-  forms of one design are timed side by side (``--designs=mhc,mhc:sinkhorn_kernel=pallas``)."""
+  overrides of its ``config.model.residual`` fields (ints, floats and true/false parsed), so
+  that two forms of one design are timed side by side (``--designs=mhc,mhc:sinkhorn_kernel=
+  pallas``)."""
   name, *pairs = spec.split(":")
   overrides = {}
   for pair in pairs:
@@ -219,9 +220,17 @@ def design_spec(spec: str) -> tuple[str, dict[str, Any]]:
     if not sep or not key:
       raise ValueError(f"--designs entry {spec!r}: {pair!r} is not key=value; allowed: "
                        "design[:field=value...], e.g. mhc:sinkhorn_kernel=pallas")
-    overrides[key] = (int(value) if value.lstrip("-").isdigit() else
-                      {"true": True, "false": False}.get(value.lower(), value))
+    overrides[key] = _parse_value(value)
   return name, overrides
+
+
+def _parse_value(text: str):
+  for cast in (int, float):
+    try:
+      return cast(text)
+    except ValueError:
+      pass
+  return {"true": True, "false": False}.get(text.lower(), text)
 
 
 def bench_config(p: Preset, design: str, n_layers: int | None = None, d_model: int | None = None):

@@ -228,6 +228,7 @@ def test_bench_design_specs_carry_residual_overrides(capsys):
   assert bench.design_spec("mhc:sinkhorn_kernel=pallas:sinkhorn_iters=10") == (
       "mhc", {"sinkhorn_kernel": "pallas", "sinkhorn_iters": 10})
   assert bench.design_spec("hc:dynamic=false") == ("hc", {"dynamic": False})
+  assert bench.design_spec("keel:alpha=0.5") == ("keel", {"alpha": 0.5})
   config = bench.bench_config(bench.PRESETS["quick"], "mhc:sinkhorn_kernel=pallas")
   assert config.model.residual["name"] == "mhc"
   assert config.model.residual["sinkhorn_kernel"] == "pallas"
