@@ -5,8 +5,8 @@
 #     Pallas kernel (BENCH_DESIGNS; a candidate that fails to compile is reported, not fatal),
 #     interleaved: results-<device>-designs.json and bench-designs.log;
 #   * profile_step for PROFILE_DESIGNS with XLA:GPU's command buffers off (each kernel its own
-#     trace event, mapped to the model by its hlo_op): profile-<design>.txt, and the compiled
-#     step's HLO (hlo-<design>.txt) to read the fusions offline.
+#     trace event, mapped to the model by its hlo_op), each part also against Pre-LN's
+#     (--baseline): profile-<design>.txt, and the compiled step's HLO (hlo-<design>.txt).
 #   * profile_step of mHC with its Sinkhorn as a Pallas kernel (PROFILE_ONLY_DESIGNS, no HLO).
 # The device tool returns 8 files: keep PROFILE_DESIGNS to two. Like gpu_bench.sh:
 #   run(command="DEPTHBENCH_COMMIT=<sha> bash benchmarks/gpu_profile.sh", carry=[".whl"],
@@ -21,7 +21,8 @@ PRESET=${BENCH_PRESET:-gpu400m}
   | tee "$OUT_DIR/bench-designs.log"
 for design in ${PROFILE_DESIGNS:-hc attnres_full}; do
   "$PY" -m depthbench_jax.systems.profile_step --preset="$PRESET" --design="$design" \
-    --steps=3 --top=45 --hlo_out="$OUT_DIR/hlo-$design.txt" 2>&1 | tee "$OUT_DIR/profile-$design.txt"
+    --steps=3 --top=45 --hlo_out="$OUT_DIR/hlo-$design.txt" --baseline=preln 2>&1 \
+    | tee "$OUT_DIR/profile-$design.txt"
 done
 # The 8th file: mHC with the Pallas Sinkhorn, its profile only (file names without ':' '=').
 for design in ${PROFILE_ONLY_DESIGNS:-mhc:sinkhorn_kernel=pallas}; do

@@ -145,6 +145,15 @@ def by_part(ops: dict, depth: int) -> list[tuple[str, float]]:
   return parts.most_common()
 
 
+def part_difference(ops: dict, base_ops: dict, depth: int) -> list[tuple[str, float, float]]:
+  """``(part, seconds, baseline seconds)`` for every part of either profile, the parts a
+  design adds most time to first (a part missing from one side counts 0 there)."""
+  ours, theirs = dict(by_part(ops, depth)), dict(by_part(base_ops, depth))
+  parts = set(ours) | set(theirs)
+  rows = [(p, ours.get(p, 0.0), theirs.get(p, 0.0)) for p in parts]
+  return sorted(rows, key=lambda r: (r[2] - r[1], r[0]))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
   ap = argparse.ArgumentParser(prog="python -m depthbench_jax.systems.profile_step",
                                description=__doc__,
@@ -156,15 +165,22 @@ def main(argv: Sequence[str] | None = None) -> int:
   ap.add_argument("--top", type=int, default=25, help="parts and ops listed")
   ap.add_argument("--depth", type=int, default=3, help="module path components per part")
   ap.add_argument("--hlo_out", default="", help="write the compiled step's HLO text here")
+  ap.add_argument("--baseline", default="",
+                  help="a second design profiled the same way (e.g. preln): the parts are then "
+                       "also listed by the time --design adds over it (exact on a GPU, where "
+                       "kernels do not overlap; indicative on a CPU)")
   args = ap.parse_args(argv)
   from depthbench_jax.residual import registry
-  try:
-    name = bench.design_spec(args.design)[0]
-  except ValueError as e:
-    ap.error(str(e))
-  if name not in registry.names():
-    ap.error(f"--design={args.design!r}; allowed: {', '.join(registry.names())}"
-             f" (each optionally :field=value)")
+  for flag, spec in (("--design", args.design), ("--baseline", args.baseline)):
+    if not spec and flag == "--baseline":
+      continue
+    try:
+      name = bench.design_spec(spec)[0]
+    except ValueError as e:
+      ap.error(str(e))
+    if name not in registry.names():
+      ap.error(f"{flag}={spec!r}; allowed: {', '.join(registry.names())}"
+               f" (each optionally :field=value)")
   preset = dataclasses.replace(bench.PRESETS[args.preset], designs=(args.design,))
   result = profile(args.design, preset, args.steps, args.hlo_out)
   ops = result["ops"]
@@ -181,6 +197,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"  {seconds * 1e3:9.1f} {result['calls'][name]:5.0f} "
           f"{result['bytes'][name] / 1e6:8.1f} {bandwidth(result, name):7.0f}  "
           f"{name[:60]:28s} {result['shapes'][name]:24s} {model_part(op_name, 8)}")
+  if args.baseline:
+    base = profile(args.baseline, preset, args.steps)["ops"]
+    total, base_total = (sum(s for s, _ in o.values()) for o in (ops, base))
+    print(f"\n{args.design} over {args.baseline}: {total * 1e3:.0f} vs {base_total * 1e3:.0f} ms "
+          f"of op time per step; per part (ms/step: added, {args.design}, {args.baseline}):")
+    for part, seconds, base_seconds in part_difference(ops, base, args.depth)[:args.top]:
+      print(f"  {(seconds - base_seconds) * 1e3:+9.1f} {seconds * 1e3:9.1f} "
+            f"{base_seconds * 1e3:9.1f}  {part}")
   return 0
 
 

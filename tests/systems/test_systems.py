@@ -371,6 +371,18 @@ def test_hlo_text_names_shapes_and_bytes_of_ops():
   assert moved["loop_dynamic_update_slice_fusion"] == 8 * 32 * 4 * 2 + 4
 
 
+def test_profile_step_part_difference_orders_by_added_time():
+  from depthbench_jax.systems import profile_step
+  fwd = "jit(step)/jvp(T)/layers/"
+  ops = {"a": (0.010, fwd + "residual.maps/dot"), "b": (0.004, fwd + "mlp/dot"),
+         "c": (0.0015, fwd + "residual.skip/add")}
+  base = {"x": (0.003, fwd + "mlp/dot"), "y": (0.002, fwd + "residual.read/mul")}
+  rows = profile_step.part_difference(ops, base, 1)
+  assert [(p, round(a * 1e3, 3), round(b * 1e3, 3)) for p, a, b in rows] == [
+      ("fwd residual.maps", 10.0, 0.0), ("fwd residual.skip", 1.5, 0.0),
+      ("fwd mlp", 4.0, 3.0), ("fwd residual.read", 0.0, 2.0)]
+
+
 def test_profile_step_quick_run():
   """The CLI in a fresh process (it sets the XLA trace flag before jax starts): per-part
   times for both passes of the HC sublayers."""
@@ -379,8 +391,10 @@ def test_profile_step_quick_run():
   from tests.helpers import ROOT, subprocess_env
   out = subprocess.run(
       [sys.executable, "-m", "depthbench_jax.systems.profile_step", "--design=hc",
-       "--preset=quick", "--top=40"], capture_output=True, text=True, env=subprocess_env(),
+       "--preset=quick", "--top=40", "--baseline=preln"], capture_output=True, text=True,
+      env=subprocess_env(),
       cwd=ROOT, timeout=600)
   assert out.returncode == 0, out.stderr[-2000:]
   assert "fwd residual.sublayer" in out.stdout and "bwd residual.sublayer" in out.stdout
   assert "residual.maps/hc_attn" in out.stdout
+  assert "hc over preln:" in out.stdout
