@@ -10,7 +10,7 @@
 #   * profile_step of mHC with its Sinkhorn as a Pallas kernel (PROFILE_ONLY_DESIGNS, no HLO).
 # The device tool returns 8 files: keep PROFILE_DESIGNS to two. Like gpu_bench.sh:
 #   run(command="DEPTHBENCH_COMMIT=<sha> bash benchmarks/gpu_profile.sh", carry=[".whl"],
-#       timeout_s=420)
+#       timeout_s=540)   # ~5 min: the bench of 7 candidates, then 5 profiles
 set -uo pipefail
 # shellcheck source=benchmarks/device_env.sh
 source "$(dirname "$0")/device_env.sh"
