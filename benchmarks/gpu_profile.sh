@@ -3,14 +3,15 @@
 # gpu400m shape (16x1216, bf16, batch 8 x 2048, cuDNN attention, dots_saveable):
 #   * the bench for every design but the four norm variants, and mHC with its Sinkhorn as a
 #     Pallas kernel (BENCH_DESIGNS; a candidate that fails to compile is reported, not fatal),
-#     interleaved: results-<device>-designs.json and bench-designs.log;
-#   * profile_step for PROFILE_DESIGNS with XLA:GPU's command buffers off (each kernel its own
-#     trace event, mapped to the model by its hlo_op), each part also against Pre-LN's
-#     (--baseline): profile-<design>.txt, and the compiled step's HLO (hlo-<design>.txt).
-#   * profile_step of mHC with its Sinkhorn as a Pallas kernel (PROFILE_ONLY_DESIGNS, no HLO).
-# The device tool returns 8 files: keep PROFILE_DESIGNS to two. Like gpu_bench.sh:
+#     interleaved: results-<device>-designs.json and bench-designs.log (replot the PNG here
+#     with `python -m depthbench_jax.bench --replot=<json>`);
+#   * profile_step with XLA:GPU's command buffers off (each kernel its own trace event, mapped
+#     to the model by its hlo_op), with the compiled step's HLO, for PROFILE_DESIGNS each
+#     against Pre-LN (--baseline) and PROFILE_ONLY_DESIGNS alone: profiles.tar.gz holds
+#     profile-<design>.txt and hlo-<design>.txt (the device tool returns at most 8 files).
+# For the device tool, like gpu_bench.sh:
 #   run(command="DEPTHBENCH_COMMIT=<sha> bash benchmarks/gpu_profile.sh", carry=[".whl"],
-#       timeout_s=540)   # ~5 min: the bench of 7 candidates, then 5 profiles
+#       timeout_s=540)   # ~6 min: the bench of 7 candidates, then 6 profiles
 set -uo pipefail
 # shellcheck source=benchmarks/device_env.sh
 source "$(dirname "$0")/device_env.sh"
@@ -19,13 +20,20 @@ PRESET=${BENCH_PRESET:-gpu400m}
   --designs="${BENCH_DESIGNS:-preln,hc,mhc,mhc:sinkhorn_kernel=pallas,attnres_full,attnres_block,moda}" \
   --shapes="${BENCH_SHAPE:-16x1216}" --rounds="${BENCH_ROUNDS:-10}" --out="$OUT_DIR" 2>&1 \
   | tee "$OUT_DIR/bench-designs.log"
+rm -f "$OUT_DIR"/results-*-designs.png
+PROFILES="$OUT_DIR/profiles"
+mkdir -p "$PROFILES"
+profile() {  # design [extra flags]: file names without ':' and '='
+  local design=$1 file=${1//[:=]/_}
+  shift
+  "$PY" -m depthbench_jax.systems.profile_step --preset="$PRESET" --design="$design" \
+    --steps=3 --top=45 --hlo_out="$PROFILES/hlo-$file.txt" "$@" 2>&1 \
+    | tee "$PROFILES/profile-$file.txt"
+}
 for design in ${PROFILE_DESIGNS:-hc attnres_full}; do
-  "$PY" -m depthbench_jax.systems.profile_step --preset="$PRESET" --design="$design" \
-    --steps=3 --top=45 --hlo_out="$OUT_DIR/hlo-$design.txt" --baseline=preln 2>&1 \
-    | tee "$OUT_DIR/profile-$design.txt"
+  profile "$design" --baseline=preln
 done
-# The 8th file: mHC with the Pallas Sinkhorn, its profile only (file names without ':' '=').
-for design in ${PROFILE_ONLY_DESIGNS:-mhc:sinkhorn_kernel=pallas}; do
-  "$PY" -m depthbench_jax.systems.profile_step --preset="$PRESET" --design="$design" \
-    --steps=3 --top=45 2>&1 | tee "$OUT_DIR/profile-${design//[:=]/_}.txt"
+for design in ${PROFILE_ONLY_DESIGNS:-mhc:sinkhorn_kernel=pallas moda}; do
+  profile "$design"
 done
+tar czf "$OUT_DIR/profiles.tar.gz" -C "$OUT_DIR" profiles && rm -rf "$PROFILES"
