@@ -208,17 +208,21 @@ def matmul_runner(n: int, dtype, reps: int) -> Callable[[], None]:
 # Our train step.
 # ---------------------------------------------------------------------------------------------
 
-def design_spec(spec: str) -> tuple[str, dict[str, Any]]:
+def design_spec(spec: str, flag: str = "--designs") -> tuple[str, dict[str, Any]]:
   """``'mhc:sinkhorn_kernel=pallas:sinkhorn_iters=10'`` -> ``('mhc', {...})``: a design and
   overrides of its ``config.model.residual`` fields (ints, floats and true/false parsed), so
   that two forms of one design are timed side by side (``--designs=mhc,mhc:sinkhorn_kernel=
-  pallas``)."""
+  pallas``). A malformed entry or an unknown design raises ValueError naming ``flag``."""
+  from depthbench_jax.residual import registry
   name, *pairs = spec.split(":")
+  if name not in registry.names():
+    raise ValueError(f"{flag} entry {spec!r}: unknown design {name!r}; allowed: "
+                     f"{', '.join(registry.names())} (each optionally :field=value)")
   overrides = {}
   for pair in pairs:
     key, sep, value = pair.partition("=")
     if not sep or not key:
-      raise ValueError(f"--designs entry {spec!r}: {pair!r} is not key=value; allowed: "
+      raise ValueError(f"{flag} entry {spec!r}: {pair!r} is not key=value; allowed: "
                        "design[:field=value...], e.g. mhc:sinkhorn_kernel=pallas")
     overrides[key] = _parse_value(value)
   return name, overrides
@@ -647,15 +651,11 @@ def main(argv: Sequence[str] | None = None) -> int:
   p = PRESETS[name]
   if args.designs:
     p = dataclasses.replace(p, designs=tuple(s.strip() for s in args.designs.split(",")))
-    from depthbench_jax.residual import registry
     for spec in p.designs:
       try:
-        design = design_spec(spec)[0]
+        design_spec(spec)
       except ValueError as e:
         ap.error(str(e))
-      if design not in registry.names():
-        ap.error(f"--designs entry {spec!r}: unknown design {design!r}; allowed: "
-                 f"{', '.join(registry.names())}")
   if args.rounds:
     p = dataclasses.replace(p, rounds=args.rounds)
   if args.no_hf:
