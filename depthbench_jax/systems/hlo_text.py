@@ -13,6 +13,7 @@ import re
 
 _DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
                 "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8}
+_HEADER = re.compile(r"(?:ENTRY )?%?([\w.\-]+) .*\{\s*$")   # a computation's first line
 _INSTRUCTION = re.compile(r"\s*(?:ROOT )?%?([\w.\-]+) = (\(.*?\)|\w+\[[\d,]*\])(?:\{[\d,]*\})? "
                           r"([\w\-]+)\((.*?)\)")
 
@@ -27,7 +28,7 @@ def op_names(hlo_text: str) -> dict[str, str]:
   out, last_in_computation, calls = {}, {}, {}
   computation = None
   for line in hlo_text.splitlines():
-    header = re.match(r"(?:ENTRY )?%?([\w.\-]+) .*\{\s*$", line)
+    header = _HEADER.match(line)
     if header and not line.startswith(" "):
       computation = header.group(1)
       continue
@@ -70,7 +71,7 @@ def _instructions(hlo_text: str) -> dict[str, list[tuple[str, str, str, list[str
   out: dict[str, list] = {}
   current = None
   for line in hlo_text.splitlines():
-    header = re.match(r"(?:ENTRY )?%?([\w.\-]+) .*\{\s*$", line)
+    header = _HEADER.match(line)
     if header and not line.startswith(" "):
       current = out.setdefault(header.group(1), [])
       continue
