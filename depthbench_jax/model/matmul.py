@@ -11,6 +11,8 @@ producers (the SiLU backward, the norm backward), which then write strided and r
 ~0.1 GB/s: 1.1 s of a 5.1 s Pre-LN step at 8x512 (benchmarks/README.md). Flattening the token
 axes first makes it a plain ``[K, N] x [N, M]`` GEMM with no copy (a 4-layer SwiGLU stack
 under scan + remat, fwd+bwd: 800 -> 500 ms on 2 CPU cores). On GPU it is the same GEMM.
+A narrow output (``M <= NARROW``: the connection projections of HC and mHC, M = 6 and 24)
+takes ``weight_gradient``'s transposed form.
 
 Flax's ``nn.Dense``/``nn.DenseGeneral`` take it as ``dot_general=projection_dot_general``:
 parameter names, shapes and init are unchanged. The output carries the checkpoint name
@@ -31,6 +33,25 @@ from jax.ad_checkpoint import checkpoint_name
 Array = jax.Array
 
 PROJECTION = "projection"
+NARROW = 128
+
+
+def weight_gradient(x: Array, g: Array, precision=None) -> Array:
+  """``dW = X^T G`` [K, M] for X [N, K], G [N, M] (the token axis N contracted).
+
+  For a narrow output (``M <= NARROW``) it is computed as ``(G^T X)^T``: the same products,
+  with the [M, K] result transposed behind an ``optimization_barrier`` (XLA would otherwise fold
+  the transpose back into the dot). XLA:CPU sends a [K, M] dot with M a few columns to its own
+  loop emitter, which runs it at ~8 GFLOP/s, while the [M, K] form goes to its GEMM library:
+  at N = 4096, K = 512 it is 3.4 -> 0.23 ms for M = 6 (HC's projection), 3.8 -> 1.1 ms for M = 24
+  (mHC's), 5.4 -> 3.6 ms for M = 128; from M = 256 the two are within a few percent, and for
+  wide outputs the barrier's copy of [M, K] makes the transposed form 3-8% slower
+  (benchmarks/README.md). The barrier and the transpose of a few-row matrix cost nothing on a GPU.
+  """
+  contract = (((0,), (0,)), ((), ()))
+  if g.shape[-1] > NARROW:
+    return lax.dot_general(x, g, contract, precision=precision)
+  return lax.optimization_barrier(lax.dot_general(g, x, contract, precision=precision)).T
 
 
 def projection_dot_general(lhs: Array, rhs: Array, dimension_numbers, precision=None,
@@ -73,7 +94,7 @@ def _projection_bwd(k, precision, _, res, g):
   size_in, size_out = math.prod(rhs.shape[:k]), math.prod(rhs.shape[k:])
   x2 = lhs.reshape(-1, size_in).astype(g.dtype)
   g2 = g.reshape(-1, size_out)
-  d_rhs = lax.dot_general(x2, g2, (((0,), (0,)), ((), ())), precision=precision)
+  d_rhs = weight_gradient(x2, g2, precision)
   return d_lhs.astype(lhs.dtype), d_rhs.reshape(rhs.shape).astype(rhs.dtype)
 
 

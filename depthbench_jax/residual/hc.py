@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from depthbench_jax.model.matmul import PROJECTION
+from depthbench_jax.model.matmul import PROJECTION, weight_gradient
 from depthbench_jax.residual.base import Design, LayerWiring, StateIO, check_fields
 from depthbench_jax.residual.streams import (collapse_streams, copy_streams, stream_update,
                                              sum_streams)
@@ -47,7 +47,8 @@ def rms_projection(h: Array, w: Array, eps: float) -> Array:
   ``dh`` is written as ``e`` broadcast multiply-adds, an elementwise expression, so XLA fuses
   it into the sum of the streams' other cotangents; as autodiff's ``g W^T`` it was a GEMM
   writing an fp32 [n,B,T,d] that the sum read back (on an H200 at 16x1216: 1.2 ms of the step
-  per sublayer kind, plus the read). ``dW`` stays one GEMM over the flattened tokens.
+  per sublayer kind, plus the read). ``dW`` is one GEMM over the flattened tokens, in
+  ``weight_gradient``'s narrow-output form.
   """
   return _rms_projection_fwd(h, w, eps)[0]
 
@@ -66,8 +67,7 @@ def _rms_projection_bwd(eps, res, g):
   dh = (-jnp.sum(g * z, axis=-1, keepdims=True) * inv_rms ** 3 / h.shape[-1]) * h32
   for e in range(w.shape[1]):
     dh = dh + g_z[..., e:e + 1] * w32[:, e]
-  dw = jax.lax.dot_general(h32.reshape(-1, h.shape[-1]), g_z.reshape(-1, w.shape[1]),
-                           (((0,), (0,)), ((), ())))
+  dw = weight_gradient(h32.reshape(-1, h.shape[-1]), g_z.reshape(-1, w.shape[1]))
   return dh.astype(h.dtype), dw.astype(w.dtype)
 
 

@@ -1,6 +1,8 @@
 """projection_dot_general: lax.dot_general's values and gradients, a 2-D weight-gradient GEMM,
 and the dot-saving remat policies still saving the projections."""
 
+import re
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -8,6 +10,7 @@ import numpy as np
 from jax import lax
 
 from depthbench_jax.model.config import model_config_from
+from depthbench_jax.model import matmul
 from depthbench_jax.model.matmul import projection_dot_general
 from depthbench_jax.model.transformer import Transformer
 from depthbench_jax.train.step import lm_loss
@@ -44,13 +47,28 @@ def test_weight_gradient_is_one_2d_dot_and_other_forms_fall_back():
   dots = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "dot_general"]
   dots += [e for eq in jaxpr.jaxpr.eqns for sub in jax.core.jaxprs_in_params(eq.params)
            for e in sub.eqns if e.primitive.name == "dot_general"]
-  # Every dot of the weight gradient contracts 2-D operands over one (token) axis.
-  weight_dots = [e for e in dots if e.outvars[0].aval.shape == (6, 7)]
+  # Every dot of the weight gradient contracts 2-D operands over one (token) axis (7 outputs:
+  # narrow, so the dot writes dW^T; weight_gradient below).
+  weight_dots = [e for e in dots if e.outvars[0].aval.shape == (7, 6)]
   assert weight_dots and all(v.aval.ndim == 2 for e in weight_dots for v in e.invars)
   # Contracted axes not trailing in x: plain lax.dot_general, no custom VJP.
   swapped = jax.make_jaxpr(lambda x: projection_dot_general(x, w, (((0,), (0,)), ((), ()))))(
       jnp.ones((6, 3)))
   assert [e.primitive.name for e in swapped.jaxpr.eqns] == ["dot_general"]
+
+
+def test_weight_gradient_of_a_narrow_output_is_a_dot_writing_its_transpose():
+  """``X^T G`` either way; for M <= NARROW the compiled dot (after XLA's simplifier, which folds
+  a plain transpose back into the dot) writes [M, K], the form XLA:CPU runs as a GEMM."""
+  k = jax.random.split(jax.random.PRNGKey(1), 2)
+  for m in (6, matmul.NARROW + 1):
+    x, g = jax.random.normal(k[0], (256, 48)), jax.random.normal(k[1], (256, m))
+    fn = jax.jit(matmul.weight_gradient)
+    np.testing.assert_allclose(fn(x, g), x.T @ g, rtol=1e-5, atol=1e-4)
+    hlo = fn.lower(x, g).compile().as_text()
+    dot_shapes = re.findall(r"= f32\[(\d+),(\d+)\][^ ]* (?:dot|fusion)\(", hlo)
+    want = (str(m), "48") if m <= matmul.NARROW else ("48", str(m))
+    assert want in dot_shapes, (m, dot_shapes)
 
 
 def _train_flops(policy):
