@@ -550,6 +550,18 @@ def commit_label(result: dict) -> str:
   return (code.get("commit") or "unknown")[:12] + (" + uncommitted" if code.get("dirty") else "")
 
 
+def hf_target_needs(pre: dict, target: float) -> str:
+  """What ``ours/HF <= target`` asks of the Pre-LN step: its time, and its MFU against the XLA
+  GEMM ceiling of the same run (``mfu * (ours/HF) / target``; above 1 the target is out of
+  reach on that device whatever the non-GEMM work costs)."""
+  step = target * pre["hf_step_s"]
+  mfu = pre["mfu"] * pre["ours_over_hf"] / target
+  return (f"ours/HF <= {target} needs a Pre-LN step of {1e3 * step:.1f} ms: MFU {mfu:.3f} of "
+          f"this run's XLA GEMM ceiling (ours now {pre['mfu']:.3f}): with every GEMM at that "
+          f"ceiling, all other work (AdamW, the cross-entropy, norms, softmax) in "
+          f"{max(0.0, 1 - mfu) * 100:.0f}% of the step")
+
+
 def render(result: dict) -> str:
   lines = [f"DepthBench bench on {result['device']} ({result['device_kind']}, "
            f"{result['cpu_count']} CPUs, {result.get('host_cpu', 'unknown CPU')}), code "
@@ -580,6 +592,7 @@ def render(result: dict) -> str:
                 f"{pre['hf_matmul_peak_flops'] / 1e9:.1f} GFLOP/s; MFU ours {pre['mfu']:.3f}, "
                 f"HF {pre['hf_mfu']:.3f}: ours/HF at equal GEMM speed = "
                 f"{pre['ours_over_hf_at_equal_gemm']:.3f}"]
+      lines += [hf_target_needs(pre, result.get("targets", TARGETS)["ours_over_hf"])]
   for shape, mem in (result.get("device_memory") or {}).items():
     if mem:
       lines += ["", f"Device allocator after {shape} (cumulative high-water mark): peak "

@@ -181,6 +181,16 @@ def test_verdict_flags_a_target_inside_the_run_noise():
   assert "FAIL (target inside the per-round IQR 1.060-1.160)" in render(r)
 
 
+def test_hf_target_needs_the_step_and_mfu_the_target_implies():
+  """ours/HF 0.9 at MFU 0.8 against a 2.0 s HF step: 0.8 needs 1.6 s, i.e. MFU 0.8 * 0.9 / 0.8
+  = 0.9 of the GEMM ceiling, leaving 10% of the step for everything else."""
+  from depthbench_jax.bench import hf_target_needs
+  line = hf_target_needs({"hf_step_s": 2.0, "mfu": 0.8, "ours_over_hf": 0.9}, 0.8)
+  assert "step of 1600.0 ms" in line and "MFU 0.900" in line and "in 10% of the step" in line
+  assert "in 0% of the step" in hf_target_needs({"hf_step_s": 2.0, "mfu": 0.9,
+                                                  "ours_over_hf": 1.0}, 0.8)
+
+
 @pytest.mark.slow  # ~4 train-step compiles: 20-40 s on 2 busy cores. CI runs slow tests too.
 def test_bench_quick_mode(tmp_path, capsys):
   from depthbench_jax import bench
