@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from depthbench_jax.model.layers import RMSNorm, dtype_of
+from depthbench_jax.model.matmul import weight_gradient
 
 Array = jax.Array
 State = Any
@@ -277,7 +278,9 @@ def _depth_attend_bwd(res, cotangents):
   dz = a * (da - jnp.sum(a * da, axis=0, keepdims=True))
   dz_scaled = dz * inv_rms
   dv = a[..., None] * g_h[None] + dz_scaled[..., None] * query
-  dq = jnp.einsum("sbt,sbtd->d", dz_scaled, v32)
+  # dq as a narrow weight gradient (a 1-column dot over all S*B*T rows): the einsum took
+  # 2.4 ms at [9, 8, 128, 512] on 2 CPU cores, this form 0.9.
+  dq = weight_gradient(v32.reshape(-1, v32.shape[-1]), dz_scaled.reshape(-1, 1))[:, 0]
   return dq, dv.astype(values.dtype), (dz * qv).astype(inv_rms.dtype), jnp.sum(dz, axis=(1, 2))
 
 
