@@ -46,7 +46,8 @@ def weight_gradient(x: Array, g: Array, precision=None) -> Array:
   at N = 4096, K = 512 it is 3.4 -> 0.23 ms for M = 6 (HC's projection), 3.8 -> 1.1 ms for M = 24
   (mHC's), 5.4 -> 3.6 ms for M = 128; from M = 256 the two are within a few percent, and for
   wide outputs the barrier's copy of [M, K] makes the transposed form 3-8% slower
-  (benchmarks/README.md). The barrier and the transpose of a few-row matrix cost nothing on a GPU.
+  (benchmarks/README.md). On a GPU the extra work is one copy of an [M <= 128, K] matrix (not
+  yet timed there).
   """
   contract = (((0,), (0,)), ((), ()))
   if g.shape[-1] > NARROW:
