@@ -278,8 +278,8 @@ def _depth_attend_bwd(res, cotangents):
   dz = a * (da - jnp.sum(a * da, axis=0, keepdims=True))
   dz_scaled = dz * inv_rms
   dv = a[..., None] * g_h[None] + dz_scaled[..., None] * query
-  # dq as a narrow weight gradient (a 1-column dot over all S*B*T rows): the einsum took
-  # 2.4 ms at [9, 8, 128, 512] on 2 CPU cores, this form 0.9.
+  # dq as a narrow weight gradient (a 1-column dot over all S*B*T rows): at [9, 8, 128, 512]
+  # on 2 CPU cores the einsum "sbt,sbtd->d" took 1.6 ms, this form 0.57.
   dq = weight_gradient(v32.reshape(-1, v32.shape[-1]), dz_scaled.reshape(-1, 1))[:, 0]
   return dq, dv.astype(values.dtype), (dz * qv).astype(inv_rms.dtype), jnp.sum(dz, axis=(1, 2))
 
