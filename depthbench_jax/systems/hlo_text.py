@@ -14,8 +14,12 @@ import re
 _DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
                 "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8}
 _HEADER = re.compile(r"(?:ENTRY )?%?([\w.\-]+) .*\{\s*$")   # a computation's first line
-_INSTRUCTION = re.compile(r"\s*(?:ROOT )?%?([\w.\-]+) = (\(.*?\)|\w+\[[\d,]*\])(?:\{[\d,]*\})? "
-                          r"([\w\-]+)\((.*?)\)")
+_NAME = r"\s*(?:ROOT )?%?([\w.\-]+) = "                   # an instruction's name
+_TYPE = r"(\(.*?\)|\w+\[[\d,]*\])"                       # its result type, without layout
+_DEFINITION = re.compile(_NAME)
+_TYPED = re.compile(_NAME + _TYPE)
+_INSTRUCTION = re.compile(_NAME + _TYPE + r"(?:\{[\d,]*\})? ([\w\-]+)\((.*?)\)")
+_CALLS = re.compile(r"calls=%?([\w.\-]+)")
 
 
 def op_names(hlo_text: str) -> dict[str, str]:
@@ -32,7 +36,7 @@ def op_names(hlo_text: str) -> dict[str, str]:
     if header and not line.startswith(" "):
       computation = header.group(1)
       continue
-    m = re.match(r"\s*(?:ROOT )?%?([\w.\-]+) = ", line)
+    m = _DEFINITION.match(line)
     if not m:
       continue
     named = re.search(r'metadata=\{op_name="([^"]+)"', line)
@@ -40,7 +44,7 @@ def op_names(hlo_text: str) -> dict[str, str]:
       out[m.group(1)] = named.group(1)
       last_in_computation[computation] = named.group(1)
     else:
-      called = re.search(r"calls=%?([\w.\-]+)", line)
+      called = _CALLS.search(line)
       if called:
         calls[m.group(1)] = called.group(1)
   for name, computation in calls.items():
@@ -53,7 +57,7 @@ def op_shapes(hlo_text: str) -> dict[str, str]:
   """HLO instruction name -> its result type without layout, e.g. ``'bf16[4,8,2048,1216]'``."""
   out = {}
   for line in hlo_text.splitlines():
-    m = re.match(r"\s*(?:ROOT )?%?([\w.\-]+) = (\(.*?\)|\w+\[[\d,]*\])", line)
+    m = _TYPED.match(line)
     if m:
       out[m.group(1)] = m.group(2)
   return out
@@ -80,7 +84,7 @@ def _instructions(hlo_text: str) -> dict[str, list[tuple[str, str, str, list[str
       operands = re.findall(r"%([\w.\-]+)", re.sub(r"/\*.*?\*/", "", m.group(4)))
       if m.group(3) == "parameter":
         operands = [m.group(4)]           # its index
-      called = re.search(r"calls=%?([\w.\-]+)", line)
+      called = _CALLS.search(line)
       current.append((m.group(1), m.group(2), m.group(3), operands,
                       called.group(1) if called else ""))
   return out
