@@ -58,6 +58,7 @@ STEP_TARGETS = {"hc": ("HC", "hc_over_preln"),
 # saved once); under dots_saveable it replays each branch's VJP from the saved matmuls:
 # 1.13x Pre-LN vs 1.17x recomputing them (nothing_saveable), at 1.06x vs 0.95x Pre-LN's peak.
 REMAT = {"default": "dots_saveable"}
+ANCHOR = "preln@first_shape"
 REMAT_CHOICES = ("none", "nothing_saveable", "dots_saveable")
 
 
@@ -226,6 +227,30 @@ def design_spec(spec: str, flag: str = "--designs") -> tuple[str, dict[str, Any]
                        "design[:field=value...], e.g. mhc:sinkhorn_kernel=pallas")
     overrides[key] = _parse_value(value)
   return name, overrides
+
+
+def shape_spec(spec: str, n_heads: int, flag: str = "--shapes") -> tuple[int, int]:
+  """``'32x256'`` -> ``(32, 256)``: layers x d_model, both positive, d_model a multiple of the
+  preset's ``n_heads``. Anything else raises ValueError naming ``flag`` and the entry."""
+  layers, sep, width = spec.strip().partition("x")
+  if not (sep and layers.isdigit() and width.isdigit() and int(layers) > 0 and int(width) > 0):
+    raise ValueError(f"{flag} entry {spec!r}: not LxD; allowed: positive integers "
+                     f"n_layers x d_model, e.g. 8x512,32x256")
+  if int(width) % n_heads:
+    raise ValueError(f"{flag} entry {spec!r}: d_model {width} is not a multiple of the "
+                     f"preset's n_heads {n_heads}")
+  return int(layers), int(width)
+
+
+def result_path(out: str, device: str, preset: str, remat: str = "", designs: bool = False,
+                shapes: bool = False) -> str:
+  """``<out>/results-<device>[-<preset>][-remat-<policy>][-designs][-shapes].json``: the
+  default run of a device (``cpu`` or ``gpu400m`` preset, its own designs and shapes) owns
+  ``results-<device>.json``; a run that overrides any of them writes beside it."""
+  suffix = ("" if preset in ("cpu", "gpu400m") else f"-{preset}") + (
+      f"-remat-{remat}" if remat else "") + ("-designs" if designs else "") + (
+      "-shapes" if shapes else "")
+  return os.path.join(out, f"results-{device}{suffix}.json")
 
 
 def _parse_value(text: str):
@@ -427,8 +452,11 @@ def run_bench(p: Preset, log=print, save_partial: Callable[[dict], None] | None 
   peaks = []
 
   train_rows = []
+  # Pre-LN at the first shape, timed again beside every later shape: each design's step over it
+  # (``step_over_first_preln``) is the cost of depth at iso-parameters, paired per round.
+  anchor = None
   for shape in shapes:
-    n_layers, d_model = (int(x) for x in shape.split("x"))
+    n_layers, d_model = shape_spec(shape, p.n_heads)
     compiled = {}
     for design in designs:
       try:
@@ -454,7 +482,11 @@ def run_bench(p: Preset, log=print, save_partial: Callable[[dict], None] | None 
         runners["hf_llama_torch"] = hf
         runners["matmul_torch"] = torch_matmul_runner(p.matmul_n, p.matmul_reps)
     runners["matmul"] = matmul
+    if anchor is not None:
+      runners[ANCHOR] = step_runner(anchor)
     times = interleaved(runners, p.rounds, log=log)
+    first = times.pop(ANCHOR, times["preln"])
+    result.setdefault("first_preln_s_all", {})[shape] = first
     med = {k: statistics.median(v) for k, v in times.items()}
     hf_time = med.pop("hf_llama_torch", None)
     torch_peak = 2.0 * p.matmul_n ** 3 * p.matmul_reps / med.pop("matmul_torch", float("inf"))
@@ -470,6 +502,8 @@ def run_bench(p: Preset, log=print, save_partial: Callable[[dict], None] | None 
              "model_flops_per_s": c.flops_per_step / t, "mfu": c.flops_per_step / t / peak,
              "step_over_preln": t / med["preln"],
              "step_over_preln_rounds": paired_ratio_band(times[design], times["preln"]),
+             "step_over_first_preln": t / statistics.median(first),
+             "step_over_first_preln_rounds": paired_ratio_band(times[design], first),
              "peak_bytes": c.peak_bytes,
              "peak_over_preln": c.peak_bytes / base.peak_bytes, "compile_s": c.compile_s,
              "remat_policy": c.cfg.remat_policy, "attention": attention_impl(c.cfg)}
@@ -484,6 +518,7 @@ def run_bench(p: Preset, log=print, save_partial: Callable[[dict], None] | None 
         row["hf_mfu"] = c.flops_per_step / hf_time / torch_peak
         row["ours_over_hf_at_equal_gemm"] = row["hf_mfu"] / row["mfu"]
       train_rows.append(row)
+    anchor = anchor or base
     del compiled, runners
     # The allocator's high-water mark after this shape (cumulative: it is never reset).
     result.setdefault("device_memory", {})[shape] = device_memory()
@@ -493,8 +528,8 @@ def run_bench(p: Preset, log=print, save_partial: Callable[[dict], None] | None 
     save_partial(result)
 
   shallow, deep = p.compile_layers
-  cfgs = {L: bench_config(p, "preln", L, p.d_model if not p.shapes else
-                          int(p.shapes[0].split("x")[1])) for L in (shallow, deep)}
+  width = shape_spec(shapes[0], p.n_heads)[1]
+  cfgs = {L: bench_config(p, "preln", L, width) for L in (shallow, deep)}
   ct: dict[int, list[float]] = {shallow: [], deep: []}
   for _ in range(p.compile_rounds):
     for L in (shallow, deep):
@@ -562,6 +597,27 @@ def hf_target_needs(pre: dict, target: float) -> str:
           f"{max(0.0, 1 - mfu) * 100:.0f}% of the step")
 
 
+def depth_cost_table(rows: Sequence[dict]) -> list[str]:
+  """Markdown lines (none for one shape): each design's step over Pre-LN at the first shape,
+  per shape, with the per-round IQR; the first shape's Pre-LN is timed in every shape's rounds,
+  so each entry is paired within rounds like ``x Pre-LN``."""
+  shapes = list(dict.fromkeys(r["shape"] for r in rows))
+  if len(shapes) < 2 or any("step_over_first_preln" not in r for r in rows):
+    return []
+  cell = {(r["design"], r["shape"]): r for r in rows}
+  lines = ["", f"Cost of depth: step over Pre-LN at {shapes[0]} (timed in the same rounds; "
+           "per-round IQR)", "", "| design | " + " | ".join(shapes) + " |",
+           "|---|" + "---|" * len(shapes)]
+  for design in dict.fromkeys(r["design"] for r in rows):
+    entries = []
+    for shape in shapes:
+      r = cell.get((design, shape))
+      entries.append("n/a" if r is None else f"{r['step_over_first_preln']:.3f} "
+                     f"({_band(r['step_over_first_preln_rounds'])})")
+    lines.append(f"| {design} | " + " | ".join(entries) + " |")
+  return lines
+
+
 def render(result: dict) -> str:
   lines = [f"DepthBench bench on {result['device']} ({result['device_kind']}, "
            f"{result['cpu_count']} CPUs, {result.get('host_cpu', 'unknown CPU')}), code "
@@ -582,6 +638,7 @@ def render(result: dict) -> str:
                  f"{r['compile_s']:.1f} |")
   lines += [f"| {key.split()[0]} | {key.split()[1]} | failed: {message} |"
             for key, message in result.get("failed", {}).items()]
+  lines += depth_cost_table(result["train"])
   pre = next((r for r in result["train"] if r["design"] == "preln" and "hf_step_s" in r), None)
   if pre:
     lines += ["", f"Pre-LN step {1e3 * pre['step_s']:.1f} ms vs HF LlamaForCausalLM (torch) "
@@ -677,12 +734,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = dataclasses.replace(p, attention_kernel=args.attention_kernel)
   if args.shapes:
     p = dataclasses.replace(p, shapes=tuple(s.strip() for s in args.shapes.split(",")))
+    for spec in p.shapes:
+      try:
+        shape_spec(spec, p.n_heads)
+      except ValueError as e:
+        ap.error(str(e))
   if args.remat:
     p = dataclasses.replace(p, remat=args.remat)
   os.makedirs(args.out, exist_ok=True)
-  suffix = ("" if name in ("cpu", "gpu400m") else f"-{name}") + (
-      f"-remat-{args.remat}" if args.remat else "") + ("-designs" if args.designs else "")
-  path = os.path.join(args.out, f"results-{device_name()}{suffix}.json")
+  path = result_path(args.out, device_name(), name, args.remat, bool(args.designs),
+                     bool(args.shapes))
 
   def save(result, path=path):
     result["preset_name"] = name

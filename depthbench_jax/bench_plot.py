@@ -6,7 +6,8 @@ step over Pre-LN's median step), the whisker the interquartile range of the per-
 from the bar's top, or the whisker spans a target, the run cannot tell that ratio apart from
 its noise. Step-time targets are dashed ticks on their designs' bars at the first shape (where
 the verdict checks them). Right panel: peak memory (``memory_analysis`` of the compiled step)
-over Pre-LN's, exact, no whiskers.
+over Pre-LN's, exact, no whiskers. With several shapes a third panel draws the cost of depth:
+each design's step over Pre-LN at the first shape (``step_over_first_preln``), whiskered alike.
 """
 
 from __future__ import annotations
@@ -19,15 +20,27 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
+def _whiskered_bars(ax, xs, values, bands, width, label):
+  """Bars at ``values`` with the per-round IQR ``bands`` as whiskers around their medians."""
+  ax.bar(xs, values, width * 0.9, label=label, alpha=0.8)
+  ax.errorbar(xs, [b["median"] for b in bands],
+              yerr=[[b["median"] - b["q1"] for b in bands], [b["q3"] - b["median"] for b in bands]],
+              fmt="o", ms=3, color="black", capsize=3, lw=1)
+
+
 def plot_bench(rows: Sequence[dict], path: str, targets: dict[str, float], title: str) -> str:
-  """Writes the two-panel PNG of the bench's ``train`` rows to ``path``; returns ``path``.
+  """Writes the two- (three-, with several shapes) panel PNG of the bench's ``train`` rows to ``path``; returns ``path``.
 
   ``targets``: design -> its step-over-Pre-LN target, drawn at the first shape.
   """
   designs = list(dict.fromkeys(r["design"] for r in rows))
   shapes = list(dict.fromkeys(r["shape"] for r in rows))
   width = 0.8 / len(shapes)
-  fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(max(9.0, 1.1 * len(designs) + 3), 4.4))
+  depth = len(shapes) > 1 and all("step_over_first_preln" in r for r in rows)
+  panels = 3 if depth else 2
+  fig, axes = plt.subplots(1, panels, figsize=(max(9.0, 1.1 * len(designs) + 3) * panels / 2,
+                                               4.4))
+  ax_t, ax_m = axes[0], axes[1]
   for s, shape in enumerate(shapes):
     by_design = {r["design"]: r for r in rows if r["shape"] == shape}
     xs = [d + (s - (len(shapes) - 1) / 2) * width for d in range(len(designs))]
@@ -36,19 +49,21 @@ def plot_bench(rows: Sequence[dict], path: str, targets: dict[str, float], title
     step = [r["step_over_preln"] for _, r in present]
     bands = [r.get("step_over_preln_rounds") or {"q1": v, "median": v, "q3": v}
              for (_, r), v in zip(present, step)]
-    ax_t.bar(px, step, width * 0.9, label=shape, alpha=0.8)
-    ax_t.errorbar(px, [b["median"] for b in bands],
-                  yerr=[[b["median"] - b["q1"] for b in bands],
-                        [b["q3"] - b["median"] for b in bands]],
-                  fmt="o", ms=3, color="black", capsize=3, lw=1)
+    _whiskered_bars(ax_t, px, step, bands, width, shape)
+    if depth:
+      _whiskered_bars(axes[2], px, [r["step_over_first_preln"] for _, r in present],
+                      [r["step_over_first_preln_rounds"] for _, r in present], width, shape)
     ax_m.bar(px, [r["peak_over_preln"] for _, r in present], width * 0.9, label=shape,
              alpha=0.8)
     for x, r in present:
       if s == 0 and r["design"] in targets:
         ax_t.hlines(targets[r["design"]], x - width / 2, x + width / 2, colors="red",
                     linestyles="dashed", lw=1.5)
-  for ax, panel in ((ax_t, "train step / Pre-LN (bar: median ratio; whisker: per-round IQR)"),
-                    (ax_m, "peak memory / Pre-LN (memory_analysis)")):
+  titles = [(ax_t, "train step / Pre-LN (bar: median ratio; whisker: per-round IQR)"),
+            (ax_m, "peak memory / Pre-LN (memory_analysis)")]
+  if depth:
+    titles.append((axes[2], f"cost of depth: train step / Pre-LN at {shapes[0]}"))
+  for ax, panel in titles:
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set_xticks(range(len(designs)), designs, rotation=35, ha="right", fontsize=8)
     ax.set_title(panel, fontsize=9)

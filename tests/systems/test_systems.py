@@ -231,6 +231,41 @@ def test_bench_quick_mode(tmp_path, capsys):
     assert "--replot=" in capsys.readouterr().err
 
 
+def test_bench_shapes_are_checked_and_named_in_the_result_file(tmp_path, capsys):
+  """A bad ``--shapes`` entry is one error naming the entry before anything compiles; a run
+  with its own shapes writes beside the device's default result, never over it."""
+  from depthbench_jax import bench
+  assert bench.shape_spec(" 32x256", 8) == (32, 256)
+  for spec, message in (("32*256", "not LxD"), ("0x256", "not LxD"),
+                        ("8x100", "not a multiple of the preset's n_heads 8")):
+    with pytest.raises(ValueError, match=message):
+      bench.shape_spec(spec, 8)
+  with pytest.raises(SystemExit):
+    bench.main(["--shapes", "8x512,8x-1", "--out", str(tmp_path)])
+  assert "--shapes entry '8x-1': not LxD" in capsys.readouterr().err
+  assert not list(tmp_path.iterdir())
+  assert bench.result_path("b", "cpu", "cpu") == os.path.join("b", "results-cpu.json")
+  assert bench.result_path("b", "nvidia-h200", "gpu400m", shapes=True) == os.path.join(
+      "b", "results-nvidia-h200-shapes.json")
+  assert bench.result_path("b", "cpu", "quick", "none", True, True) == os.path.join(
+      "b", "results-cpu-quick-remat-none-designs-shapes.json")
+
+
+def test_depth_cost_table_reads_each_design_against_the_first_shapes_preln():
+  from depthbench_jax import bench
+  band = lambda m: {"q1": m - 0.01, "median": m, "q3": m + 0.01}
+  rows = [{"design": d, "shape": s, "step_over_first_preln": v,
+           "step_over_first_preln_rounds": band(v)}
+          for d, s, v in (("preln", "8x512", 1.0), ("hc", "8x512", 1.09),
+                          ("preln", "32x256", 1.2), ("hc", "32x256", 1.5))]
+  assert bench.depth_cost_table(rows) == [
+      "", "Cost of depth: step over Pre-LN at 8x512 (timed in the same rounds; per-round IQR)",
+      "", "| design | 8x512 | 32x256 |", "|---|---|---|",
+      "| preln | 1.000 (0.990-1.010) | 1.200 (1.190-1.210) |",
+      "| hc | 1.090 (1.080-1.100) | 1.500 (1.490-1.510) |"]
+  assert bench.depth_cost_table([r for r in rows if r["shape"] == "8x512"]) == []
+
+
 def test_bench_design_specs_carry_residual_overrides(capsys):
   """``--designs=mhc:sinkhorn_kernel=pallas`` times a design with changed residual fields;
   a malformed entry or an unknown design is one clear error naming the entry."""
@@ -315,6 +350,17 @@ def test_bench_accelerator_preset_runs_in_miniature():
     assert r["step_s"] > 0 and r["peak_bytes"] > 0 and np.isfinite(r["step_over_preln"])
   assert {c["check"] for c in result["verdict"]} >= {"MFU Pre-LN 2x64", "HC / Pre-LN step 2x64"}
   assert "hf_step_s" not in result["train"][0]
+  # The cost of depth: every step over Pre-LN at the first shape, whose steps were timed again
+  # in the second shape's rounds (its own there, not the first block's).
+  first = result["first_preln_s_all"]
+  assert len(first["4x48"]) == p.rounds and first["4x48"] != first["2x64"]
+  for r in result["train"]:
+    np.testing.assert_allclose(r["step_over_first_preln"],
+                               np.median(r["step_s_all"]) / np.median(first[r["shape"]]))
+  pre_first = next(r for r in result["train"] if r["design"] == "preln" and r["shape"] == "2x64")
+  assert pre_first["step_over_first_preln_rounds"]["median"] == 1.0
+  table = bench.render(result)
+  assert "Cost of depth: step over Pre-LN at 2x64" in table and "| hc | " in table
 
 
 def test_profile_step_names_model_parts():
