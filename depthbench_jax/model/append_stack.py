@@ -15,6 +15,11 @@ holds here too: the buffer layer ``l`` read equals the *final* buffer with the s
   ``dbuffer`` at its slots (every later read has added into them by then); its VJP gives the
   parameter gradient, ``dx_l``, and the read's cotangent, which lands on earlier slots only.
 
+Layer ``l`` reads slots ``< width * l`` only, so the layers run in ``SEGMENTS`` scans, a segment
+``[a, b)`` carrying only the first ``width * b`` slots (its reads, its VJP's full-size buffer
+cotangent and their adds then cover 5/8 of the slots on average over 4 segments, not all; the
+masked rest of a prefix still takes part).
+
 Each layer is recomputed once in the backward whatever the remat policy (the forward cannot
 keep residuals that hold the buffer without keeping L of them), which is what the suites'
 ``nothing_saveable`` does anyway. ``tests/model/test_append_stack.py`` checks loss and every
@@ -30,6 +35,8 @@ import jax
 import jax.numpy as jnp
 
 Array = jax.Array
+# Layer segments, each carrying only the buffer prefix its layers reach (``segments``).
+SEGMENTS = 4
 # layer(params_l, x [B,T,d], buffers {name: array}, l) -> (x_next, writes {name: the slots
 # [width*l, width*(l+1)) along the slot axis}); reads of ``buffers`` see slots < width*l only.
 Layer = Callable[[Any, Array, dict, Array], tuple[Array, dict]]
@@ -44,20 +51,47 @@ def append_buffer_stack(layer: Layer, axis: int, width: int, params: Any, x: Arr
   return _stack(layer, axis, width, params, x, buffers)
 
 
+def segments(n_layers: int, n_segments: int | None = None) -> list[tuple[int, int]]:
+  """``n_segments`` (default ``SEGMENTS``) contiguous layer ranges ``[a, b)`` of near-equal
+  length covering ``0..n_layers-1`` (fewer when there are fewer layers)."""
+  k = max(1, min(SEGMENTS if n_segments is None else n_segments, n_layers))
+  bounds = [round(i * n_layers / k) for i in range(k + 1)]
+  return [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+
+
+def _prefix(buffers: dict, n_slots: int, axis: int) -> dict:
+  return {n: jax.lax.slice_in_dim(b, 0, n_slots, axis=axis) for n, b in buffers.items()}
+
+
+def _put_prefix(buffers: dict, prefix: dict, axis: int) -> dict:
+  return {n: jax.lax.dynamic_update_slice_in_dim(buffers[n], prefix[n], 0, axis)
+          for n in buffers}
+
+
+def _layer_params(params: Any, l: Array) -> Any:
+  return jax.tree.map(lambda t: jax.lax.dynamic_index_in_dim(t, l, keepdims=False), params)
+
+
 def _write(buffers: dict, writes: dict, start: Array, axis: int) -> dict:
   return {n: jax.lax.dynamic_update_slice_in_dim(buffers[n], writes[n].astype(buffers[n].dtype),
                                                  start, axis) for n in buffers}
 
 
 def _forward(layer, axis, width, params, x, buffers, save: bool):
-  def step(carry, xs):
+  """The layers segment by segment; a segment ``[a, b)`` carries only the first ``width * b``
+  slots, all that its layers read or write. Returns ``((x, buffers), per-segment inputs)``."""
+  def step(carry, l):
     x, buffers = carry
-    p, l = xs
-    x_next, writes = layer(p, x, buffers, l)
+    x_next, writes = layer(_layer_params(params, l), x, buffers, l)
     return (x_next, _write(buffers, writes, width * l, axis)), (x if save else None)
 
-  n_layers = jax.tree.leaves(params)[0].shape[0]
-  return jax.lax.scan(step, (x, buffers), (params, jnp.arange(n_layers)))
+  inputs = []
+  for a, b in segments(jax.tree.leaves(params)[0].shape[0]):
+    (x, prefix), seg_inputs = jax.lax.scan(step, (x, _prefix(buffers, width * b, axis)),
+                                           jnp.arange(a, b))
+    buffers = _put_prefix(buffers, prefix, axis)
+    inputs.append(seg_inputs)
+  return (x, buffers), tuple(inputs)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
@@ -71,25 +105,32 @@ def _stack_fwd(layer, axis, width, params, x, buffers):
 
 
 def _stack_bwd(layer, axis, width, res, cotangents):
-  params, inputs, buffers = res            # per layer its input x_l; the final buffer, once
+  params, inputs, buffers = res    # per segment its layers' inputs x_l; the final buffer, once
   g_x, g_buffers = cotangents
 
   def step(carry, xs):
-    g_x, g_buffers = carry
-    p, x_l, l = xs
+    g_x, g_buffers, read = carry
+    x_l, l = xs
     start = width * l
     g_writes = {n: jax.lax.dynamic_slice_in_dim(g, start, width, axis)
                 for n, g in g_buffers.items()}
     # The written slots' cotangents are consumed here: the slots held nothing before.
     g_buffers = {n: jax.lax.dynamic_update_slice_in_dim(g, jnp.zeros_like(g_writes[n]), start,
                                                         axis) for n, g in g_buffers.items()}
-    _, vjp = jax.vjp(lambda p, x, b: layer(p, x, b, l), p, x_l, buffers)
+    _, vjp = jax.vjp(lambda p, x, b: layer(p, x, b, l), _layer_params(params, l), x_l, read)
     g_p, g_x, g_read = vjp((g_x, g_writes))
-    return (g_x, jax.tree.map(jnp.add, g_buffers, g_read)), g_p
+    return (g_x, jax.tree.map(jnp.add, g_buffers, g_read), read), g_p
 
+  g_params = []
   n_layers = jax.tree.leaves(params)[0].shape[0]
-  (g_x, g_buffers), g_params = jax.lax.scan(
-      step, (g_x, g_buffers), (params, inputs, jnp.arange(n_layers)), reverse=True)
+  for (a, b), seg_inputs in reversed(list(zip(segments(n_layers), inputs))):
+    n_slots = width * b
+    (g_x, g_prefix, _), g_p = jax.lax.scan(
+        step, (g_x, _prefix(g_buffers, n_slots, axis), _prefix(buffers, n_slots, axis)),
+        (seg_inputs, jnp.arange(a, b)), reverse=True)
+    g_buffers = _put_prefix(g_buffers, g_prefix, axis)
+    g_params.insert(0, g_p)
+  g_params = jax.tree.map(lambda *parts: jnp.concatenate(parts), *g_params)
   return g_params, g_x, g_buffers
 
 

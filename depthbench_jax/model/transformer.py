@@ -77,9 +77,11 @@ class Block(nn.Module):
 
   def append_layer(self, x, buffers, layer, positions):
     """The layer for ``model/append_stack.py``: ``(x, buffers) -> (x', writes)`` with the
-    presence of an ungated stack before ``layer``; writes = its slots of each buffer."""
+    presence of an ungated stack before ``layer``; writes = its slots of each buffer. The
+    buffers may be a prefix of the slots (the stack's segments); presence is cut to match."""
     spec = registry.get(self.cfg.design).append_buffer
-    state = {"x": x, **buffers, "presence": spec.presence(self.cfg, layer)}
+    n_slots = buffers[spec.names[0]].shape[spec.axis]
+    state = {"x": x, **buffers, "presence": spec.presence(self.cfg, layer)[:n_slots]}
     state, _, _ = _sublayers(self, state, layer, positions)
     writes = {n: jax.lax.dynamic_slice_in_dim(state[n], spec.width * layer, spec.width, spec.axis)
               for n in spec.names}

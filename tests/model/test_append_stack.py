@@ -31,7 +31,7 @@ def _loss(cfg, params, tokens, gate=None):
 
 
 @pytest.mark.parametrize("policy,residual,layout", [
-    ("nothing_saveable", {}, {}),
+    ("nothing_saveable", {}, {"model.n_layers": 5}),     # segments of 1, 1, 2 and 1 layers
     ("dots_saveable", {"ffn_kv": False}, {}),                      # attention slots only
     ("nothing_saveable", {}, {"model.n_kv_heads": 2, "model.qk_norm": True}),   # Qwen3 GQA
 ])
@@ -54,6 +54,13 @@ def test_loss_and_gradients_equal_the_plain_scan(policy, residual, layout, monke
     assert float(jnp.max(jnp.abs(want))) > 0, jax.tree_util.keystr(path)
     np.testing.assert_allclose(got, want, rtol=2e-4, atol=1e-6,
                                err_msg=jax.tree_util.keystr(path))
+
+
+def test_segments_cover_the_layers_in_order_with_near_equal_lengths():
+  assert append_stack.segments(5, 4) == [(0, 1), (1, 2), (2, 4), (4, 5)]
+  assert append_stack.segments(64, 4) == [(0, 16), (16, 32), (32, 48), (48, 64)]
+  assert append_stack.segments(3, 4) == [(0, 1), (1, 2), (2, 3)]
+  assert append_stack.segments(7, 1) == [(0, 7)]
 
 
 def test_presence_before_a_layer_marks_the_slots_of_earlier_layers():
