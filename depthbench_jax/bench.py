@@ -12,6 +12,8 @@ ratios is reported beside each ratio. Measured:
   one training uses, params donated): step time, model FLOP/s (``flops.train_flops_per_token``:
   6 N + attention + design terms; remat recompute is not counted) and MFU = that / matmul_peak;
   step time and peak memory (``memory_analysis`` of the compiled step) as ratios to Pre-LN.
+  With several shapes (``--shapes=8x512,32x256``), shape by shape, the first shape's Pre-LN
+  timed again in each later shape's rounds: ``step_over_first_preln`` is the cost of depth.
 * ``compile``: abstract compile time of the Pre-LN train step at ``deep`` vs ``shallow`` layers
   (scan keeps it flat), interleaved, median.
 * ``hf``: our Pre-LN step against Hugging Face ``LlamaForCausalLM`` (torch, same device type
