@@ -520,7 +520,8 @@ def run_bench(p: Preset, log=print, save_partial: Callable[[dict], None] | None 
         row["hf_mfu"] = c.flops_per_step / hf_time / torch_peak
         row["ours_over_hf_at_equal_gemm"] = row["hf_mfu"] / row["mfu"]
       train_rows.append(row)
-    anchor = anchor or base
+    if anchor is None:
+      anchor = base
     del compiled, runners
     # The allocator's high-water mark after this shape (cumulative: it is never reset).
     result.setdefault("device_memory", {})[shape] = device_memory()

@@ -29,7 +29,8 @@ def _whiskered_bars(ax, xs, values, bands, width, label):
 
 
 def plot_bench(rows: Sequence[dict], path: str, targets: dict[str, float], title: str) -> str:
-  """Writes the two- (three-, with several shapes) panel PNG of the bench's ``train`` rows to ``path``; returns ``path``.
+  """Writes the PNG of the bench's ``train`` rows to ``path`` (two panels; a third, the cost of
+  depth, with several shapes); returns ``path``.
 
   ``targets``: design -> its step-over-Pre-LN target, drawn at the first shape.
   """
