@@ -3,8 +3,9 @@
 # gpu400m shape (16x1216, bf16, batch 8 x 2048, cuDNN attention, dots_saveable):
 #   * the bench for every design but the four norm variants, and mHC with its Sinkhorn as a
 #     Pallas kernel (BENCH_DESIGNS; a candidate that fails to compile is reported, not fatal),
-#     interleaved: results-<device>-designs.json and bench-designs.log (replot the PNG here
-#     with `python -m depthbench_jax.bench --replot=<json>`);
+#     interleaved: results-<device>-designs-shapes.json (the bench's name for a run with its
+#     own --designs and --shapes) and bench-designs.log (replot the PNG here with
+#     `python -m depthbench_jax.bench --replot=<json>`);
 #   * profile_step with XLA:GPU's command buffers off (each kernel its own trace event, mapped
 #     to the model by its hlo_op), with the compiled step's HLO, for PROFILE_DESIGNS each
 #     against Pre-LN (--baseline) and PROFILE_ONLY_DESIGNS alone: profiles.tar.gz holds
@@ -12,6 +13,9 @@
 # For the device tool, like gpu_bench.sh:
 #   run(command="DEPTHBENCH_COMMIT=<sha> bash benchmarks/gpu_profile.sh", carry=[".whl"],
 #       timeout_s=540)   # ~6 min: the bench of 7 candidates, then 6 profiles
+# Test it locally first (the quick preset; ~80 s on 2 CPU cores):
+#   OUT=/tmp/gp PYTHON=.venv/bin/python BENCH_PRESET=quick BENCH_SHAPE=2x64 BENCH_ROUNDS=2 \
+#   bash benchmarks/gpu_profile.sh
 set -uo pipefail
 # shellcheck source=benchmarks/device_env.sh
 source "$(dirname "$0")/device_env.sh"
@@ -20,7 +24,7 @@ PRESET=${BENCH_PRESET:-gpu400m}
   --designs="${BENCH_DESIGNS:-preln,hc,mhc,mhc:sinkhorn_kernel=pallas,attnres_full,attnres_block,moda}" \
   --shapes="${BENCH_SHAPE:-16x1216}" --rounds="${BENCH_ROUNDS:-10}" --out="$OUT_DIR" 2>&1 \
   | tee "$OUT_DIR/bench-designs.log"
-rm -f "$OUT_DIR"/results-*-designs.png
+rm -f "$OUT_DIR"/results-*-designs*.png
 PROFILES="$OUT_DIR/profiles"
 mkdir -p "$PROFILES"
 profile() {  # design [extra flags]: file names without ':' and '='
@@ -30,10 +34,10 @@ profile() {  # design [extra flags]: file names without ':' and '='
     --steps=3 --top=45 --hlo_out="$PROFILES/hlo-$file.txt" "$@" 2>&1 \
     | tee "$PROFILES/profile-$file.txt"
 }
-for design in ${PROFILE_DESIGNS:-hc attnres_full}; do
+for design in ${PROFILE_DESIGNS-hc attnres_full}; do
   profile "$design" --baseline=preln
 done
-for design in ${PROFILE_ONLY_DESIGNS:-mhc:sinkhorn_kernel=pallas moda}; do
+for design in ${PROFILE_ONLY_DESIGNS-mhc:sinkhorn_kernel=pallas moda}; do
   profile "$design"
 done
 tar czf "$OUT_DIR/profiles.tar.gz" -C "$OUT_DIR" profiles && rm -rf "$PROFILES"

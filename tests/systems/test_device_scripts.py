@@ -1,0 +1,42 @@
+"""The device machine's scripts run end to end on the CPU in miniature.
+
+A device lease is rare and short (15 minutes a session), so a script that fails on a flag, a
+file name or a missing output wastes it; here each runs on the quick preset and its outputs are
+checked for what the device run is meant to bring back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.mark.slow
+def test_gpu_profile_script_benches_and_profiles_in_miniature(tmp_path):
+  env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable, "JAX_PLATFORMS": "cpu",
+         "BENCH_PRESET": "quick", "BENCH_SHAPE": "2x64", "BENCH_ROUNDS": "2",
+         "BENCH_DESIGNS": "preln,hc", "PROFILE_DESIGNS": "hc",
+         "PROFILE_ONLY_DESIGNS": "mhc:sinkhorn_kernel=pallas"}
+  run = subprocess.run(["bash", "benchmarks/gpu_profile.sh"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=300)
+  assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+  # The device tool brings back at most 8 files: the log, the JSON and one archive.
+  assert sorted(os.listdir(tmp_path)) == ["bench-designs.log", "profiles.tar.gz",
+                                          "results-cpu-quick-designs-shapes.json"]
+  with open(tmp_path / "results-cpu-quick-designs-shapes.json") as f:
+    result = json.load(f)
+  assert [(row["design"], row["shape"]) for row in result["train"]] == [
+      ("preln", "2x64"), ("hc", "2x64")]
+  with tarfile.open(tmp_path / "profiles.tar.gz") as tar:
+    members = {m.name: m for m in tar.getmembers() if m.isfile()}
+    assert set(members) == {f"profiles/{kind}-{name}.txt" for kind in ("profile", "hlo")
+                            for name in ("hc", "mhc_sinkhorn_kernel_pallas")}
+    hc_profile = tar.extractfile(members["profiles/profile-hc.txt"]).read().decode()
+  assert "hc over preln" in hc_profile and "per part (ms/step)" in hc_profile
