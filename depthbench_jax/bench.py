@@ -245,13 +245,14 @@ def shape_spec(spec: str, n_heads: int, flag: str = "--shapes") -> tuple[int, in
 
 
 def result_path(out: str, device: str, preset: str, remat: str = "", designs: bool = False,
-                shapes: bool = False) -> str:
-  """``<out>/results-<device>[-<preset>][-remat-<policy>][-designs][-shapes].json``: the
-  default run of a device (``cpu`` or ``gpu400m`` preset, its own designs and shapes) owns
-  ``results-<device>.json``; a run that overrides any of them writes beside it."""
+                shapes: bool = False, kind: str = "") -> str:
+  """``<out>/results-<device>[-<preset>][-remat-<policy>][-designs][-shapes][-<kind>].json``:
+  the default run of a device (``cpu`` or ``gpu400m`` preset, its own designs and shapes) owns
+  ``results-<device>.json``; a run that overrides any of them writes beside it, and another
+  bench (``kind``, e.g. ``decode``) beside that."""
   suffix = ("" if preset in ("cpu", "gpu400m") else f"-{preset}") + (
       f"-remat-{remat}" if remat else "") + ("-designs" if designs else "") + (
-      "-shapes" if shapes else "")
+      "-shapes" if shapes else "") + (f"-{kind}" if kind else "")
   return os.path.join(out, f"results-{device}{suffix}.json")
 
 

@@ -38,7 +38,12 @@ Array = jax.Array
 
 def supports_kv_cache(cfg: ModelConfig) -> bool:
   """True when the design attends with the default hook, so per-layer K/V caching is exact."""
-  return registry.get(cfg.design).layer.attend is LayerWiring.attend
+  return design_supports_kv_cache(cfg.design)
+
+
+def design_supports_kv_cache(design: str) -> bool:
+  """``supports_kv_cache`` by the design's registered name."""
+  return registry.get(design).layer.attend is LayerWiring.attend
 
 
 def init_cache(cfg: ModelConfig, batch: int, max_len: int) -> Any:

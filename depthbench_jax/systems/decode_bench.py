@@ -1,0 +1,346 @@
+"""``python -m depthbench_jax.systems.decode_bench``: the inference cost of depth, measured.
+
+The paper counts prefill FLOPs and KV bytes. At a fixed parameter count a deep-narrow model also
+runs more, smaller steps one after another for every token it generates, which neither count
+shows. Here, for each design at each shape, everything is timed side by side in one process
+(``bench.interleaved``: each round calls every candidate once, the order rotated):
+
+* ``token``: one greedy decode step at batch B with ``context`` tokens in the per-layer KV
+  cache (``model/decode.py``'s cached step, the cache donated and written in place): the new
+  token through every layer, attention over the ``context + 1`` cached slots, the LM head and
+  the argmax. The cache index is set back to ``context`` before each call, so every call does
+  the same work.
+* ``prefill``: the forward that fills the cache with ``context`` tokens (time to first token).
+
+Beside each decode time: the bytes a step has to read, every weight once (the input table only
+for its B rows) plus the cache (``2 L K hd (context + 1) B``), and the rate that makes. A step
+near the host's memory bandwidth is bound by those bytes; one well below it by the per-layer
+work that depth adds. Every time is also given over the first shape's Pre-LN (same context and
+layer loop), paired round by round like the train bench's ratios.
+
+``--loops=scan,unrolled`` times both layer loops: ``nn.scan`` over stacked weights (what
+training and ``greedy_generate`` run) and one block per layer. Designs whose attention is not
+the backbone's (MoDA reads depth K/V that the cache does not hold) decode by full recompute
+(``decode.supports_kv_cache``) and are refused here with that reason.
+
+Writes ``OUT/results-<device>-decode.json`` and ``.png`` and prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import os
+import statistics
+import sys
+import time
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from depthbench_jax import bench, hostmem
+
+DESIGNS = ("preln", "hc", "mhc", "attnres_full", "attnres_block")
+SHAPES = ("8x512", "16x368", "32x256", "64x176")  # bench_plot's depth run: ~26M per layer stack
+LOOPS = ("scan", "unrolled")
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+  """One timed candidate: a design (with ``bench.design_spec`` overrides) at a shape, a context
+  and a layer loop."""
+  design: str
+  shape: str
+  context: int
+  loop: str
+
+  @property
+  def name(self) -> str:
+    return f"{self.design}@{self.shape}@ctx{self.context}@{self.loop}"
+
+  @property
+  def anchor(self) -> tuple[int, str]:
+    """Cases sharing it are compared against one Pre-LN."""
+    return self.context, self.loop
+
+
+def decode_config(p: bench.Preset, case: Case):
+  """The ``ModelConfig`` of ``case`` for inference: the preset's dtype for params and compute,
+  no remat, room for ``context + 1`` positions, scanned or unrolled layers."""
+  from depthbench_jax.model.config import model_config_from
+  from depthbench_jax.systems.xla import inference_config
+  n_layers, d_model = bench.shape_spec(case.shape, p.n_heads)
+  cfg = model_config_from(bench.bench_config(p, case.design, n_layers, d_model).model)
+  return dataclasses.replace(inference_config(cfg, p.dtype), max_seq_len=case.context + 1,
+                             scan_layers=case.loop == "scan")
+
+
+def bytes_per_step(cfg, params: Any, context: int, batch: int) -> int:
+  """What one decode step must read: every parameter once, except the input table, of which
+  only the ``batch`` looked-up rows; plus the K/V cache of ``context + 1`` slots."""
+  from depthbench_jax.systems.costs import kv_cache_bytes
+  leaves = jax.tree.leaves(params)
+  weights = sum(x.size * x.dtype.itemsize for x in leaves)
+  table = params["embed"]["embedding"]
+  weights -= table.size * table.dtype.itemsize - batch * table.shape[1] * table.dtype.itemsize
+  if cfg.tie_embeddings:  # The LM head reads the whole table.
+    weights += table.size * table.dtype.itemsize - batch * table.shape[1] * table.dtype.itemsize
+  return int(weights + kv_cache_bytes(cfg, context + 1, batch, cfg.dtype))
+
+
+@dataclasses.dataclass
+class Prepared:
+  case: Case
+  cfg: Any
+  token: Callable[[], Any]       # -> the next ids [B] after the prompt's greedy token
+  prefill: Callable[[], Any]     # -> the greedy ids [B] after the prompt
+  compile_s: float
+  params: int
+  bytes_per_step: int
+
+
+def prepare(p: bench.Preset, case: Case, batch: int) -> Prepared:
+  """Compiles ``case``'s cached step for the prefill and the decode shapes and returns one
+  callable for each (each blocks until its result is ready). Params from ``PRNGKey(0)``, the
+  prompt [B, context] from ``PRNGKey(1)``; every ``token()`` call decodes the same position
+  from the same cache, the one after the prompt's own greedy token."""
+  import flax.linen as nn
+
+  from depthbench_jax.model import decode
+  from depthbench_jax.model.transformer import init_params
+  cfg = decode_config(p, case)
+  params = nn.unbox(init_params(cfg, jax.random.PRNGKey(0)))
+  step = decode._cached_step(cfg)  # pylint: disable=protected-access
+  ctx = case.context
+
+  @functools.partial(jax.jit, donate_argnums=(1,), static_argnums=(2,))
+  def step_from(params, cache, index, tokens, positions, last):
+    """``step`` with every layer's cache index first set to ``index`` (inside the program, so
+    the reset costs no host round trip per layer)."""
+    return step(params, decode.set_cache_index(cache, jnp.full((batch,), index, jnp.int32)),
+                tokens, positions, last)
+
+  start = time.perf_counter()
+  prompt = jax.random.randint(jax.random.PRNGKey(1), (batch, ctx), 0, cfg.vocab_size, jnp.int32)
+  positions = jnp.broadcast_to(jnp.arange(ctx, dtype=jnp.int32), (batch, ctx))
+  last = jnp.full((batch,), ctx - 1, jnp.int32)
+  filled = {"cache": decode.init_cache(cfg, batch, ctx + 1)}
+  next_ids, _, filled["cache"] = step_from(params, filled["cache"], 0, prompt, positions, last)
+  decoding = {"cache": filled["cache"], "tokens": next_ids[:, None]}
+  filled["cache"] = decode.init_cache(cfg, batch, ctx + 1)  # The prefill's own buffer.
+  token_positions = jnp.full((batch, 1), ctx, jnp.int32)
+  zero = jnp.zeros((batch,), jnp.int32)
+
+  def token():
+    ids, _, decoding["cache"] = step_from(params, decoding["cache"], ctx, decoding["tokens"],
+                                          token_positions, zero)
+    return jax.block_until_ready(ids)
+
+  def prefill():
+    ids, _, filled["cache"] = step_from(params, filled["cache"], 0, prompt, positions, last)
+    return jax.block_until_ready(ids)
+
+  token()  # Compiles the decode shape (the prefill shape compiled above).
+  compile_s = time.perf_counter() - start
+  return Prepared(case=case, cfg=cfg, token=token, prefill=prefill, compile_s=compile_s,
+                  params=int(sum(x.size for x in jax.tree.leaves(params))),
+                  bytes_per_step=bytes_per_step(cfg, params, ctx, batch))
+
+
+def anchors(cases: Sequence[Case]) -> dict[Case, Case]:
+  """Each case -> the case its times are divided by: Pre-LN (else the first design) at the
+  first shape, with the same context and layer loop."""
+  first: dict[tuple[int, str], Case] = {}
+  for c in cases:
+    if c.anchor not in first or (c.design == "preln" and first[c.anchor].design != "preln"
+                                 and c.shape == first[c.anchor].shape):
+      first[c.anchor] = c
+  return {c: first[c.anchor] for c in cases}
+
+
+def rows_from_times(prepared: Sequence[Prepared], times: dict[str, list[float]],
+                    batch: int) -> list[dict]:
+  """The result rows: medians, rates and ratios to each case's anchor (``anchors``), with the
+  per-round IQR of each ratio. ``times`` holds ``<name>/token`` and ``<name>/prefill``."""
+  by_case = {p.case: p for p in prepared}
+  anchor_of = anchors([p.case for p in prepared])
+  rows = []
+  for p in prepared:
+    c, a = p.case, anchor_of[p.case]
+    token, prefill = times[f"{c.name}/token"], times[f"{c.name}/prefill"]
+    a_token, a_prefill = times[f"{a.name}/token"], times[f"{a.name}/prefill"]
+    token_s, prefill_s = statistics.median(token), statistics.median(prefill)
+    rows.append({
+        "design": c.design, "shape": c.shape, "context": c.context, "loop": c.loop,
+        "batch": batch, "n_layers": p.cfg.n_layers, "d_model": p.cfg.d_model,
+        "params": p.params, "compile_s": p.compile_s,
+        "token_ms": 1e3 * token_s, "tokens_per_s": batch / token_s,
+        "bytes_per_step": p.bytes_per_step, "read_gb_per_s": p.bytes_per_step / token_s / 1e9,
+        "prefill_ms": 1e3 * prefill_s, "prefill_tokens_per_s": batch * c.context / prefill_s,
+        "anchor": a.name,
+        "token_over_anchor": token_s / statistics.median(a_token),
+        "token_over_anchor_rounds": bench.paired_ratio_band(token, a_token),
+        "prefill_over_anchor": prefill_s / statistics.median(a_prefill),
+        "prefill_over_anchor_rounds": bench.paired_ratio_band(prefill, a_prefill),
+        "anchor_bytes_ratio": p.bytes_per_step / by_case[a].bytes_per_step,
+    })
+  return rows
+
+
+def run(p: bench.Preset, cases: Sequence[Case], batch: int, rounds: int,
+        log: Callable[[str], None] = print) -> dict:
+  prepared = []
+  for case in cases:
+    prepared.append(prepare(p, case, batch))
+    log(f"  compiled {case.name}: {prepared[-1].compile_s:.1f}s, "
+        f"{prepared[-1].params / 1e6:.1f}M params")
+  candidates = {}
+  for q in prepared:
+    candidates[f"{q.case.name}/token"] = q.token
+    candidates[f"{q.case.name}/prefill"] = q.prefill
+  times = bench.interleaved(candidates, rounds, warmup=2, log=log)
+  return {
+      "device": bench.device_name(), "device_kind": jax.devices()[0].device_kind,
+      "host_cpu": bench.host_cpu(), "cpu_count": os.cpu_count(), "jax": jax.__version__,
+      "code": bench.code_revision(), "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+      "preset": dataclasses.asdict(p), "batch": batch, "rounds": rounds,
+      "host_malloc": hostmem.describe(),
+      "rows": rows_from_times(prepared, times, batch), "times_s": times,
+  }
+
+
+def render(result: dict) -> str:
+  p = result["preset"]
+  head = (f"DepthBench decode on {result['device']} ({result['host_cpu']}, "
+          f"{result['cpu_count']} CPUs), {bench.commit_label(result)}, jax {result['jax']}, "
+          f"{p['dtype']}, batch {result['batch']}, vocab {p['vocab_size']}, "
+          f"{result['rounds']} interleaved rounds\n\n")
+  lines = ["| design | shape | context | loop | params | decode ms/token | x first Pre-LN (IQR) "
+           "| MB read/step | GB/s | prefill ms | x first Pre-LN |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+  for r in result["rows"]:
+    band = r["token_over_anchor_rounds"]
+    lines.append(
+        f"| {r['design']} | {r['shape']} | {r['context']} | {r['loop']} | "
+        f"{r['params'] / 1e6:.1f}M | {r['token_ms']:.2f} | {r['token_over_anchor']:.3f} "
+        f"({band['q1']:.3f}-{band['q3']:.3f}) | {r['bytes_per_step'] / 1e6:.0f} | "
+        f"{r['read_gb_per_s']:.1f} | {r['prefill_ms']:.1f} | {r['prefill_over_anchor']:.3f} |")
+  return head + "\n".join(lines)
+
+
+def plot(result: dict, path: str) -> str:
+  """Three panels against n_layers (log2 axis), one line per design, context and loop: decode
+  ms per token, the rate its bytes are read at, and prefill ms."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  rows = result["rows"]
+  fig, axes = plt.subplots(1, 3, figsize=(15, 4.4))
+  series = dict.fromkeys((r["design"], r["context"], r["loop"]) for r in rows)
+  several = {k: len({s[i] for s in series}) > 1 for i, k in enumerate(("design", "ctx", "loop"))}
+  for design, context, loop in series:
+    pts = sorted((r for r in rows if (r["design"], r["context"], r["loop"]) ==
+                  (design, context, loop)), key=lambda r: r["n_layers"])
+    label = " ".join([design] + ([f"ctx {context}"] if several["ctx"] else [])
+                     + ([loop] if several["loop"] else []))
+    xs = [r["n_layers"] for r in pts]
+    style = "--" if loop == "unrolled" else "-"
+    for ax, key in zip(axes, ("token_ms", "read_gb_per_s", "prefill_ms")):
+      ax.plot(xs, [r[key] for r in pts], style, marker="o", label=label)
+  shapes = sorted({(r["n_layers"], r["shape"]) for r in rows})
+  titles = ("decode step, ms per token", "decode bytes read, GB/s", "prefill, ms")
+  for ax, title in zip(axes, titles):
+    ax.set_xscale("log", base=2)
+    ax.set_xticks([n for n, _ in shapes], [s for _, s in shapes])
+    ax.set_xlabel("shape (n_layers x d_model, ~equal layer parameters)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+  axes[0].legend(fontsize=8)
+  fig.suptitle(f"Inference cost of depth on {result['device']} ({result['host_cpu']}), "
+               f"{result['preset']['dtype']}, batch {result['batch']}", fontsize=10)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path
+
+
+def parse_cases(p: bench.Preset, designs: str, shapes: str, contexts: str,
+                loops: str) -> list[Case]:
+  """The cases of the comma lists (context-major, then loop, shape, design); ValueError names
+  the flag and the allowed values of any bad entry."""
+  from depthbench_jax.model import decode
+  split = lambda text: [s.strip() for s in text.split(",") if s.strip()]
+  design_list, shape_list = split(designs), split(shapes)
+  for spec in design_list:
+    name, _ = bench.design_spec(spec)
+    if not decode.design_supports_kv_cache(name):
+      raise ValueError(f"--designs entry {spec!r}: {name} decodes by full recompute (its "
+                       "attention reads K/V the per-layer cache does not hold; "
+                       "model/decode.py), so it has no cached decode step to time")
+  for spec in shape_list:
+    bench.shape_spec(spec, p.n_heads)
+  context_list = []
+  for text in split(contexts):
+    if not text.isdigit() or int(text) < 1:
+      raise ValueError(f"--contexts entry {text!r}: allowed: positive integers (tokens already "
+                       "in the cache), e.g. 512,2048")
+    context_list.append(int(text))
+  loop_list = split(loops)
+  for loop in loop_list:
+    if loop not in LOOPS:
+      raise ValueError(f"--loops entry {loop!r}: allowed: {', '.join(LOOPS)}")
+  for flag, values in (("--designs", design_list), ("--shapes", shape_list),
+                       ("--contexts", context_list), ("--loops", loop_list)):
+    if not values:
+      raise ValueError(f"{flag}: empty; give at least one entry")
+  return [Case(d, s, c, loop) for c in context_list for loop in loop_list for s in shape_list
+          for d in design_list]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  ap.add_argument("--preset", default=None, choices=sorted(bench.PRESETS),
+                  help="vocabulary, heads and dtype (default: cpu, or gpu400m on an accelerator)")
+  ap.add_argument("--designs", default=",".join(DESIGNS))
+  ap.add_argument("--shapes", default=",".join(SHAPES), help="comma list of LxD")
+  ap.add_argument("--contexts", default="512", help="tokens in the cache, comma list")
+  ap.add_argument("--loops", default="scan", help=f"comma list of {', '.join(LOOPS)}")
+  ap.add_argument("--batch", type=int, default=1)
+  ap.add_argument("--rounds", type=int, default=15)
+  ap.add_argument("--out", default="benchmarks")
+  ap.add_argument("--replot", default="", help="re-render a saved result JSON, time nothing")
+  args = ap.parse_args(argv)
+  if args.replot:
+    with open(args.replot) as f:
+      result = json.load(f)
+    print(render(result))
+    print(f"wrote {plot(result, os.path.splitext(args.replot)[0] + '.png')}", file=sys.stderr)
+    return 0
+  name = args.preset or ("cpu" if jax.default_backend() == "cpu" else "gpu400m")
+  p = bench.PRESETS[name]
+  if args.batch < 1 or args.rounds < 1:
+    ap.error(f"--batch {args.batch} / --rounds {args.rounds}: allowed: positive integers")
+  try:
+    cases = parse_cases(p, args.designs, args.shapes, args.contexts, args.loops)
+  except ValueError as e:
+    ap.error(str(e))
+  log = lambda s: print(s, file=sys.stderr, flush=True)
+  log(f"device {bench.device_name()}: {len(cases)} cases x 2 (decode step, prefill), "
+      f"batch {args.batch}")
+  result = run(p, cases, args.batch, args.rounds, log=log)
+  result["preset_name"] = name
+  os.makedirs(args.out, exist_ok=True)
+  path = bench.result_path(args.out, result["device"], name, kind="decode")
+  with open(path, "w") as f:
+    json.dump(result, f, indent=1)
+  print(render(result))
+  print(f"wrote {path}, {plot(result, os.path.splitext(path)[0] + '.png')}", file=sys.stderr)
+  return 0
+
+
+if __name__ == "__main__":
+  hostmem.reexec_with_malloc_tunables("depthbench_jax.systems.decode_bench")
+  sys.exit(main())

@@ -1,0 +1,118 @@
+"""The decode bench: what it times is a real greedy decode step, the bytes it reads are counted
+by hand, its ratios pair rounds against the right Pre-LN, and bad flags fail before any compile.
+(No thresholds: the bench only measures.)"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+
+from depthbench_jax import bench
+from depthbench_jax.model import decode
+from depthbench_jax.model.transformer import init_params
+from depthbench_jax.systems import decode_bench
+from depthbench_jax.systems.decode_bench import Case
+
+QUICK = bench.PRESETS["quick"]   # d 32, 2 heads, vocab 64, float32
+
+
+def test_the_timed_step_is_greedy_decoding_at_the_context_and_repeats_itself():
+  """Each ``token()`` call decodes the position after the prompt's greedy token, from the same
+  cache: the ids equal ``greedy_generate``'s second token, call after call; ``prefill()`` gives
+  its first."""
+  batch, context = 2, 12
+  for design, loop in (("preln", "scan"), ("hc", "unrolled")):
+    case = Case(design, "2x32", context, loop)
+    prepared = decode_bench.prepare(QUICK, case, batch)
+    cfg = decode_bench.decode_config(QUICK, case)
+    params = nn.unbox(init_params(cfg, jax.random.PRNGKey(0)))
+    prompt = np.asarray(jax.random.randint(jax.random.PRNGKey(1), (batch, context), 0,
+                                           cfg.vocab_size))
+    generated = decode.greedy_generate(cfg, params, prompt.tolist(), 2, pad_to=4)
+    first, second = [g[0] for g in generated], [g[1] for g in generated]
+    assert list(prepared.prefill()) == first
+    for _ in range(3):
+      assert list(prepared.token()) == second
+
+
+def test_bytes_per_step_counts_every_weight_once_the_table_rows_and_the_cache():
+  batch, context = 3, 20
+  cfg = decode_bench.decode_config(QUICK, Case("preln", "2x32", context, "scan"))
+  params = nn.unbox(init_params(cfg, jax.random.PRNGKey(0)))
+  d, v, L, f = 32, 64, 2, cfg.ffn_dim
+  layer = 4 * d * d + 3 * d * f + 2 * d          # q, k, v, o; gate, up, down; two norm gains
+  weights = L * layer + d + d * v + batch * d     # + final norm, LM head, looked-up rows
+  kv = 2 * L * d * (context + 1) * batch
+  assert decode_bench.bytes_per_step(cfg, params, context, batch) == 4 * (weights + kv)
+
+
+def _case(design, shape, context=8, loop="scan"):
+  return Case(design, shape, context, loop)
+
+
+def test_each_case_is_read_against_preln_at_the_first_shape_with_its_context_and_loop():
+  cases = [_case(d, s, c, loop) for c in (8, 16) for loop in ("scan", "unrolled")
+           for s in ("2x32", "4x16") for d in ("hc", "preln")]
+  anchor_of = decode_bench.anchors(cases)
+  for c in cases:
+    assert anchor_of[c] == _case("preln", "2x32", c.context, c.loop)
+  without_preln = [_case("hc", "2x32"), _case("mhc", "2x32"), _case("hc", "4x16")]
+  assert set(decode_bench.anchors(without_preln).values()) == {_case("hc", "2x32")}
+
+
+def test_rows_are_ratios_of_medians_with_round_paired_bands():
+  a, b = _case("preln", "2x32"), _case("preln", "4x16")
+  prepared = [decode_bench.Prepared(case=c, cfg=decode_bench.decode_config(QUICK, c),
+                                    token=None, prefill=None, compile_s=1.0, params=10,
+                                    bytes_per_step=n)
+              for c, n in ((a, 1000), (b, 500))]
+  times = {f"{a.name}/token": [1.0, 2.0, 3.0], f"{a.name}/prefill": [4.0, 4.0, 4.0],
+           f"{b.name}/token": [3.0, 2.0, 9.0], f"{b.name}/prefill": [2.0, 2.0, 2.0]}
+  first, deep = decode_bench.rows_from_times(prepared, times, batch=2)
+  assert first["token_over_anchor"] == 1.0 and first["anchor"] == a.name
+  assert deep["token_ms"] == 3000.0 and deep["tokens_per_s"] == pytest.approx(2 / 3)
+  assert deep["token_over_anchor"] == pytest.approx(3.0 / 2.0)
+  # Per-round ratios 3, 1, 3: quartiles (inclusive) 2, 3, 3.
+  assert deep["token_over_anchor_rounds"] == pytest.approx({"q1": 2.0, "median": 3.0, "q3": 3.0})
+  assert deep["prefill_over_anchor"] == 0.5
+  assert deep["read_gb_per_s"] == pytest.approx(500 / 3.0 / 1e9)
+  assert deep["prefill_tokens_per_s"] == pytest.approx(2 * 8 / 2.0)
+  assert deep["anchor_bytes_ratio"] == 0.5 and (deep["n_layers"], deep["d_model"]) == (4, 16)
+
+
+@pytest.mark.parametrize("flag,value,message", [
+    ("--designs", "preln,moda", "'moda': moda decodes by full recompute"),
+    ("--designs", "pre_ln", "unknown design 'pre_ln'"),
+    ("--shapes", "2x32,3x17", "'3x17': d_model 17 is not a multiple"),
+    ("--contexts", "16,0", "--contexts entry '0': allowed: positive integers"),
+    ("--loops", "scan,unroll", "--loops entry 'unroll': allowed: scan, unrolled"),
+    ("--contexts", ",", "--contexts: empty"),
+])
+def test_bad_flags_fail_before_anything_compiles(tmp_path, capsys, flag, value, message):
+  with pytest.raises(SystemExit):
+    decode_bench.main(["--preset=quick", flag, value, "--out", str(tmp_path)])
+  assert message in capsys.readouterr().err
+  assert not list(tmp_path.iterdir())
+
+
+def test_quick_run_writes_the_result_its_picture_and_a_table(tmp_path, capsys):
+  assert decode_bench.main(["--preset=quick", "--designs=preln,hc", "--shapes=2x32,4x16",
+                            "--contexts=8", "--rounds=2",
+                            "--out", str(tmp_path)]) == 0
+  path = bench.result_path(str(tmp_path), "cpu", "quick", kind="decode")
+  assert path.endswith("results-cpu-quick-decode.json")
+  with open(path) as f:
+    result = json.load(f)
+  assert [(r["design"], r["shape"], r["loop"]) for r in result["rows"]] == [
+      (d, s, "scan") for s in ("2x32", "4x16") for d in ("preln", "hc")]
+  assert all(len(t) == 2 for t in result["times_s"].values()) and len(result["times_s"]) == 8
+  assert os.path.exists(os.path.splitext(path)[0] + ".png")
+  out = capsys.readouterr().out
+  assert "| hc | 4x16 | 8 | scan |" in out
+  assert decode_bench.main(["--replot", path]) == 0
+  assert "| preln | 2x32 | 8 | scan |" in capsys.readouterr().out
