@@ -18,10 +18,17 @@ near the host's memory bandwidth is bound by those bytes; one well below it by t
 work that depth adds. Every time is also given over the first shape's Pre-LN (same context and
 layer loop), paired round by round like the train bench's ratios.
 
-``--loops=scan,unrolled`` times both layer loops: ``nn.scan`` over stacked weights (what
-training and ``greedy_generate`` run) and one block per layer. Designs whose attention is not
-the backbone's (MoDA reads depth K/V that the cache does not hold) decode by full recompute
-(``decode.supports_kv_cache``) and are refused here with that reason.
+``--loops`` picks the layer loop: ``unrolled`` (the default: one block per layer, as a serving
+stack runs them) or ``scan`` (``nn.scan`` over stacked weights, what training and
+``greedy_generate`` run), or both. On XLA:CPU the scanned decode step is bimodal: at 8x512 the
+same step takes 13-14 ms or 27-30 ms from call to call, alone in its process and with
+nothing else timed, while the unrolled one holds 10-12 ms; with
+``--xla_cpu_multi_thread_eigen=false`` the scan holds 13-15 ms. A ratio of two scanned steps'
+medians then depends on which mode each landed in (benchmarks/README.md).
+
+Designs whose attention is not the backbone's (MoDA reads depth K/V that the cache does not
+hold) decode by full recompute (``decode.supports_kv_cache``) and are refused here with that
+reason.
 
 Writes ``OUT/results-<device>-decode.json`` and ``.png`` and prints the table.
 """
@@ -51,7 +58,7 @@ LOOPS = ("scan", "unrolled")
 @dataclasses.dataclass(frozen=True)
 class Case:
   """One timed candidate: a design (with ``bench.design_spec`` overrides) at a shape, a context
-  and a layer loop."""
+  and a layer loop (``scan`` or ``unrolled``)."""
   design: str
   shape: str
   context: int
@@ -307,7 +314,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   ap.add_argument("--designs", default=",".join(DESIGNS))
   ap.add_argument("--shapes", default=",".join(SHAPES), help="comma list of LxD")
   ap.add_argument("--contexts", default="512", help="tokens in the cache, comma list")
-  ap.add_argument("--loops", default="scan", help=f"comma list of {', '.join(LOOPS)}")
+  ap.add_argument("--loops", default="unrolled", help=f"comma list of {', '.join(LOOPS)}")
   ap.add_argument("--batch", type=int, default=1)
   ap.add_argument("--rounds", type=int, default=15)
   ap.add_argument("--out", default="benchmarks")

@@ -109,10 +109,10 @@ def test_quick_run_writes_the_result_its_picture_and_a_table(tmp_path, capsys):
   with open(path) as f:
     result = json.load(f)
   assert [(r["design"], r["shape"], r["loop"]) for r in result["rows"]] == [
-      (d, s, "scan") for s in ("2x32", "4x16") for d in ("preln", "hc")]
+      (d, s, "unrolled") for s in ("2x32", "4x16") for d in ("preln", "hc")]
   assert all(len(t) == 2 for t in result["times_s"].values()) and len(result["times_s"]) == 8
   assert os.path.exists(os.path.splitext(path)[0] + ".png")
   out = capsys.readouterr().out
-  assert "| hc | 4x16 | 8 | scan |" in out
+  assert "| hc | 4x16 | 8 | unrolled |" in out
   assert decode_bench.main(["--replot", path]) == 0
-  assert "| preln | 2x32 | 8 | scan |" in capsys.readouterr().out
+  assert "| preln | 2x32 | 8 | unrolled |" in capsys.readouterr().out

@@ -40,3 +40,18 @@ def test_gpu_profile_script_benches_and_profiles_in_miniature(tmp_path):
                             for name in ("hc", "mhc_sinkhorn_kernel_pallas")}
     hc_profile = tar.extractfile(members["profiles/profile-hc.txt"]).read().decode()
   assert "hc over preln" in hc_profile and "per part (ms/step)" in hc_profile
+
+
+def test_gpu_decode_script_times_decoding_in_miniature(tmp_path):
+  env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable, "JAX_PLATFORMS": "cpu",
+         "DECODE_PRESET": "quick", "DECODE_SHAPES": "2x32,4x16", "DECODE_CONTEXTS": "16",
+         "DECODE_ROUNDS": "2"}
+  run = subprocess.run(["bash", "benchmarks/gpu_decode.sh"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=300)
+  assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+  assert sorted(os.listdir(tmp_path)) == ["decode.log", "results-cpu-quick-decode.json",
+                                          "results-cpu-quick-decode.png"]
+  with open(tmp_path / "results-cpu-quick-decode.json") as f:
+    rows = json.load(f)["rows"]
+  assert [(r["design"], r["shape"], r["context"]) for r in rows] == [
+      (d, s, 16) for s in ("2x32", "4x16") for d in ("preln", "hc", "attnres_full")]
