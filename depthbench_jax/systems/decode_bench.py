@@ -199,6 +199,7 @@ def rows_from_times(prepared: Sequence[Prepared], times: dict[str, list[float]],
 
 def run(p: bench.Preset, cases: Sequence[Case], batch: int, rounds: int,
         log: Callable[[str], None] = print) -> dict:
+  code = bench.code_revision()  # The code that is timed: read before an edit can land.
   prepared = []
   for case in cases:
     prepared.append(prepare(p, case, batch))
@@ -212,7 +213,7 @@ def run(p: bench.Preset, cases: Sequence[Case], batch: int, rounds: int,
   return {
       "device": bench.device_name(), "device_kind": jax.devices()[0].device_kind,
       "host_cpu": bench.host_cpu(), "cpu_count": os.cpu_count(), "jax": jax.__version__,
-      "code": bench.code_revision(), "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+      "code": code, "time": time.strftime("%Y-%m-%d %H:%M:%S"),
       "preset": dataclasses.asdict(p), "batch": batch, "rounds": rounds,
       "host_malloc": hostmem.describe(),
       "rows": rows_from_times(prepared, times, batch), "times_s": times,
@@ -239,8 +240,8 @@ def render(result: dict) -> str:
 
 
 def plot(result: dict, path: str) -> str:
-  """Three panels against n_layers (log2 axis), one line per design, context and loop: decode
-  ms per token, the rate its bytes are read at, and prefill ms."""
+  """Three panels against n_layers (log2 axis), one line per design (colour), context (marker)
+  and loop (scan dashed): decode ms per token, the rate its bytes are read at, prefill ms."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
@@ -248,15 +249,19 @@ def plot(result: dict, path: str) -> str:
   fig, axes = plt.subplots(1, 3, figsize=(15, 4.4))
   series = dict.fromkeys((r["design"], r["context"], r["loop"]) for r in rows)
   several = {k: len({s[i] for s in series}) > 1 for i, k in enumerate(("design", "ctx", "loop"))}
+  # One colour per design, a line style per loop (scan dashed), a marker per context.
+  colors = {d: f"C{i % 10}" for i, d in enumerate(dict.fromkeys(s[0] for s in series))}
+  markers = {c: "osD^v"[i % 5] for i, c in enumerate(dict.fromkeys(s[1] for s in series))}
   for design, context, loop in series:
     pts = sorted((r for r in rows if (r["design"], r["context"], r["loop"]) ==
                   (design, context, loop)), key=lambda r: r["n_layers"])
     label = " ".join([design] + ([f"ctx {context}"] if several["ctx"] else [])
                      + ([loop] if several["loop"] else []))
     xs = [r["n_layers"] for r in pts]
-    style = "--" if loop == "unrolled" else "-"
+    style = {"color": colors[design], "linestyle": "--" if loop == "scan" else "-",
+             "marker": markers[context]}
     for ax, key in zip(axes, ("token_ms", "read_gb_per_s", "prefill_ms")):
-      ax.plot(xs, [r[key] for r in pts], style, marker="o", label=label)
+      ax.plot(xs, [r[key] for r in pts], label=label, **style)
   shapes = sorted({(r["n_layers"], r["shape"]) for r in rows})
   titles = ("decode step, ms per token", "decode bytes read, GB/s", "prefill, ms")
   for ax, title in zip(axes, titles):
