@@ -51,7 +51,7 @@ import jax.numpy as jnp
 from depthbench_jax import bench, hostmem
 
 DESIGNS = ("preln", "hc", "mhc", "attnres_full", "attnres_block")
-SHAPES = ("8x512", "16x368", "32x256", "64x176")  # bench_plot's depth run: ~26M per layer stack
+SHAPES = ("8x512", "16x368", "32x256", "64x176")  # the bench's depth run: ~26M layer params each
 LOOPS = ("scan", "unrolled")
 
 
@@ -89,13 +89,12 @@ def bytes_per_step(cfg, params: Any, context: int, batch: int) -> int:
   """What one decode step must read: every parameter once, except the input table, of which
   only the ``batch`` looked-up rows; plus the K/V cache of ``context + 1`` slots."""
   from depthbench_jax.systems.costs import kv_cache_bytes
-  leaves = jax.tree.leaves(params)
-  weights = sum(x.size * x.dtype.itemsize for x in leaves)
+  weights = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
   table = params["embed"]["embedding"]
-  weights -= table.size * table.dtype.itemsize - batch * table.shape[1] * table.dtype.itemsize
-  if cfg.tie_embeddings:  # The LM head reads the whole table.
-    weights += table.size * table.dtype.itemsize - batch * table.shape[1] * table.dtype.itemsize
-  return int(weights + kv_cache_bytes(cfg, context + 1, batch, cfg.dtype))
+  # A tied LM head reads the whole table; else only the looked-up rows are read.
+  unread = 0 if cfg.tie_embeddings else (table.shape[0] - batch) * table.shape[1]
+  return int(weights - unread * table.dtype.itemsize
+             + kv_cache_bytes(cfg, context + 1, batch, cfg.dtype))
 
 
 @dataclasses.dataclass

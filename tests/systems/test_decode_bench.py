@@ -4,6 +4,7 @@ by hand, its ratios pair rounds against the right Pre-LN, and bad flags fail bef
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -49,6 +50,10 @@ def test_bytes_per_step_counts_every_weight_once_the_table_rows_and_the_cache():
   weights = L * layer + d + d * v + batch * d     # + final norm, LM head, looked-up rows
   kv = 2 * L * d * (context + 1) * batch
   assert decode_bench.bytes_per_step(cfg, params, context, batch) == 4 * (weights + kv)
+  tied = dataclasses.replace(cfg, tie_embeddings=True)   # no LM head; the table read whole
+  tied_params = nn.unbox(init_params(tied, jax.random.PRNGKey(0)))
+  assert decode_bench.bytes_per_step(tied, tied_params, context, batch) == 4 * (
+      L * layer + d + v * d + kv)
 
 
 def _case(design, shape, context=8, loop="scan"):

@@ -18,15 +18,19 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-@pytest.mark.slow
-def test_gpu_profile_script_benches_and_profiles_in_miniature(tmp_path):
-  env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable, "JAX_PLATFORMS": "cpu",
-         "BENCH_PRESET": "quick", "BENCH_SHAPE": "2x64", "BENCH_ROUNDS": "2",
-         "BENCH_DESIGNS": "preln,hc", "PROFILE_DESIGNS": "hc",
-         "PROFILE_ONLY_DESIGNS": "mhc:sinkhorn_kernel=pallas"}
-  run = subprocess.run(["bash", "benchmarks/gpu_profile.sh"], cwd=ROOT, env=env,
+def run_script(script: str, out, **env: str) -> None:
+  """Runs ``benchmarks/<script>`` on the CPU with this interpreter, writing to ``out``."""
+  env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable, "JAX_PLATFORMS": "cpu", **env}
+  run = subprocess.run(["bash", f"benchmarks/{script}"], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=300)
   assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_gpu_profile_script_benches_and_profiles_in_miniature(tmp_path):
+  run_script("gpu_profile.sh", tmp_path, BENCH_PRESET="quick", BENCH_SHAPE="2x64",
+             BENCH_ROUNDS="2", BENCH_DESIGNS="preln,hc", PROFILE_DESIGNS="hc",
+             PROFILE_ONLY_DESIGNS="mhc:sinkhorn_kernel=pallas")
   # The device tool brings back at most 8 files: the log, the JSON and one archive.
   assert sorted(os.listdir(tmp_path)) == ["bench-designs.log", "profiles.tar.gz",
                                           "results-cpu-quick-designs-shapes.json"]
@@ -43,12 +47,8 @@ def test_gpu_profile_script_benches_and_profiles_in_miniature(tmp_path):
 
 
 def test_gpu_decode_script_times_decoding_in_miniature(tmp_path):
-  env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable, "JAX_PLATFORMS": "cpu",
-         "DECODE_PRESET": "quick", "DECODE_SHAPES": "2x32,4x16", "DECODE_CONTEXTS": "16",
-         "DECODE_ROUNDS": "2"}
-  run = subprocess.run(["bash", "benchmarks/gpu_decode.sh"], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=300)
-  assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+  run_script("gpu_decode.sh", tmp_path, DECODE_PRESET="quick", DECODE_SHAPES="2x32,4x16",
+             DECODE_CONTEXTS="16", DECODE_ROUNDS="2")
   assert sorted(os.listdir(tmp_path)) == ["decode.log", "results-cpu-quick-decode.json",
                                           "results-cpu-quick-decode.png"]
   with open(tmp_path / "results-cpu-quick-decode.json") as f:
