@@ -7,7 +7,8 @@
 # results-<device>-decode.json and
 # decode.log. At batch 1 a decode step reads every weight once and launches every layer's
 # kernels one after another, so the ratio 70x640 / 16x1216 is the latency price of depth.
-# For the device tool, alone or before gpu_profile.sh (~2 min):
+# For the device tool, alone or just before gpu_profile.sh (not yet run on a GPU; 9 cases, two
+# compiles each: estimated 2-4 min):
 #   run(command="DEPTHBENCH_COMMIT=<sha> bash benchmarks/gpu_decode.sh", carry=[".whl"],
 #       timeout_s=300)
 # Test it locally first (the quick preset; ~15 s on 2 CPU cores):
