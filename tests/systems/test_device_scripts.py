@@ -15,12 +15,15 @@ import tarfile
 
 import pytest
 
+from tests.helpers import subprocess_env
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def run_script(script: str, out, **env: str) -> None:
-  """Runs ``benchmarks/<script>`` on the CPU with this interpreter, writing to ``out``."""
-  env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable, "JAX_PLATFORMS": "cpu", **env}
+  """Runs ``benchmarks/<script>`` on the CPU with this interpreter, writing to ``out`` (the
+  session's compilation cache shared, so the script's later processes reuse its compiles)."""
+  env = subprocess_env(OUT=str(out), PYTHON=sys.executable, **env)
   run = subprocess.run(["bash", f"benchmarks/{script}"], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=300)
   assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
