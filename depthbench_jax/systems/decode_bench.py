@@ -109,10 +109,11 @@ class Prepared:
 
 
 def prepare(p: bench.Preset, case: Case, batch: int) -> Prepared:
-  """Compiles ``case``'s cached step for the prefill and the decode shapes and returns one
-  callable for each (each blocks until its result is ready). Params from ``PRNGKey(0)``, the
-  prompt [B, context] from ``PRNGKey(1)``; every ``token()`` call decodes the same position
-  from the same cache, the one after the prompt's own greedy token."""
+  """Compiles ``case``'s cached step for the prefill and the decode shapes ahead of time
+  (``compile_s``: both) and returns one callable for each, which blocks until its result is
+  ready. Params from ``PRNGKey(0)``, the prompt [B, context] from ``PRNGKey(1)``; every
+  ``token()`` call decodes the same position from the same cache, the one after the prompt's
+  own greedy token."""
   import flax.linen as nn
 
   from depthbench_jax.model import decode
@@ -129,28 +130,31 @@ def prepare(p: bench.Preset, case: Case, batch: int) -> Prepared:
     return step(params, decode.set_cache_index(cache, jnp.full((batch,), index, jnp.int32)),
                 tokens, positions, last)
 
-  start = time.perf_counter()
   prompt = jax.random.randint(jax.random.PRNGKey(1), (batch, ctx), 0, cfg.vocab_size, jnp.int32)
   positions = jnp.broadcast_to(jnp.arange(ctx, dtype=jnp.int32), (batch, ctx))
   last = jnp.full((batch,), ctx - 1, jnp.int32)
-  filled = {"cache": decode.init_cache(cfg, batch, ctx + 1)}
-  next_ids, _, filled["cache"] = step_from(params, filled["cache"], 0, prompt, positions, last)
-  decoding = {"cache": filled["cache"], "tokens": next_ids[:, None]}
-  filled["cache"] = decode.init_cache(cfg, batch, ctx + 1)  # The prefill's own buffer.
   token_positions = jnp.full((batch, 1), ctx, jnp.int32)
   zero = jnp.zeros((batch,), jnp.int32)
+  filled = {"cache": decode.init_cache(cfg, batch, ctx + 1)}
+  start = time.perf_counter()
+  fill = step_from.lower(params, filled["cache"], 0, prompt, positions, last).compile()
+  new_tokens = jax.ShapeDtypeStruct((batch, 1), jnp.int32)
+  step_one = step_from.lower(params, filled["cache"], ctx, new_tokens, token_positions,
+                             zero).compile()
+  compile_s = time.perf_counter() - start
+  next_ids, _, filled["cache"] = fill(params, filled["cache"], prompt, positions, last)
+  decoding = {"cache": filled["cache"], "tokens": next_ids[:, None]}
+  filled["cache"] = decode.init_cache(cfg, batch, ctx + 1)  # The prefill's own buffer.
 
   def token():
-    ids, _, decoding["cache"] = step_from(params, decoding["cache"], ctx, decoding["tokens"],
-                                          token_positions, zero)
+    ids, _, decoding["cache"] = step_one(params, decoding["cache"], decoding["tokens"],
+                                         token_positions, zero)
     return jax.block_until_ready(ids)
 
   def prefill():
-    ids, _, filled["cache"] = step_from(params, filled["cache"], 0, prompt, positions, last)
+    ids, _, filled["cache"] = fill(params, filled["cache"], prompt, positions, last)
     return jax.block_until_ready(ids)
 
-  token()  # Compiles the decode shape (the prefill shape compiled above).
-  compile_s = time.perf_counter() - start
   return Prepared(case=case, cfg=cfg, token=token, prefill=prefill, compile_s=compile_s,
                   params=int(sum(x.size for x in jax.tree.leaves(params))),
                   bytes_per_step=bytes_per_step(cfg, params, ctx, batch))
