@@ -141,6 +141,18 @@ def code_revision() -> dict[str, Any]:
   return {"commit": head.stdout.strip(), "dirty": bool(status.stdout.strip())}
 
 
+def run_record(p: Preset) -> dict[str, Any]:
+  """What a result needs to be read later: the device, host CPU, versions, the code revision
+  (read now, before an edit during the run can land), the preset, the time and the host malloc.
+  Every bench's result starts with it."""
+  return {
+      "device": device_name(), "device_kind": jax.devices()[0].device_kind,
+      "backend": jax.default_backend(), "cpu_count": os.cpu_count(), "host_cpu": host_cpu(),
+      "jax": jax.__version__, "python": platform.python_version(), "code": code_revision(),
+      "preset": dataclasses.asdict(p), "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+      "host_malloc": hostmem.describe()}
+
+
 def torch_version() -> str | None:
   """The installed torch's version (the HF baseline's), read without importing torch."""
   from importlib import metadata
@@ -441,14 +453,8 @@ def run_bench(p: Preset, log=print, save_partial: Callable[[dict], None] | None 
   if "preln" not in designs:
     designs = ("preln",) + tuple(designs)
   shapes = p.shapes or (f"{p.n_layers}x{p.d_model}",)
-  result: dict[str, Any] = {
-      "device": device_name(), "device_kind": jax.devices()[0].device_kind,
-      "backend": jax.default_backend(), "cpu_count": os.cpu_count(), "host_cpu": host_cpu(),
-      "jax": jax.__version__, "torch": torch_version(), "python": platform.python_version(),
-      "code": code_revision(),
-      "preset": dataclasses.asdict(p), "time": time.strftime("%Y-%m-%d %H:%M:%S"),
-      "targets": TARGETS, "remat": REMAT,
-      "host_malloc": hostmem.describe()}
+  result: dict[str, Any] = {**run_record(p), "torch": torch_version(), "targets": TARGETS,
+                            "remat": REMAT}
   log(f"device {result['device']} ({result['device_kind']}), {os.cpu_count()} CPUs "
       f"({result['host_cpu']}), host malloc {result['host_malloc']}")
   matmul = matmul_runner(p.matmul_n, dtype, p.matmul_reps)

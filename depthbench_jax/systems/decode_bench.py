@@ -165,9 +165,12 @@ def anchors(cases: Sequence[Case]) -> dict[Case, Case]:
   first shape, with the same context and layer loop."""
   first: dict[tuple[int, str], Case] = {}
   for c in cases:
-    if c.anchor not in first or (c.design == "preln" and first[c.anchor].design != "preln"
-                                 and c.shape == first[c.anchor].shape):
-      first[c.anchor] = c
+    first.setdefault(c.anchor, c)
+  preln: dict[tuple[int, str], Case] = {}
+  for c in cases:
+    if c.design == "preln" and c.shape == first[c.anchor].shape:
+      preln.setdefault(c.anchor, c)
+  first.update(preln)
   return {c: first[c.anchor] for c in cases}
 
 
@@ -202,7 +205,7 @@ def rows_from_times(prepared: Sequence[Prepared], times: dict[str, list[float]],
 
 def run(p: bench.Preset, cases: Sequence[Case], batch: int, rounds: int,
         log: Callable[[str], None] = print) -> dict:
-  code = bench.code_revision()  # The code that is timed: read before an edit can land.
+  record = bench.run_record(p)  # Read before the run, so an edit landing during it is not.
   prepared = []
   for case in cases:
     prepared.append(prepare(p, case, batch))
@@ -213,14 +216,8 @@ def run(p: bench.Preset, cases: Sequence[Case], batch: int, rounds: int,
     candidates[f"{q.case.name}/token"] = q.token
     candidates[f"{q.case.name}/prefill"] = q.prefill
   times = bench.interleaved(candidates, rounds, warmup=2, log=log)
-  return {
-      "device": bench.device_name(), "device_kind": jax.devices()[0].device_kind,
-      "host_cpu": bench.host_cpu(), "cpu_count": os.cpu_count(), "jax": jax.__version__,
-      "code": code, "time": time.strftime("%Y-%m-%d %H:%M:%S"),
-      "preset": dataclasses.asdict(p), "batch": batch, "rounds": rounds,
-      "host_malloc": hostmem.describe(),
-      "rows": rows_from_times(prepared, times, batch), "times_s": times,
-  }
+  return {**record, "batch": batch, "rounds": rounds,
+          "rows": rows_from_times(prepared, times, batch), "times_s": times}
 
 
 def render(result: dict) -> str:
