@@ -589,6 +589,20 @@ def _band(band: dict | None) -> str:
   return "" if not band else f"{band['q1']:.3f}-{band['q3']:.3f}"
 
 
+def read_result(path: str, keys: Sequence[str], written_as: str) -> dict:
+  """A saved result JSON for ``--replot``; ValueError naming the path when it cannot be read
+  as JSON or lacks any of ``keys`` (so it was not written by that command, as ``written_as``)."""
+  try:
+    with open(path) as f:
+      result = json.load(f)
+  except (OSError, ValueError) as e:
+    raise ValueError(f"--replot={path!r}: cannot read it as JSON: {e}") from e
+  if not isinstance(result, dict) or not set(keys) <= result.keys():
+    raise ValueError(f"--replot={path!r}: not a result of this command (a {written_as} "
+                     f"written by it, with {', '.join(repr(k) for k in keys)})")
+  return result
+
+
 def commit_label(result: dict) -> str:
   """``'a75738457b51'``, ``'... + uncommitted'`` or ``'unknown'`` (results from before the field)."""
   code = result.get("code") or {}
@@ -717,13 +731,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   args = ap.parse_args(argv)
   if args.replot:
     try:
-      with open(args.replot) as f:
-        result = json.load(f)
-    except (OSError, ValueError) as e:
-      ap.error(f"--replot={args.replot!r}: cannot read it as JSON: {e}")
-    if not isinstance(result, dict) or not {"train", "preset", "verdict"} <= result.keys():
-      ap.error(f"--replot={args.replot!r}: not a bench result (a results-<device>.json "
-               f"written by this command, with 'train', 'preset' and 'verdict')")
+      result = read_result(args.replot, ("train", "preset", "verdict"), "results-<device>.json")
+    except ValueError as e:
+      ap.error(str(e))
     print(render(result))
     print(f"wrote {write_plot(result, args.replot)}", file=sys.stderr)
     return 0

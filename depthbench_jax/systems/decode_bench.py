@@ -326,8 +326,11 @@ def main(argv: Sequence[str] | None = None) -> int:
   ap.add_argument("--replot", default="", help="re-render a saved result JSON, time nothing")
   args = ap.parse_args(argv)
   if args.replot:
-    with open(args.replot) as f:
-      result = json.load(f)
+    try:
+      result = bench.read_result(args.replot, ("rows", "preset", "batch"),
+                                 "results-<device>-decode.json")
+    except ValueError as e:
+      ap.error(str(e))
     print(render(result))
     print(f"wrote {plot(result, os.path.splitext(args.replot)[0] + '.png')}", file=sys.stderr)
     return 0
