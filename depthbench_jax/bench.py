@@ -589,16 +589,17 @@ def _band(band: dict | None) -> str:
   return "" if not band else f"{band['q1']:.3f}-{band['q3']:.3f}"
 
 
-def read_result(path: str, keys: Sequence[str], written_as: str) -> dict:
-  """A saved result JSON for ``--replot``; ValueError naming the path when it cannot be read
-  as JSON or lacks any of ``keys`` (so it was not written by that command, as ``written_as``)."""
+def read_result(path: str, keys: Sequence[str], written_as: str, flag: str = "--replot") -> dict:
+  """A saved result JSON for ``--replot`` (or another ``flag`` that reads one); ValueError naming
+  the flag and path when it cannot be read as JSON or lacks any of ``keys`` (so it was not
+  written by that command, as ``written_as``)."""
   try:
     with open(path) as f:
       result = json.load(f)
   except (OSError, ValueError) as e:
-    raise ValueError(f"--replot={path!r}: cannot read it as JSON: {e}") from e
+    raise ValueError(f"{flag}={path!r}: cannot read it as JSON: {e}") from e
   if not isinstance(result, dict) or not set(keys) <= result.keys():
-    raise ValueError(f"--replot={path!r}: not a result of this command (a {written_as} "
+    raise ValueError(f"{flag}={path!r}: not a result of that command (a {written_as} "
                      f"written by it, with {', '.join(repr(k) for k in keys)})")
   return result
 

@@ -9,7 +9,10 @@ over context 2k..128k (the ``T^2 L d`` term), as a PNG.
 
 Writes ``OUT/systems.json`` (rows + curve + convention), ``OUT/systems.md`` and
 ``OUT/context_curve.png`` (``--out``, default ``results/systems/<suite>``) and prints the tables.
-``--xla=false`` skips the compiles (analytic columns only, a second or two).
+``--xla=false`` skips the compiles (analytic columns only, a second or two). ``--measured`` takes
+bench result JSONs (``python -m depthbench_jax.bench``) and adds what the bench timed of the same
+models: tokens/s, step over Pre-LN and device-hours measured beside the analytic ones
+(``systems/measured.py``).
 """
 
 from __future__ import annotations
@@ -44,13 +47,14 @@ def suite_configs(config_path: str, designs: Sequence[str] | None = None,
 
 def build(config_path: str, seq_len: int, *, designs=None, shapes=None, with_xla: bool = True,
           mfu: float | None = None, peak_flops: float | None = None, dtype: str = "bfloat16",
-          batch: int = 1, log=print) -> dict:
+          batch: int = 1, measured_paths: Sequence[str] = (), log=print) -> dict:
   from depthbench_jax import sweep
   from depthbench_jax.model.config import model_config_from
-  from depthbench_jax.systems import costs, table, xla
+  from depthbench_jax.systems import costs, measured, table, xla
   mfu = sweep.DEFAULT_MFU if mfu is None else mfu
   peak_flops = sweep.DEFAULT_PEAK_FLOPS if peak_flops is None else peak_flops
   module, entries = suite_configs(config_path, designs, shapes)
+  timed = measured.bench_rows(measured_paths)  # Read first: a wrong path fails before compiles.
   rows, cfgs = [], {}
   for design, shape, config in entries:
     config.model.max_seq_len = max(config.model.max_seq_len, seq_len)
@@ -68,18 +72,28 @@ def build(config_path: str, seq_len: int, *, designs=None, shapes=None, with_xla
   lengths = table.context_lengths()
   curve_design = "preln" if "preln" in cfgs else next(iter(cfgs))
   curve = table.context_curve(cfgs[curve_design], lengths)
+  measured_rows, skipped = measured.match(rows, timed, peak_flops=peak_flops)
+  for line in skipped:
+    log(f"  --measured: left out {line}")
+  for path in sorted(set(measured_paths) - {r["source"] for r in measured_rows}):
+    log(f"  --measured: {path} timed none of the table's (design, shape)s")
   return {"suite": getattr(module, "NAME", os.path.basename(config_path)),
           "seq_len": seq_len, "convention": table.CONVENTION, "rows": rows, "curve": curve,
-          "curve_design": curve_design}
+          "curve_design": curve_design, "measured": measured_rows,
+          "measured_skipped": skipped}
 
 
 def render(result: dict) -> str:
-  from depthbench_jax.systems import table
+  from depthbench_jax.systems import measured, table
   parts = [f"## Systems cost of depth ({result['suite']})", "", table.CONVENTION, "",
            table.markdown_table(result["rows"])]
   summary = table.depth_cost_summary(result["rows"])
   if summary:
     parts += ["", "Shallowest -> deepest shape, per design:", "", summary]
+  timed = measured.markdown(result.get("measured") or [], result.get("measured_skipped") or [])
+  if timed:
+    parts += ["", "Measured training cost (the bench's timed steps of the same models; the "
+              "analytic device-hours above assume one MFU for every design):", "", timed]
   curve = table.curve_markdown(result["curve"])
   if curve:
     parts += ["", f"Causal prefill FLOPs per sequence over context length "
@@ -100,13 +114,21 @@ def main(argv: Sequence[str] | None = None) -> int:
   p.add_argument("--mfu", type=float, default=None)
   p.add_argument("--peak_flops", type=float, default=None, help="per device, FLOP/s")
   p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+  p.add_argument("--measured", default="",
+                 help="comma list of bench result JSONs (benchmarks/results-<device>*.json) "
+                      "whose timed (design, shape) steps to add as measured device-hours")
   p.add_argument("--out", default="", help="output dir (default results/systems/<suite>)")
   args = p.parse_args(argv)
   split = lambda s: [x.strip() for x in s.split(",") if x.strip()] or None
-  result = build(args.config, args.seq_len, designs=split(args.designs),
-                 shapes=split(args.shapes), with_xla=args.xla == "true", mfu=args.mfu,
-                 peak_flops=args.peak_flops, dtype=args.dtype, batch=args.batch,
-                 log=lambda s: print(s, file=sys.stderr, flush=True))
+  try:
+    result = build(args.config, args.seq_len, designs=split(args.designs),
+                   shapes=split(args.shapes), with_xla=args.xla == "true", mfu=args.mfu,
+                   peak_flops=args.peak_flops, dtype=args.dtype, batch=args.batch,
+                   measured_paths=split(args.measured) or (),
+                   log=lambda s: print(s, file=sys.stderr, flush=True))
+  except ValueError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
   out = args.out or os.path.join("results", "systems", str(result["suite"]))
   os.makedirs(out, exist_ok=True)
   from depthbench_jax.systems import table

@@ -6,7 +6,9 @@ prefill FLOPs at ``PREFILL_SEQ_LEN`` (causal and paper conventions), KV-cache an
 bytes, parameter bytes, training FLOPs per token, the Chinchilla device-hours estimate, and the
 wall-clock hours the runs actually took (summed over the LR grid). When ``python -m
 depthbench_jax.systems`` has written a ``systems.json`` in a run's directory or one of its two
-parents, its XLA FLOPs and peak memory are merged in.
+parents, its XLA FLOPs and peak memory are merged in, and its measured rows (``--measured``: the
+bench's timed steps and device-hours, ``systems/measured.py``) for the runs' (design, shape)s
+follow the table.
 """
 
 from __future__ import annotations
@@ -38,8 +40,10 @@ def run_model_config(record: dict):
   return model_config_from(ml_collections.ConfigDict(model))
 
 
-def _xla_rows(records: Iterable[dict]) -> dict[tuple[str, str], dict]:
+def _systems_rows(records: Iterable[dict]) -> tuple[dict[tuple[str, str], dict], list[dict]]:
+  """``(rows by (design, shape), measured rows)`` of the ``systems.json`` files near the runs."""
   found: dict[tuple[str, str], dict] = {}
+  timed: list[dict] = []
   seen = set()
   for r in records:
     d = r.get("workdir") or ""
@@ -57,19 +61,20 @@ def _xla_rows(records: Iterable[dict]) -> dict[tuple[str, str], dict]:
         continue
       for row in data.get("rows", []):
         found.setdefault((row["design"], row["shape"]), row)
-  return found
+      timed += data.get("measured") or []
+  return found, timed
 
 
 def systems_table(runs: Iterable[dict]) -> str | None:
   from depthbench_jax import sweep
-  from depthbench_jax.systems import costs, table
+  from depthbench_jax.systems import costs, measured, table
   records = [r for r in runs if r.get("design") and r.get("n_layers") and r.get("d_model")]
   if not records:
     return None
   groups: dict[tuple[str, str], list[dict]] = {}
   for r in records:
     groups.setdefault((r["design"], f"{r['n_layers']}x{r['d_model']}"), []).append(r)
-  xla_rows = _xla_rows(records)
+  xla_rows, timed = _systems_rows(records)
   rows = []
   for (design, shape), rs in sorted(groups.items(),
                                     key=lambda kv: (kv[0][0], int(kv[0][1].split("x")[0]))):
@@ -95,6 +100,9 @@ def systems_table(runs: Iterable[dict]) -> str | None:
   summary = table.depth_cost_summary(rows)
   if summary:
     parts += ["", summary]
+  timed = [m for m in timed if (m["design"], m["shape"]) in groups]
+  if timed:
+    parts += ["", "Measured by the bench on the same models:", "", measured.markdown(timed)]
   walls = [(r["design"], r["shape"], r["wall_hours"]) for r in rows if r["wall_hours"]]
   if walls:
     parts += ["", "Measured wall-clock hours of the runs (all LRs of a shape summed): " +

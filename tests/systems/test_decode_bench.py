@@ -124,4 +124,4 @@ def test_quick_run_writes_the_result_its_picture_and_a_table(tmp_path, capsys):
   train_result.write_text(json.dumps({"train": [], "preset": {}, "verdict": []}))
   with pytest.raises(SystemExit):
     decode_bench.main(["--replot", str(train_result)])
-  assert "not a result of this command" in capsys.readouterr().err
+  assert "not a result of that command" in capsys.readouterr().err
