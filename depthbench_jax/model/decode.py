@@ -7,10 +7,13 @@ therefore exact for every design that uses the default ``LayerWiring.attend``: r
 on the new tokens only, with their absolute ``positions``, gives the same logits as recomputing
 the whole sequence.
 
-Designs that override ``attend`` (MoDA's depth keys read per-layer projections of earlier
-sublayers at the same position, which are not in the cache) fall back to full recompute: each
-step runs the model on a fixed-size ``[B, S]`` buffer (one compile) and reads the logits at the
-last filled position. Correct for every design, O(S) times slower per token.
+MoDA overrides ``attend`` and handles the cache itself (``attend_handles_kv_cache``): its depth
+keys are per-layer projections of earlier sublayers at the *same* position, which the new
+tokens' own forward pass rebuilds, so its cache is the ordinary per-layer K/V and
+``moda_attention_cached`` joins it with the depth keys under one softmax. A design whose
+``attend`` override does not declare that falls back to full recompute: each step runs the model
+on a fixed-size ``[B, S]`` buffer (one compile) and reads the logits at the last filled
+position. Correct for every design, O(S) times slower per token.
 
 Batches: prompts are right-padded to a power of two (at least ``pad_to``). Prefill writes every
 padded slot; afterwards each row's ``cache_index`` is set to its true length, so the next token
@@ -37,13 +40,15 @@ Array = jax.Array
 
 
 def supports_kv_cache(cfg: ModelConfig) -> bool:
-  """True when the design attends with the default hook, so per-layer K/V caching is exact."""
+  """True when per-layer K/V caching is exact for the design: it attends with the default hook,
+  or its ``attend`` override handles the cache (``LayerWiring.attend_handles_kv_cache``)."""
   return design_supports_kv_cache(cfg.design)
 
 
 def design_supports_kv_cache(design: str) -> bool:
   """``supports_kv_cache`` by the design's registered name."""
-  return registry.get(design).layer.attend is LayerWiring.attend
+  layer = registry.get(design).layer
+  return layer.attend is LayerWiring.attend or layer.attend_handles_kv_cache
 
 
 def init_cache(cfg: ModelConfig, batch: int, max_len: int) -> Any:

@@ -14,7 +14,7 @@ Sublayers: ``sub=0`` attention, ``sub=1`` MLP; ``layer`` is the 0-based (traced)
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 import flax.linen as nn
 import jax
@@ -31,6 +31,10 @@ class LayerWiring(nn.Module):
   """Per-layer residual wiring. Subclasses define ``setup``, ``read`` and ``write``."""
 
   cfg: Any  # depthbench_jax.model.config.ModelConfig
+  # True when an ``attend`` override handles a ``decode=True`` attention (writes its K/V through
+  # ``attn.kv_cache`` and attends to the cache), so KV-cached decoding is exact for the design.
+  # The default ``attend`` does; an override that says nothing decodes by full recompute.
+  attend_handles_kv_cache: ClassVar[bool] = False
 
   def norm(self, name: str, use_scale: bool = True) -> RMSNorm:
     return RMSNorm(self.cfg.norm_eps, use_scale=use_scale, dtype=dtype_of(self.cfg.dtype),

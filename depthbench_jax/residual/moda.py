@@ -62,6 +62,22 @@ from depthbench_jax.residual.base import (AppendBuffer, Design, LayerWiring, Sta
 Array = jax.Array
 
 
+def _depth_logits(q: Array, depth_k: Array, presence: Array) -> Array:
+  """q [B,T,H,hd] against the same position's depth keys [B,T,K,S,hd] -> logits [B,K,G,T,S] in
+  fp32, scaled by 1/sqrt(hd) (``grouped_query``), ``log presence`` added, absent slots -inf."""
+  dep = jnp.einsum("btkgd,btknd->btkgn", grouped_query(q, depth_k.shape[2]), depth_k,
+                   preferred_element_type=jnp.float32)
+  present = presence > 0
+  log_p = jnp.log(jnp.where(present, presence, 1.0).astype(jnp.float32))
+  return jnp.transpose(jnp.where(present, dep + log_p, -jnp.inf), (0, 2, 3, 1, 4))
+
+
+def _depth_out(p_dep: Array, depth_v: Array, shape) -> Array:
+  """Depth probabilities [B,K,G,T,S] times the values [B,T,K,S,hd] -> [B,T,H,hd] (``shape``)."""
+  out = jnp.einsum("btkgn,btknd->btkgd", jnp.transpose(p_dep, (0, 3, 1, 2, 4)), depth_v)
+  return out.reshape(shape)
+
+
 def moda_attention(q: Array, k: Array, v: Array, depth_k: Array, depth_v: Array,
                    presence: Array) -> Array:
   """Causal sequence attention and same-position depth attention under one softmax.
@@ -77,11 +93,7 @@ def moda_attention(q: Array, k: Array, v: Array, depth_k: Array, depth_v: Array,
   layout.
   """
   qg, kt, vt = heads_major(q, k, v)                                 # q scaled, [B,K,G,T,hd]
-  dep = jnp.einsum("btkgd,btknd->btkgn", grouped_query(q, k.shape[2]), depth_k,
-                   preferred_element_type=jnp.float32)
-  present = presence > 0
-  log_p = jnp.log(jnp.where(present, presence, 1.0).astype(jnp.float32))
-  dep = jnp.transpose(jnp.where(present, dep + log_p, -jnp.inf), (0, 2, 3, 1, 4))  # [B,K,G,T,S]
+  dep = _depth_logits(q, depth_k, presence)                         # [B,K,G,T,S]
   out_seq, p_dep = [], []
   for rows, keys, keep in causal_blocks(q.shape[1]):
     seq = jnp.einsum("bkgqd,bksd->bkgqs", qg[..., rows, :], kt[..., :keys, :],
@@ -91,13 +103,36 @@ def moda_attention(q: Array, k: Array, v: Array, depth_k: Array, depth_v: Array,
     out_seq.append(jnp.einsum("bkgqs,bksd->bkgqd", probs[..., :keys].astype(v.dtype),
                               vt[..., :keys, :]))
     p_dep.append(probs[..., keys:].astype(v.dtype))
-  out_dep = jnp.einsum("btkgn,btknd->btkgd",
-                       jnp.transpose(join_query_blocks(p_dep), (0, 3, 1, 2, 4)), depth_v)
-  return tokens_major(join_query_blocks(out_seq)) + out_dep.reshape(q.shape)
+  return (tokens_major(join_query_blocks(out_seq))
+          + _depth_out(join_query_blocks(p_dep), depth_v, q.shape))
+
+
+def moda_attention_cached(q: Array, k_all: Array, v_all: Array, mask: Array, depth_k: Array,
+                          depth_v: Array, presence: Array) -> Array:
+  """``moda_attention`` for new tokens against a KV cache (the decode path).
+
+  q: [B,T,H,hd] of the T new tokens; k_all, v_all: [B,S,K,hd] the layer's cache with the new
+  keys written; mask: [B,T,S] (query i of row b sees slots ``<= index[b] + i``); depth_k,
+  depth_v: [B,T,K,2L,hd] the new tokens' own depth buffers. Depth keys are the same position's
+  only, so the cache of a MoDA layer is the ordinary one and this is exact.
+  """
+  qg, kt, vt = heads_major(q, k_all, v_all)
+  seq = jnp.einsum("bkgqd,bksd->bkgqs", qg, kt, preferred_element_type=jnp.float32)
+  seq = jnp.where(mask[:, None, None], seq, -jnp.inf)
+  probs = jax.nn.softmax(
+      jnp.concatenate([seq, _depth_logits(q, depth_k, presence)], axis=-1), axis=-1)
+  s = k_all.shape[1]
+  out_seq = jnp.einsum("bkgqs,bksd->bkgqd", probs[..., :s].astype(v_all.dtype), vt)
+  return tokens_major(out_seq) + _depth_out(probs[..., s:].astype(v_all.dtype), depth_v, q.shape)
 
 
 class MoDA(LayerWiring):
-  """Pre-LN residual + MoDA attention over a preallocated depth-KV buffer (module docstring)."""
+  """Pre-LN residual + MoDA attention over a preallocated depth-KV buffer (module docstring).
+
+  Decoding (``attn.decode``): the sequence K/V go through the layer's ordinary KV cache and the
+  new tokens attend to it and to their own depth keys (``moda_attention_cached``), exactly."""
+
+  attend_handles_kv_cache = True
 
   def setup(self):
     cfg = self.cfg
@@ -129,8 +164,12 @@ class MoDA(LayerWiring):
       q, k, depth_k = attn.q_norm(q), attn.k_norm(k), attn.k_norm(depth_k)
     q = apply_rope(q, positions, attn.rope_theta)
     k = apply_rope(k, positions, attn.rope_theta)
-    o = moda_attention(q, k, v, depth_k.astype(q.dtype), state["v"].astype(v.dtype),
-                       state["presence"])
+    depth_k, depth_v = depth_k.astype(q.dtype), state["v"].astype(v.dtype)
+    cached = attn.kv_cache(k, v) if attn.decode else (k, v, None)
+    if cached[2] is None:  # Training, or the call that creates the cache.
+      o = moda_attention(q, k, v, depth_k, depth_v, state["presence"])
+    else:
+      o = moda_attention_cached(q, *cached, depth_k, depth_v, state["presence"])
     return attn.project_out(o), self._store(state, 2 * layer, k_raw, v)
 
   def write(self, state, y, sub, layer):

@@ -26,8 +26,9 @@ nothing else timed, while the unrolled one holds 10-12 ms; with
 ``--xla_cpu_multi_thread_eigen=false`` the scan holds 13-15 ms. A ratio of two scanned steps'
 medians then depends on which mode each landed in (benchmarks/README.md).
 
-Designs whose attention is not the backbone's (MoDA reads depth K/V that the cache does not
-hold) decode by full recompute (``decode.supports_kv_cache``) and are refused here with that
+Every registered design decodes from the per-layer KV cache (MoDA through its own cached
+attention, ``residual/moda.py``); a design whose ``attend`` override does not handle the cache
+would decode by full recompute (``decode.supports_kv_cache``) and is refused here with that
 reason.
 
 Writes ``OUT/results-<device>-decode.json`` and ``.png`` and prints the table.
@@ -50,7 +51,7 @@ import jax.numpy as jnp
 
 from depthbench_jax import bench, hostmem
 
-DESIGNS = ("preln", "hc", "mhc", "attnres_full", "attnres_block")
+DESIGNS = ("preln", "hc", "mhc", "attnres_full", "attnres_block", "moda")
 SHAPES = ("8x512", "16x368", "32x256", "64x176")  # the bench's depth run: ~26M layer params each
 LOOPS = ("scan", "unrolled")
 

@@ -33,10 +33,16 @@ def random_params(cfg, seed=0, std=0.3):
   return jax.tree.map(draw, nn.unbox(abstract_params(cfg)))
 
 
-@pytest.mark.parametrize("overrides", [dict(), dict(n_kv_heads=2, qk_norm=True,
-                                                     scan_layers=False)])
+MODA = ml_collections.ConfigDict({"name": "moda"})
+
+
+@pytest.mark.parametrize("overrides", [
+    dict(), dict(n_kv_heads=2, qk_norm=True, scan_layers=False),
+    # MoDA's own cached attention, with GQA depth keys through the reading layer's k_norm.
+    dict(n_layers=3, n_kv_heads=2, qk_norm=True, residual=MODA)])
 def test_kv_cache_equals_full_recompute(overrides):
   cfg = cfg_of(**overrides)
+  assert decode.supports_kv_cache(cfg)
   params = random_params(cfg)
   cached, cached_logits = decode.greedy_generate(cfg, params, PROMPTS, 6, return_logits=True)
   full, full_logits = decode.greedy_generate(cfg, params, PROMPTS, 6, use_cache=False,
@@ -79,15 +85,23 @@ FAST_DESIGNS = ("hc", "moda")  # The rest are slow-marked (each ~3-12 s on 2 cor
     d if d in FAST_DESIGNS else pytest.param(d, marks=pytest.mark.slow)
     for d in registry.names() if d != "preln"])
 def test_every_design_decodes_like_full_recompute(design):
-  """KV caching is exact for designs with the default attend; MoDA falls back to recompute."""
+  """KV caching is exact for every design: the default attend, and MoDA's cached attention."""
   cfg = cfg_of(n_layers=4, residual=ml_collections.ConfigDict({"name": design}))
   params = random_params(cfg, std=0.2)
-  if design == "moda":
-    assert not decode.supports_kv_cache(cfg)
-    with pytest.raises(ValueError, match="overrides attend"):
-      decode.greedy_generate(cfg, params, PROMPTS, 3, use_cache=True)
+  assert decode.supports_kv_cache(cfg)
   out, logits = decode.greedy_generate(cfg, params, PROMPTS, 3, return_logits=True)
   full, full_logits = decode.greedy_generate(cfg, params, PROMPTS, 3, use_cache=False,
                                              return_logits=True)
   assert out == full
   np.testing.assert_allclose(logits, full_logits, atol=2e-5, rtol=1e-5)
+
+
+def test_an_attend_override_that_does_not_handle_the_cache_decodes_by_recompute(monkeypatch):
+  from depthbench_jax.residual import moda
+  monkeypatch.setattr(moda.MoDA, "attend_handles_kv_cache", False)
+  cfg = cfg_of(residual=MODA)
+  assert not decode.supports_kv_cache(cfg)
+  params = random_params(cfg)
+  with pytest.raises(ValueError, match="overrides attend"):
+    decode.greedy_generate(cfg, params, PROMPTS, 3, use_cache=True)
+  assert len(decode.greedy_generate(cfg, params, PROMPTS, 3)[0]) == 3  # Recompute by default.

@@ -22,12 +22,13 @@ from depthbench_jax.systems.decode_bench import Case
 QUICK = bench.PRESETS["quick"]   # d 32, 2 heads, vocab 64, float32
 
 
-def test_the_timed_step_is_greedy_decoding_at_the_context_and_repeats_itself():
+@pytest.mark.parametrize("design", ["hc", "moda"])
+def test_the_timed_step_is_greedy_decoding_at_the_context_and_repeats_itself(design):
   """Each ``token()`` call decodes the position after the prompt's greedy token, from the same
   cache: the ids equal ``greedy_generate``'s second token, call after call; ``prefill()`` gives
-  its first."""
+  its first. (MoDA: its own cached attention over sequence and depth keys.)"""
   batch, context = 2, 12
-  case = Case("hc", "2x32", context, "unrolled")  # Scanned decoding: test_decode.py.
+  case = Case(design, "2x32", context, "unrolled")  # Scanned decoding: test_decode.py.
   prepared = decode_bench.prepare(QUICK, case, batch)
   cfg = decode_bench.decode_config(QUICK, case)
   params = nn.unbox(init_params(cfg, jax.random.PRNGKey(0)))
@@ -90,7 +91,6 @@ def test_rows_are_ratios_of_medians_with_round_paired_bands():
 
 
 @pytest.mark.parametrize("flag,value,message", [
-    ("--designs", "preln,moda", "'moda': moda decodes by full recompute"),
     ("--designs", "pre_ln", "unknown design 'pre_ln'"),
     ("--shapes", "2x32,3x17", "'3x17': d_model 17 is not a multiple"),
     ("--contexts", "16,0", "--contexts entry '0': allowed: positive integers"),
@@ -101,6 +101,15 @@ def test_bad_flags_fail_before_anything_compiles(tmp_path, capsys, flag, value, 
   with pytest.raises(SystemExit):
     decode_bench.main(["--preset=quick", flag, value, "--out", str(tmp_path)])
   assert message in capsys.readouterr().err
+  assert not list(tmp_path.iterdir())
+
+
+def test_a_design_without_a_cached_decode_step_is_refused(tmp_path, capsys, monkeypatch):
+  from depthbench_jax.residual import moda
+  monkeypatch.setattr(moda.MoDA, "attend_handles_kv_cache", False)
+  with pytest.raises(SystemExit):
+    decode_bench.main(["--preset=quick", "--designs", "preln,moda", "--out", str(tmp_path)])
+  assert "'moda': moda decodes by full recompute" in capsys.readouterr().err
   assert not list(tmp_path.iterdir())
 
 
