@@ -4,7 +4,7 @@
 # KV cache) for Pre-LN, HC and Full AttnRes, interleaved; scanned layers, because one block per
 # layer (DECODE_LOOPS=unrolled, the CPU default) compiled 10-20x slower at 64 layers on the CPU
 # (18-54 s against 2-3 s per case) (`python -m depthbench_jax.systems.decode_bench`):
-# results-<device>-decode.json and
+# results-<device>-designs-shapes-decode-contexts-loops.json and
 # decode.log. At batch 1 a decode step reads every weight once and launches every layer's
 # kernels one after another, so the ratio 70x640 / 16x1216 is the latency price of depth.
 # For the device tool, alone or just before gpu_profile.sh (not yet run on a GPU; 9 cases, two

@@ -31,7 +31,9 @@ attention, ``residual/moda.py``); a design whose ``attend`` override does not ha
 would decode by full recompute (``decode.supports_kv_cache``) and is refused here with that
 reason.
 
-Writes ``OUT/results-<device>-decode.json`` and ``.png`` and prints the table.
+Writes ``OUT/results-<device>-decode.json`` and ``.png`` and prints the table; a run with other
+designs, shapes, contexts, loops or batch than the defaults writes beside it, named by what it
+changed (``results-cpu-designs-decode-contexts.json``), so it never replaces the default run.
 """
 
 from __future__ import annotations
@@ -349,7 +351,12 @@ def main(argv: Sequence[str] | None = None) -> int:
   result = run(p, cases, args.batch, args.rounds, log=log)
   result["preset_name"] = name
   os.makedirs(args.out, exist_ok=True)
-  path = bench.result_path(args.out, result["device"], name, kind="decode")
+  # Like the train bench: the default run owns results-<device>-decode.json; a run that changes
+  # what is timed writes beside it (named by what it changed) instead of over it.
+  changed = lambda flag: getattr(args, flag) != ap.get_default(flag)
+  path = bench.result_path(
+      args.out, result["device"], name, designs=changed("designs"), shapes=changed("shapes"),
+      kind="decode" + "".join(f"-{f}" for f in ("contexts", "loops", "batch") if changed(f)))
   with open(path, "w") as f:
     json.dump(result, f, indent=1)
   print(render(result))

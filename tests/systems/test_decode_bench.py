@@ -117,8 +117,10 @@ def test_quick_run_writes_the_result_its_picture_and_a_table(tmp_path, capsys):
   assert decode_bench.main(["--preset=quick", "--designs=preln", "--shapes=2x32,4x16",
                             "--contexts=8", "--rounds=2",
                             "--out", str(tmp_path)]) == 0
-  path = bench.result_path(str(tmp_path), "cpu", "quick", kind="decode")
-  assert path.endswith("results-cpu-quick-decode.json")
+  # Named by what the run changed, beside (never over) the default run's results-cpu-decode.json.
+  path = str(tmp_path / "results-cpu-quick-designs-shapes-decode-contexts.json")
+  assert sorted(os.listdir(tmp_path)) == [os.path.basename(path),
+                                          os.path.basename(path)[:-4] + "png"]
   with open(path) as f:
     result = json.load(f)
   assert [(r["design"], r["shape"], r["loop"]) for r in result["rows"]] == [

@@ -53,9 +53,9 @@ def test_gpu_profile_script_benches_and_profiles_in_miniature(tmp_path):
 def test_gpu_decode_script_times_decoding_in_miniature(tmp_path):
   run_script("gpu_decode.sh", tmp_path, DECODE_PRESET="quick", DECODE_SHAPES="2x32",
              DECODE_CONTEXTS="16", DECODE_ROUNDS="2")
-  assert sorted(os.listdir(tmp_path)) == ["decode.log", "results-cpu-quick-decode.json",
-                                          "results-cpu-quick-decode.png"]
-  with open(tmp_path / "results-cpu-quick-decode.json") as f:
+  name = "results-cpu-quick-designs-shapes-decode-contexts-loops"  # all but the batch changed
+  assert sorted(os.listdir(tmp_path)) == ["decode.log", f"{name}.json", f"{name}.png"]
+  with open(tmp_path / f"{name}.json") as f:
     rows = json.load(f)["rows"]
   assert [(r["design"], r["shape"], r["context"]) for r in rows] == [
       (d, "2x32", 16) for d in ("preln", "hc", "attnres_full")]
