@@ -165,11 +165,13 @@ class MoDA(LayerWiring):
     q = apply_rope(q, positions, attn.rope_theta)
     k = apply_rope(k, positions, attn.rope_theta)
     depth_k, depth_v = depth_k.astype(q.dtype), state["v"].astype(v.dtype)
-    cached = attn.kv_cache(k, v) if attn.decode else (k, v, None)
-    if cached[2] is None:  # Training, or the call that creates the cache.
+    mask = None
+    if attn.decode:  # As Attention.attend_cached: mask None on the call that creates the cache.
+      k_all, v_all, mask = attn.kv_cache(k, v)
+    if mask is None:
       o = moda_attention(q, k, v, depth_k, depth_v, state["presence"])
     else:
-      o = moda_attention_cached(q, *cached, depth_k, depth_v, state["presence"])
+      o = moda_attention_cached(q, k_all, v_all, mask, depth_k, depth_v, state["presence"])
     return attn.project_out(o), self._store(state, 2 * layer, k_raw, v)
 
   def write(self, state, y, sub, layer):

@@ -293,8 +293,9 @@ def parse_cases(p: bench.Preset, designs: str, shapes: str, contexts: str,
     name, _ = bench.design_spec(spec)
     if not decode.design_supports_kv_cache(name):
       raise ValueError(f"--designs entry {spec!r}: {name} decodes by full recompute (its "
-                       "attention reads K/V the per-layer cache does not hold; "
-                       "model/decode.py), so it has no cached decode step to time")
+                       "attend override does not handle the per-layer KV cache: "
+                       "LayerWiring.attend_handles_kv_cache, model/decode.py), so it has no "
+                       "cached decode step to time")
   for spec in shape_list:
     bench.shape_spec(spec, p.n_heads)
   context_list = []
