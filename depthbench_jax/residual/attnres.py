@@ -49,7 +49,7 @@ import jax.numpy as jnp
 
 from depthbench_jax.model.layers import dtype_of
 from depthbench_jax.residual.base import (Design, LayerWiring, StateIO, check_fields, depth_softmax,
-                                          inverse_rms, write_slot)
+                                          inverse_rms, static_layer, write_slot)
 
 Array = jax.Array
 
@@ -77,11 +77,20 @@ class _DepthQueries(LayerWiring):
     """``w * g`` [d]: sublayer ``sub``'s pseudo-query with its key gain folded in."""
     return self.queries[sub] * self.key_gains[sub]
 
-  def aggregate(self, state, sub: int) -> tuple[Array, Array]:
-    """``h = sum_i softmax_i((w * g) . N0(v_i)) v_i`` over present slots; also the weights."""
-    query = self.depth_query(sub)
-    h, weights = depth_softmax(query, state["values"], state["presence"], self.cfg.norm_eps,
-                               inv_rms=state["inv_rms"])
+  def aggregate(self, state, sub: int, n_read: int | None = None) -> tuple[Array, Array]:
+    """``h = sum_i softmax_i((w * g) . N0(v_i)) v_i`` over present slots; also the weights [S,..].
+
+    ``n_read``: a static bound on the slots written so far (the unrolled loop knows its layer,
+    ``static_layer``); the read then skips the slots after it, which are absent (weight 0
+    either way), and the weights are padded back. Under ``nn.scan`` every slot is read.
+    """
+    values, inv_rms, presence = state["values"], state["inv_rms"], state["presence"]
+    n_slots = values.shape[0]
+    if n_read is not None and n_read < n_slots:
+      values, inv_rms, presence = values[:n_read], inv_rms[:n_read], presence[:n_read]
+    h, weights = depth_softmax(self.depth_query(sub), values, presence, self.cfg.norm_eps,
+                               inv_rms=inv_rms)
+    weights = jnp.pad(weights, ((0, n_slots - weights.shape[0]), (0, 0), (0, 0)))
     self.sow("intermediates", "depth_weights", weights)
     return h, weights
 
@@ -156,14 +165,19 @@ class FullAttnRes(_DepthQueries):
   ``dynamic_update_slice`` at the traced index; ``presence`` [2L+1] masks slots not yet written
   (and layers gated out); ``slot`` (int32) = the last slot written. Sublayer ``k`` reads slots
   ``0..k`` (all that are present): ``h_k = sum_i softmax_i(w_k . N0(v_i)) v_i``; then
-  ``v_(k+1) = F(N(h_k))`` is stored. Memory O(L d) per token (paper §3.1). Reverse-mode through
+  ``v_(k+1) = F(N(h_k))`` is stored. Under ``nn.scan`` the read covers all ``2L+1`` slots, the
+  later ones masked (the index is traced); the unrolled loop, whose index is a Python int
+  (``base.static_layer``), reads slots ``0..k`` only (Block AttnRes likewise reads its block
+  slots ``0..n``). Memory O(L d) per token (paper §3.1). Reverse-mode through
   ``nn.scan`` would save each iteration's carry (O(L^2 d) in training); under
   ``remat_policy='nothing_saveable'`` the Transformer runs ``model/buffer_stack.py`` instead,
   which saves the final buffer once (``Design.source_buffer``).
   """
 
   def read(self, state, sub, layer):
-    h, _ = self.aggregate(state, sub)
+    layer_index = static_layer(layer)   # sublayer k reads slots 0..k
+    n_read = None if layer_index is None else 2 * layer_index + sub + 1
+    h, _ = self.aggregate(state, sub, n_read)
     return self.pre_norm(h.astype(state["values"].dtype), sub)
 
   def write(self, state, y, sub, layer):
@@ -237,8 +251,8 @@ class BlockAttnRes(_DepthQueries):
     return k // per_block + 1, k % per_block  # (block slot n, index i in block, 0-based)
 
   def read(self, state, sub, layer):
-    h, weights = self.aggregate(state, sub)
-    n, _ = self._position(sub, layer)
+    n, _ = self._position(sub, layer)   # reads block slots 0..n
+    h, weights = self.aggregate(state, sub, None if static_layer(layer) is None else n + 1)
     self.sow("intermediates", "own_block_weight", jnp.take(weights, n, axis=0))
     return self.pre_norm(h.astype(state["values"].dtype), sub)
 

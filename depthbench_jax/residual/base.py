@@ -8,7 +8,9 @@ A design is two small Flax modules (see DEVELOPERS.md):
 * ``StateIO``: top level. ``init_state`` turns the embedding into the carried state, ``readout``
   turns the final state into the (normalised) hidden state the LM head reads.
 
-Sublayers: ``sub=0`` attention, ``sub=1`` MLP; ``layer`` is the 0-based (traced) layer index.
+Sublayers: ``sub=0`` attention, ``sub=1`` MLP; ``layer`` is the 0-based layer index: traced
+under ``nn.scan`` and remat, a Python int in the unrolled, un-rematerialised loop (decoding),
+where a design may use it to read only what earlier layers wrote (``static_layer``).
 """
 
 from __future__ import annotations
@@ -19,12 +21,19 @@ from typing import Any, Callable, ClassVar
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from depthbench_jax.model.layers import RMSNorm, dtype_of
 from depthbench_jax.model.matmul import weight_gradient
 
 Array = jax.Array
 State = Any
+
+
+def static_layer(layer) -> int | None:
+  """``layer`` as a Python int when it is known while tracing (the unrolled layer loop), else
+  None (the traced index of ``nn.scan``, or of remat, which traces its arguments)."""
+  return int(layer) if isinstance(layer, (int, np.integer)) else None
 
 
 class LayerWiring(nn.Module):

@@ -21,7 +21,10 @@ authors' LM code ``bla_gpt_moda_depth_scaling.py``):
 * MLP sublayer of layer l -> slot 2l+1: a light extra KV projection of the FFN's input ``u``
   (``ffn_depth_k_proj`` / ``ffn_depth_v_proj``, d -> K*hd each; ``ffn_kv=False`` drops it, giving
   the attention-only variant of the DeiT code).
-Attention of layer l reads slots ``0..2l-1`` of layers ``< l``.
+Attention of layer l reads slots ``0..2l-1`` of layers ``< l``. A scanned layer's index is
+traced, so it reads all 2L slots with the later ones masked; the unrolled loop's is a Python
+int (``base.static_layer``), and there it reads only the first 2l: the same result, for about
+half the depth reads (a decode-bench prefill, benchmarks/README.md).
 
 State: ``x`` [B,T,d]; ``k``, ``v`` [B, T, K, 2L, hd] preallocated depth buffers carried by the
 scan, written with ``dynamic_update_slice`` at the traced slot; ``presence`` [2L] (1 = written).
@@ -57,7 +60,7 @@ from depthbench_jax.model.layers import (apply_rope, causal_blocks, dtype_of, gr
                                          tokens_major)
 from depthbench_jax.model.matmul import projection_dot_general
 from depthbench_jax.residual.base import (AppendBuffer, Design, LayerWiring, StateIO,
-                                          check_fields)
+                                          check_fields, static_layer)
 
 Array = jax.Array
 
@@ -159,19 +162,25 @@ class MoDA(LayerWiring):
 
   def attend(self, attn, u, positions, state, layer):
     q, k_raw, v = attn.wq(u), attn.wk(u), attn.wv(u)
-    k, depth_k = k_raw, state["k"]
+    depth_k, depth_v, presence = state["k"], state["v"], state["presence"]
+    layer_index = static_layer(layer)
+    if layer_index is not None:  # The unrolled loop: read only the 2l slots of layers < l.
+      n_read = 2 * layer_index
+      depth_k, depth_v, presence = (depth_k[:, :, :, :n_read], depth_v[:, :, :, :n_read],
+                                    presence[:n_read])
+    k = k_raw
     if attn.qk_norm:
       q, k, depth_k = attn.q_norm(q), attn.k_norm(k), attn.k_norm(depth_k)
     q = apply_rope(q, positions, attn.rope_theta)
     k = apply_rope(k, positions, attn.rope_theta)
-    depth_k, depth_v = depth_k.astype(q.dtype), state["v"].astype(v.dtype)
+    depth_k, depth_v = depth_k.astype(q.dtype), depth_v.astype(v.dtype)
     mask = None
     if attn.decode:  # As Attention.attend_cached: mask None on the call that creates the cache.
       k_all, v_all, mask = attn.kv_cache(k, v)
     if mask is None:
-      o = moda_attention(q, k, v, depth_k, depth_v, state["presence"])
+      o = moda_attention(q, k, v, depth_k, depth_v, presence)
     else:
-      o = moda_attention_cached(q, k_all, v_all, mask, depth_k, depth_v, state["presence"])
+      o = moda_attention_cached(q, k_all, v_all, mask, depth_k, depth_v, presence)
     return attn.project_out(o), self._store(state, 2 * layer, k_raw, v)
 
   def write(self, state, y, sub, layer):

@@ -10,8 +10,10 @@ width.
 Two counts are given for the designs whose cross-layer reads are masked:
 ``causal=True`` (the default, the convention of ``flops.py``'s sequence attention) counts only
 what the math needs: sublayer ``k`` of Full AttnRes reads ``k + 1`` sources, MoDA's layer ``l``
-reads ``2 l`` depth slots. ``causal=False`` counts what the implementation computes: every slot of
-the preallocated buffer, masked or not (what XLA's ``cost_analysis`` sees).
+reads ``2 l`` depth slots. ``causal=False`` counts what the scanned layer stack computes: every
+slot of the preallocated buffer, masked or not (what XLA's ``cost_analysis`` sees of the systems
+table's scanned compile). The unrolled layer loop knows each layer's index and reads only the
+written slots, so its compile counts the causal term (``tests/systems/test_systems.py``).
 
 * ``matmul_params`` (MoDA only: its FFN depth-KV projections ``2 d K hd`` per layer): parameters
   that multiply every token once, like the backbone's; 2 FLOPs each.

@@ -239,10 +239,18 @@ def test_scan_matches_unrolled(kind):
   loop = kit.tiny_cfg(cfg.design, n_layers=3, residual=dict(cfg.residual), scan_layers=False,
                       remat_policy="none")
   params = params_for(cfg, 0.1)
-  got = run(cfg, params)
-  want = run(loop, unstack_layers(params, 3))
-  np.testing.assert_allclose(got[0], want[0], atol=2e-5, rtol=1e-5)
-  np.testing.assert_allclose(got[1]["hidden"], want[1]["hidden"], atol=2e-5, rtol=1e-5)
+  # The unrolled loop reads only the slots written so far (a static layer index), the scan
+  # every slot: the same logits, hidden states and (zero-padded) depth weights, gated too.
+  for gate in (None, jnp.array([1.0, 0.0, 1.0])):
+    got = run(cfg, params, gate)
+    want = run(loop, unstack_layers(params, 3), gate)
+    np.testing.assert_allclose(got[0], want[0], atol=2e-5, rtol=1e-5)
+    np.testing.assert_allclose(got[1]["hidden"], want[1]["hidden"], atol=2e-5, rtol=1e-5)
+    for sub in (0, 1):
+      scanned = got[2]["layers"]["residual"]["depth_weights"][sub]        # [L, S, B, T]
+      for layer in range(3):
+        unrolled = want[2][f"layers_{layer}"]["residual"]["depth_weights"][sub]  # [S,B,T]
+        np.testing.assert_allclose(unrolled, scanned[layer], atol=1e-6)
 
 
 def test_finite_gradients_reach_queries():

@@ -108,8 +108,10 @@ def test_attention_module_matches_reference():
   dk[..., 2:, :], dv[..., 2:, :] = 0, 0
   state = {"x": jnp.zeros((B, T, 32)), "k": jnp.asarray(dk), "v": jnp.asarray(dv),
            "presence": jnp.ones(4)}  # all present: the reference's semantics (see above)
+  # The layer index as an array, as nn.scan passes it: a Python int would make MoDA read only
+  # slots 0..1 (those of layers < 1), and the reference reads all four.
   (y, new), _ = AttendOnly(cfg).apply({"params": {"self_attn": attn_params}}, jnp.asarray(u),
-                                      state, 1, mutable=["intermediates"])
+                                      state, jnp.asarray(1), mutable=["intermediates"])
   with torch.no_grad():
     want, k_write, v_write = ref(torch.from_numpy(u), to_ref_depth(dk), to_ref_depth(dv))
   np.testing.assert_allclose(y, want.numpy(), atol=1e-5)
