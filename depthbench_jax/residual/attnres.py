@@ -49,7 +49,8 @@ import jax.numpy as jnp
 
 from depthbench_jax.model.layers import dtype_of
 from depthbench_jax.residual.base import (Design, LayerWiring, StateIO, check_fields, depth_softmax,
-                                          inverse_rms, static_layer, write_slot)
+                                          inverse_rms, static_layer, static_prefix,
+                                          write_slot)
 
 Array = jax.Array
 
@@ -176,7 +177,8 @@ class FullAttnRes(_DepthQueries):
 
   def read(self, state, sub, layer):
     layer_index = static_layer(layer)   # sublayer k reads slots 0..k
-    n_read = None if layer_index is None else 2 * layer_index + sub + 1
+    n_read = (None if layer_index is None
+              else static_prefix(2 * layer_index + sub + 1, state["values"].shape[0]))
     h, _ = self.aggregate(state, sub, n_read)
     return self.pre_norm(h.astype(state["values"].dtype), sub)
 
@@ -252,7 +254,9 @@ class BlockAttnRes(_DepthQueries):
 
   def read(self, state, sub, layer):
     n, _ = self._position(sub, layer)   # reads block slots 0..n
-    h, weights = self.aggregate(state, sub, None if static_layer(layer) is None else n + 1)
+    n_read = (None if static_layer(layer) is None
+              else static_prefix(n + 1, state["values"].shape[0]))
+    h, weights = self.aggregate(state, sub, n_read)
     self.sow("intermediates", "own_block_weight", jnp.take(weights, n, axis=0))
     return self.pre_norm(h.astype(state["values"].dtype), sub)
 

@@ -36,6 +36,16 @@ def static_layer(layer) -> int | None:
   return int(layer) if isinstance(layer, (int, np.integer)) else None
 
 
+def static_prefix(n_written: int, n_slots: int, multiple: int = 8) -> int:
+  """How many leading slots a read with a static layer index covers: ``n_written`` rounded up
+  to a ``multiple``, at most ``n_slots`` (the slots in between are absent and masked, as under
+  the scan). Rounded so that the unrolled layers share a few buffer shapes: with one shape per
+  layer, XLA:CPU's compile of a 64x176 Full AttnRes decode step and prefill added 16,700 memory
+  maps to the process (8,100 reading the whole buffer, 8,700 rounded to 8 slots), and the
+  decode bench's 48 programs hit ``vm.max_map_count`` (65,530) and aborted."""
+  return min(-(-n_written // multiple) * multiple, n_slots)
+
+
 class LayerWiring(nn.Module):
   """Per-layer residual wiring. Subclasses define ``setup``, ``read`` and ``write``."""
 

@@ -60,7 +60,7 @@ from depthbench_jax.model.layers import (apply_rope, causal_blocks, dtype_of, gr
                                          tokens_major)
 from depthbench_jax.model.matmul import projection_dot_general
 from depthbench_jax.residual.base import (AppendBuffer, Design, LayerWiring, StateIO,
-                                          check_fields, static_layer)
+                                          check_fields, static_layer, static_prefix)
 
 Array = jax.Array
 
@@ -165,7 +165,7 @@ class MoDA(LayerWiring):
     depth_k, depth_v, presence = state["k"], state["v"], state["presence"]
     layer_index = static_layer(layer)
     if layer_index is not None:  # The unrolled loop: read only the 2l slots of layers < l.
-      n_read = 2 * layer_index
+      n_read = static_prefix(2 * layer_index, depth_k.shape[3])
       depth_k, depth_v, presence = (depth_k[:, :, :, :n_read], depth_v[:, :, :, :n_read],
                                     presence[:n_read])
     k = k_raw

@@ -40,8 +40,8 @@ MODA = ml_collections.ConfigDict({"name": "moda"})
     dict(), dict(n_kv_heads=2, qk_norm=True, scan_layers=False),
     # MoDA's own cached attention, with GQA depth keys through the reading layer's k_norm.
     dict(n_layers=3, n_kv_heads=2, qk_norm=True, residual=MODA),
-    # Unrolled, each MoDA layer reads only its earlier layers' depth slots (a static index).
-    dict(n_layers=3, n_kv_heads=2, qk_norm=True, residual=MODA, scan_layers=False)])
+    # Unrolled, MoDA's layers read only the first 8 of the 10 depth slots (a static index).
+    dict(n_layers=5, n_kv_heads=2, qk_norm=True, residual=MODA, scan_layers=False)])
 def test_kv_cache_equals_full_recompute(overrides):
   cfg = cfg_of(**overrides)
   assert decode.supports_kv_cache(cfg)

@@ -233,22 +233,25 @@ def test_gate_zero_is_the_layer_removed(name, residual):
   np.testing.assert_allclose(gated, run(cfg2, params2)[0], atol=1e-5)
 
 
-@pytest.mark.parametrize("kind", ["full", "block_sublayer"])
-def test_scan_matches_unrolled(kind):
-  cfg = CONFIGS[kind]
-  loop = kit.tiny_cfg(cfg.design, n_layers=3, residual=dict(cfg.residual), scan_layers=False,
+@pytest.mark.parametrize("residual", [None, {"n_blocks": 12, "block_unit": "sublayer"}])
+def test_scan_matches_unrolled(residual):
+  """The unrolled loop reads only the first ``static_prefix`` slots (8 here, of 13: a static
+  layer index), the scan every slot: the same logits, hidden states and zero-padded depth
+  weights, with a layer gated out too. Full AttnRes, and Block with one sublayer per block."""
+  design = "attnres_full" if residual is None else "attnres_block"
+  cfg = kit.tiny_cfg(design, n_layers=6, residual=residual)
+  loop = kit.tiny_cfg(design, n_layers=6, residual=residual, scan_layers=False,
                       remat_policy="none")
   params = params_for(cfg, 0.1)
-  # The unrolled loop reads only the slots written so far (a static layer index), the scan
-  # every slot: the same logits, hidden states and (zero-padded) depth weights, gated too.
-  for gate in (None, jnp.array([1.0, 0.0, 1.0])):
+  for gate in (None, jnp.array([1.0, 0.0, 1.0, 1.0, 1.0, 1.0])):
     got = run(cfg, params, gate)
-    want = run(loop, unstack_layers(params, 3), gate)
+    want = run(loop, unstack_layers(params, 6), gate)
     np.testing.assert_allclose(got[0], want[0], atol=2e-5, rtol=1e-5)
     np.testing.assert_allclose(got[1]["hidden"], want[1]["hidden"], atol=2e-5, rtol=1e-5)
     for sub in (0, 1):
       scanned = got[2]["layers"]["residual"]["depth_weights"][sub]        # [L, S, B, T]
-      for layer in range(3):
+      assert scanned.shape[1] == 13
+      for layer in range(6):
         unrolled = want[2][f"layers_{layer}"]["residual"]["depth_weights"][sub]  # [S,B,T]
         np.testing.assert_allclose(unrolled, scanned[layer], atol=1e-6)
 

@@ -129,6 +129,20 @@ def test_gate_zero_is_the_layer_removed():
   assert not np.allclose(gated, run(MODA3, params)[0], atol=1e-4)
 
 
+def test_scan_matches_unrolled_reading_a_prefix():
+  """Unrolled, layers 0-4 of 6 read the first 8 of the 12 depth slots (a static layer index,
+  ``base.static_prefix``); the scan reads all 12 masked: the same logits, gated too."""
+  cfg = kit.tiny_cfg("moda", n_layers=6, n_kv_heads=2, qk_norm=True)
+  loop = kit.tiny_cfg("moda", n_layers=6, n_kv_heads=2, qk_norm=True, scan_layers=False,
+                      remat_policy="none")
+  params = params_for(cfg)
+  for gate in (None, jnp.array([1.0, 0.0, 1.0, 1.0, 1.0, 1.0])):
+    got = run(cfg, params, gate)
+    want = run(loop, unstack_layers(params, 6), gate)
+    np.testing.assert_allclose(got[0], want[0], atol=2e-5, rtol=1e-5)
+    np.testing.assert_allclose(got[1]["hidden"], want[1]["hidden"], atol=2e-5, rtol=1e-5)
+
+
 def test_scan_matches_unrolled_and_permutation():
   loop = kit.tiny_cfg("moda", n_layers=3, n_kv_heads=2, qk_norm=True, scan_layers=False,
                       remat_policy="none")

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from depthbench_jax.model.config import model_config_from
+from depthbench_jax.residual.base import static_prefix
 from depthbench_jax.systems import costs, design_costs, flops, xla
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -54,25 +55,29 @@ def test_analytic_flops_match_xla_on_a_tiny_model(design, kernel):
 
 @pytest.mark.parametrize("design", ["preln", "attnres_full", "moda"])
 def test_scan_body_correction_equals_an_unrolled_compile(design):
-  """The scanned count, corrected, equals an unrolled compile's but for one term: the unrolled
-  loop knows each layer's index, so Full AttnRes and MoDA read there only the slots written so
-  far (``design_costs``' causal count), while a scanned layer reads its whole buffer (the
-  computed count). The two compiles differ by ``T * (computed - causal)`` design FLOPs (Full
-  AttnRes: its read is all contractions and multiply-adds, so exactly that; MoDA: that and
-  the masked slots' elementwise softmax work, which XLA counts and the convention leaves out)."""
+  """The scanned count, corrected, equals an unrolled compile's but for the masked depth reads:
+  the unrolled loop knows each layer's index, so Full AttnRes and MoDA read there only the
+  slots written so far, rounded up to 8 (``base.static_prefix``), while a scanned layer reads
+  its whole buffer (``design_costs``' computed count). Full AttnRes's read is all contractions
+  and multiply-adds (4 d FLOPs a slot), so the difference is exactly the slots skipped; MoDA
+  skips those contractions and the masked slots' elementwise softmax work, which XLA counts
+  and the convention leaves out."""
   cfg = model_cfg(design, n_layers=6)  # Full AttnRes and MoDA: the state grows with L
-  t = 32
+  t, sublayers = 32, 2 * cfg.n_layers
   scanned = xla.prefill_analysis(cfg, t, dtype="float32")["xla_flops"]
   unrolled = xla.prefill_analysis(dataclasses.replace(cfg, scan_layers=False), t,
                                   dtype="float32")["xla_flops"]
-  masked = t * (flops.design_flops_per_token(cfg, causal=False)
-                - flops.design_flops_per_token(cfg, causal=True))
   tolerance = 0.002 * unrolled
-  if design == "moda":
-    assert scanned - unrolled > masked > 5 * tolerance
+  if design == "preln":
+    assert abs(scanned - unrolled) <= tolerance
+  elif design == "attnres_full":
+    slots = sublayers + 1
+    skipped = sum(slots - static_prefix(k + 1, slots) for k in range(sublayers))
+    assert skipped > 0 and 4 * cfg.d_model * t * skipped > 5 * tolerance
+    assert abs(scanned - unrolled - 4 * cfg.d_model * t * skipped) <= tolerance
   else:
-    assert masked == 0 if design == "preln" else masked > 5 * tolerance
-    assert abs(scanned - unrolled - masked) <= tolerance
+    skipped = sum(sublayers - static_prefix(2 * l, sublayers) for l in range(cfg.n_layers))
+    assert scanned - unrolled > 4 * cfg.d_model * t * skipped > 0
 
 
 def test_causal_and_computed_attention_terms():
