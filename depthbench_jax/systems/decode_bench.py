@@ -206,14 +206,39 @@ def rows_from_times(prepared: Sequence[Prepared], times: dict[str, list[float]],
   return rows
 
 
+class TooManyMaps(RuntimeError):
+  """The compiled programs are about to exhaust the process's memory maps."""
+
+
+def _check_maps(done: int, total: int, held: int, limit: int, largest: int) -> None:
+  """Stops before a compile that could exceed ``vm.max_map_count``: XLA:CPU would abort the
+  process mid-compile (the default run holds ~54,000 of 65,530 here once all 48 programs are
+  compiled). ``largest``: the most maps one case has taken so far; 1.5x of it is kept free."""
+  if done < total and held + 1.5 * largest > limit:
+    raise TooManyMaps(
+        f"decode_bench: after compiling {done} of {total} cases this process holds {held:,} "
+        f"memory maps of vm.max_map_count = {limit:,}, and one case has taken up to "
+        f"{largest:,}; XLA:CPU aborts a compile that cannot map more. Time fewer cases per run "
+        "(--designs, --shapes, --contexts, --loops: each run writes its own file) or raise the "
+        "limit (sysctl -w vm.max_map_count=262144). Nothing was timed or written.")
+
+
 def run(p: bench.Preset, cases: Sequence[Case], batch: int, rounds: int,
         log: Callable[[str], None] = print) -> dict:
   record = bench.run_record(p)  # Read before the run, so an edit landing during it is not.
-  prepared = []
+  prepared, largest = [], 0
   for case in cases:
+    before = hostmem.memory_maps()
     prepared.append(prepare(p, case, batch))
+    after = hostmem.memory_maps()
+    maps = ""
+    if before and after:
+      largest = max(largest, after[0] - before[0])
+      maps = f", {after[0]:,} memory maps"
     log(f"  compiled {case.name}: {prepared[-1].compile_s:.1f}s, "
-        f"{prepared[-1].params / 1e6:.1f}M params")
+        f"{prepared[-1].params / 1e6:.1f}M params{maps}")
+    if before and after:
+      _check_maps(len(prepared), len(cases), after[0], after[1], largest)
   candidates = {}
   for q in prepared:
     candidates[f"{q.case.name}/token"] = q.token
@@ -349,7 +374,11 @@ def main(argv: Sequence[str] | None = None) -> int:
   log = lambda s: print(s, file=sys.stderr, flush=True)
   log(f"device {bench.device_name()}: {len(cases)} cases x 2 (decode step, prefill), "
       f"batch {args.batch}")
-  result = run(p, cases, args.batch, args.rounds, log=log)
+  try:
+    result = run(p, cases, args.batch, args.rounds, log=log)
+  except TooManyMaps as e:
+    log(str(e))
+    return 2
   result["preset_name"] = name
   os.makedirs(args.out, exist_ok=True)
   # Like the train bench: the default run owns results-<device>-decode.json; a run that changes

@@ -136,3 +136,28 @@ def test_quick_run_writes_the_result_its_picture_and_a_table(tmp_path, capsys):
   with pytest.raises(SystemExit):
     decode_bench.main(["--replot", str(train_result)])
   assert "not a result of that command" in capsys.readouterr().err
+
+
+def test_a_run_about_to_exhaust_memory_maps_stops_before_timing(tmp_path, capsys, monkeypatch):
+  """Each compile takes 1,000 maps of a 3,500 limit: after the second of three cases 2,100 +
+  1.5 x 1,000 > 3,500, so the run stops there (rc 2) with the counts and the way out, instead
+  of XLA:CPU aborting the process in LLVM; nothing is timed or written."""
+  from depthbench_jax import hostmem
+  readings = iter([100, 1_100, 1_100, 2_100, 2_100, 3_100])   # before and after each compile
+  monkeypatch.setattr(hostmem, "memory_maps", lambda: (next(readings), 3_500))
+  assert decode_bench.main(["--preset=quick", "--designs=preln", "--shapes=2x32,3x32,4x32",
+                            "--contexts=8", "--out", str(tmp_path)]) == 2
+  err = capsys.readouterr().err
+  assert "after compiling 2 of 3 cases this process holds 2,100 memory maps" in err
+  assert "vm.max_map_count = 3,500" in err and "--designs, --shapes" in err
+  assert "compiled preln@4x32" not in err and "round 1/" not in err
+  assert not list(tmp_path.iterdir())
+
+
+def test_memory_maps_reads_this_process_and_the_kernel_limit():
+  from depthbench_jax import hostmem
+  maps = hostmem.memory_maps()
+  if maps is None:
+    pytest.skip("no /proc/self/maps")
+  held, limit = maps
+  assert 0 < held < limit
