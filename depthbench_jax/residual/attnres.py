@@ -168,8 +168,8 @@ class FullAttnRes(_DepthQueries):
   ``0..k`` (all that are present): ``h_k = sum_i softmax_i(w_k . N0(v_i)) v_i``; then
   ``v_(k+1) = F(N(h_k))`` is stored. Under ``nn.scan`` the read covers all ``2L+1`` slots, the
   later ones masked (the index is traced); the unrolled loop, whose index is a Python int
-  (``base.static_layer``), reads slots ``0..k`` only (Block AttnRes likewise reads its block
-  slots ``0..n``). Memory O(L d) per token (paper §3.1). Reverse-mode through
+  (``base.static_layer``), reads slots ``0..k`` only, rounded up to 8 slots (``static_prefix``;
+  Block AttnRes likewise reads its block slots ``0..n``). Memory O(L d) per token (paper §3.1). Reverse-mode through
   ``nn.scan`` would save each iteration's carry (O(L^2 d) in training); under
   ``remat_policy='nothing_saveable'`` the Transformer runs ``model/buffer_stack.py`` instead,
   which saves the final buffer once (``Design.source_buffer``).

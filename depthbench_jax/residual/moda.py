@@ -23,8 +23,9 @@ authors' LM code ``bla_gpt_moda_depth_scaling.py``):
   the attention-only variant of the DeiT code).
 Attention of layer l reads slots ``0..2l-1`` of layers ``< l``. A scanned layer's index is
 traced, so it reads all 2L slots with the later ones masked; the unrolled loop's is a Python
-int (``base.static_layer``), and there it reads only the first 2l: the same result, for about
-half the depth reads (a decode-bench prefill, benchmarks/README.md).
+int (``base.static_layer``), and there it reads only the first 2l, rounded up to 8 slots
+(``base.static_prefix``): the same result for about half the depth reads (benchmarks/README.md,
+the decode bench's prefill).
 
 State: ``x`` [B,T,d]; ``k``, ``v`` [B, T, K, 2L, hd] preallocated depth buffers carried by the
 scan, written with ``dynamic_update_slice`` at the traced slot; ``presence`` [2L] (1 = written).
