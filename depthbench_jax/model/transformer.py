@@ -161,7 +161,7 @@ class Transformer(nn.Module):
       per_layer = []
       for i in range(cfg.n_layers):
         # The layer index as a Python int: a design may then read only the slots written so
-        # far (``residual.base.static_layer``); remat still traces it.
+        # far (``residual.base.static_prefix``); remat still traces it.
         xs_i = {**jax.tree.map(lambda a: a[i], xs), "layer": i}
         state, out = block_cls(cfg, return_layers, self.decode, name=f"layers_{i}")(
             state, xs_i, positions)

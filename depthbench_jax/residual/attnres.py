@@ -49,8 +49,7 @@ import jax.numpy as jnp
 
 from depthbench_jax.model.layers import dtype_of
 from depthbench_jax.residual.base import (Design, LayerWiring, StateIO, check_fields, depth_softmax,
-                                          inverse_rms, static_layer, static_prefix,
-                                          write_slot)
+                                          inverse_rms, static_prefix, write_slot)
 
 Array = jax.Array
 
@@ -82,7 +81,7 @@ class _DepthQueries(LayerWiring):
     """``h = sum_i softmax_i((w * g) . N0(v_i)) v_i`` over present slots; also the weights [S,..].
 
     ``n_read``: a static bound on the slots written so far (the unrolled loop knows its layer,
-    ``static_layer``); the read then skips the slots after it, which are absent (weight 0
+    ``static_prefix``); the read then skips the slots after it, which are absent (weight 0
     either way), and the weights are padded back. Under ``nn.scan`` every slot is read.
     """
     values, inv_rms, presence = state["values"], state["inv_rms"], state["presence"]
@@ -167,18 +166,16 @@ class FullAttnRes(_DepthQueries):
   (and layers gated out); ``slot`` (int32) = the last slot written. Sublayer ``k`` reads slots
   ``0..k`` (all that are present): ``h_k = sum_i softmax_i(w_k . N0(v_i)) v_i``; then
   ``v_(k+1) = F(N(h_k))`` is stored. Under ``nn.scan`` the read covers all ``2L+1`` slots, the
-  later ones masked (the index is traced); the unrolled loop, whose index is a Python int
-  (``base.static_layer``), reads slots ``0..k`` only, rounded up to 8 slots (``static_prefix``;
-  Block AttnRes likewise reads its block slots ``0..n``). Memory O(L d) per token (paper §3.1). Reverse-mode through
-  ``nn.scan`` would save each iteration's carry (O(L^2 d) in training); under
+  later ones masked (the index is traced); the unrolled loop, whose index is a Python int,
+  reads slots ``0..k`` only, rounded up to 8 slots (``base.static_prefix``; Block AttnRes
+  likewise reads its block slots ``0..n``). Memory O(L d) per token (paper §3.1). Reverse-mode
+  through ``nn.scan`` would save each iteration's carry (O(L^2 d) in training); under
   ``remat_policy='nothing_saveable'`` the Transformer runs ``model/buffer_stack.py`` instead,
   which saves the final buffer once (``Design.source_buffer``).
   """
 
   def read(self, state, sub, layer):
-    layer_index = static_layer(layer)   # sublayer k reads slots 0..k
-    n_read = (None if layer_index is None
-              else static_prefix(2 * layer_index + sub + 1, state["values"].shape[0]))
+    n_read = static_prefix(2 * layer + sub + 1, state["values"].shape[0])  # slots 0..k
     h, _ = self.aggregate(state, sub, n_read)
     return self.pre_norm(h.astype(state["values"].dtype), sub)
 
@@ -254,9 +251,7 @@ class BlockAttnRes(_DepthQueries):
 
   def read(self, state, sub, layer):
     n, _ = self._position(sub, layer)   # reads block slots 0..n
-    n_read = (None if static_layer(layer) is None
-              else static_prefix(n + 1, state["values"].shape[0]))
-    h, weights = self.aggregate(state, sub, n_read)
+    h, weights = self.aggregate(state, sub, static_prefix(n + 1, state["values"].shape[0]))
     self.sow("intermediates", "own_block_weight", jnp.take(weights, n, axis=0))
     return self.pre_norm(h.astype(state["values"].dtype), sub)
 

@@ -10,7 +10,7 @@ A design is two small Flax modules (see DEVELOPERS.md):
 
 Sublayers: ``sub=0`` attention, ``sub=1`` MLP; ``layer`` is the 0-based layer index: traced
 under ``nn.scan`` and remat, a Python int in the unrolled, un-rematerialised loop (decoding),
-where a design may use it to read only what earlier layers wrote (``static_layer``).
+where a design may use it to read only what earlier layers wrote (``static_prefix``).
 """
 
 from __future__ import annotations
@@ -30,20 +30,20 @@ Array = jax.Array
 State = Any
 
 
-def static_layer(layer) -> int | None:
-  """``layer`` as a Python int when it is known while tracing (the unrolled layer loop), else
-  None (the traced index of ``nn.scan``, or of remat, which traces its arguments)."""
-  return int(layer) if isinstance(layer, (int, np.integer)) else None
+def static_prefix(n_written, n_slots: int, multiple: int = 8) -> int | None:
+  """How many leading slots of a buffer a read covers, given ``n_written``, the slots earlier
+  sublayers may have written (computed from the layer index). The unrolled loop's index is a
+  Python int, so then is ``n_written``: it is rounded up to a ``multiple``, at most ``n_slots``
+  (the slots in between are absent and masked, as under the scan). Traced (``nn.scan``, or
+  remat, which traces its arguments): None, read every slot.
 
-
-def static_prefix(n_written: int, n_slots: int, multiple: int = 8) -> int:
-  """How many leading slots a read with a static layer index covers: ``n_written`` rounded up
-  to a ``multiple``, at most ``n_slots`` (the slots in between are absent and masked, as under
-  the scan). Rounded so that the unrolled layers share a few buffer shapes: with one shape per
-  layer, XLA:CPU's compile of a 64x176 Full AttnRes decode step and prefill added 16,700 memory
-  maps to the process (8,100 reading the whole buffer, 8,700 rounded to 8 slots), and the
-  decode bench's 48 programs hit ``vm.max_map_count`` (65,530) and aborted."""
-  return min(-(-n_written // multiple) * multiple, n_slots)
+  Rounded so that the unrolled layers share a few buffer shapes: with one shape per layer,
+  XLA:CPU's compile of a 64x176 Full AttnRes decode step and prefill added 16,700 memory maps
+  to the process (8,100 reading the whole buffer, 8,700 rounded to 8 slots), and the decode
+  bench's 48 programs hit ``vm.max_map_count`` (65,530) and aborted."""
+  if not isinstance(n_written, (int, np.integer)):
+    return None
+  return min(-(-int(n_written) // multiple) * multiple, n_slots)
 
 
 class LayerWiring(nn.Module):

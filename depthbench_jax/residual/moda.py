@@ -23,9 +23,9 @@ authors' LM code ``bla_gpt_moda_depth_scaling.py``):
   the attention-only variant of the DeiT code).
 Attention of layer l reads slots ``0..2l-1`` of layers ``< l``. A scanned layer's index is
 traced, so it reads all 2L slots with the later ones masked; the unrolled loop's is a Python
-int (``base.static_layer``), and there it reads only the first 2l, rounded up to 8 slots
-(``base.static_prefix``): the same result for about half the depth reads (benchmarks/README.md,
-the decode bench's prefill).
+int, and there it reads only the first 2l, rounded up to 8 slots (``base.static_prefix``):
+the same result for about half the depth reads (benchmarks/README.md, the decode bench's
+prefill).
 
 State: ``x`` [B,T,d]; ``k``, ``v`` [B, T, K, 2L, hd] preallocated depth buffers carried by the
 scan, written with ``dynamic_update_slice`` at the traced slot; ``presence`` [2L] (1 = written).
@@ -61,7 +61,7 @@ from depthbench_jax.model.layers import (apply_rope, causal_blocks, dtype_of, gr
                                          tokens_major)
 from depthbench_jax.model.matmul import projection_dot_general
 from depthbench_jax.residual.base import (AppendBuffer, Design, LayerWiring, StateIO,
-                                          check_fields, static_layer, static_prefix)
+                                          check_fields, static_prefix)
 
 Array = jax.Array
 
@@ -164,9 +164,8 @@ class MoDA(LayerWiring):
   def attend(self, attn, u, positions, state, layer):
     q, k_raw, v = attn.wq(u), attn.wk(u), attn.wv(u)
     depth_k, depth_v, presence = state["k"], state["v"], state["presence"]
-    layer_index = static_layer(layer)
-    if layer_index is not None:  # The unrolled loop: read only the 2l slots of layers < l.
-      n_read = static_prefix(2 * layer_index, depth_k.shape[3])
+    n_read = static_prefix(2 * layer, depth_k.shape[3])  # the 2l slots of layers < l
+    if n_read is not None:  # The unrolled loop: read only those (rounded up).
       depth_k, depth_v, presence = (depth_k[:, :, :, :n_read], depth_v[:, :, :, :n_read],
                                     presence[:n_read])
     k = k_raw
