@@ -41,9 +41,10 @@ def run_model_config(record: dict):
 
 
 def _systems_rows(records: Iterable[dict]) -> tuple[dict[tuple[str, str], dict], list[dict]]:
-  """``(rows by (design, shape), measured rows)`` of the ``systems.json`` files near the runs."""
+  """``(rows by (design, shape), measured rows)`` of the ``systems.json`` files near the runs;
+  where two files hold a row (a measured one: for the same device), the first file found wins."""
   found: dict[tuple[str, str], dict] = {}
-  timed: list[dict] = []
+  timed: dict[tuple[str, str, str], dict] = {}
   seen = set()
   for r in records:
     d = r.get("workdir") or ""
@@ -61,8 +62,9 @@ def _systems_rows(records: Iterable[dict]) -> tuple[dict[tuple[str, str], dict],
         continue
       for row in data.get("rows", []):
         found.setdefault((row["design"], row["shape"]), row)
-      timed += data.get("measured") or []
-  return found, timed
+      for m in data.get("measured") or []:
+        timed.setdefault((m["device"], m["design"], m["shape"]), m)
+  return found, list(timed.values())
 
 
 def systems_table(runs: Iterable[dict]) -> str | None:

@@ -104,7 +104,11 @@ def test_report_section_shows_the_measured_rows_of_the_runs_shapes(tmp_path):
            {**row, "design": "moda", "step_over_preln": 3.8}]  # No run of MoDA: left out.
   (runs / "systems.json").write_text(json.dumps({"seq_len": 4096, "rows": [],
                                                  "measured": timed}))
+  # A second systems.json, in one run's own directory, timing HC again: one HC row is shown.
+  (runs / "hc_16x1216_lr1e-3" / "systems.json").write_text(json.dumps(
+      {"seq_len": 4096, "rows": [], "measured": [{**row, "design": "hc", "step_over_preln": 1.7}]}))
   section = systems_table(scorecard.collect_runs(str(runs)))
   assert "Measured by the bench on the same models" in section
+  assert section.count("| hc | 16x1216 | fakedev |") == 1
   assert "| hc | 16x1216 | fakedev | 100,000 | 1.500 (1.400-1.600) |" in section
   assert "moda" not in section
