@@ -65,7 +65,10 @@ def run_name(design: str, shape: Shape, lr: float) -> str:
 
 def parse_run_arg(arg: str | None, defaults: dict[str, Any]) -> dict[str, Any]:
   """``'arch=hc,shape=16x1216,lr=3e-4'`` -> ``{'arch': 'hc', 'shape': Shape(16,1216), 'lr':
-  3e-4, ...}`` over ``defaults``; unknown keys are a ConfigError naming the allowed ones."""
+  3e-4, ...}`` over ``defaults``; unknown keys are a ConfigError naming the allowed ones.
+
+  ``defaults['lr']`` may be a function of the design, ``lr(arch) -> float``: a suite whose
+  designs need different peak LRs gives each its own when the argument names none."""
   out = dict(defaults)
   for item in (arg or "").split(","):
     item = item.strip()
@@ -79,6 +82,8 @@ def parse_run_arg(arg: str | None, defaults: dict[str, Any]) -> dict[str, Any]:
     out[key] = value.strip()
   if isinstance(out.get("shape"), str):
     out["shape"] = parse_shape(out["shape"])
+  if callable(out.get("lr")):
+    out["lr"] = out["lr"](out["arch"])
   try:
     out["lr"] = float(out["lr"])
   except (TypeError, ValueError):

@@ -95,6 +95,18 @@ def test_smoke_config_and_listing():
   assert runs[0].workdir == os.path.join("/tmp/r", runs[0].name)
 
 
+def test_smoke_gives_deepnorm_its_own_lr():
+  """DeepNorm diverges at the smoke sweep's 3e-3 (configs/smoke.py): the sweep and a bare
+  ``arch=deepnorm`` run at 2e-3; a named ``lr=`` still wins; other designs keep 3e-3."""
+  smoke = sweep.load_config_module(SMOKE)
+  assert smoke.get_config("arch=deepnorm").lr == 2e-3
+  assert smoke.get_config("arch=deepnorm,lr=3e-3").lr == 3e-3
+  assert smoke.get_config("arch=hc").lr == 3e-3
+  lrs = {(r.design, r.name.split("_lr")[-1]) for r in sweep.list_runs(SMOKE, "/tmp/r")}
+  assert ("deepnorm", "2e-3") in lrs and ("deepnorm", "3e-3") not in lrs
+  assert ("keel", "3e-3") in lrs
+
+
 def test_dry_run_plan(tiny, capsys):
   from depthbench_jax.model.config import model_config_from
   from depthbench_jax.systems.flops import train_flops_per_token
