@@ -243,6 +243,18 @@ def human(x: float) -> str:
   return f"{x:.3g}"
 
 
+def format_duration(seconds: float) -> str:
+  """52 -> '52s', 3125 -> '52m05s', 45000 -> '12h30m'; '?' for inf or nan."""
+  if not math.isfinite(seconds):
+    return "?"
+  seconds = int(seconds)
+  if seconds < 60:
+    return f"{seconds}s"
+  if seconds < 3600:
+    return f"{seconds // 60}m{seconds % 60:02d}s"
+  return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
 def format_plan(rows: Sequence[dict], mfu: float, peak_flops: float) -> str:
   header = (f"{'run':<36} {'state':<8} {'AR':>6} {'params':>9} {'non-emb':>9} {'steps':>8} "
             f"{'tokens':>9} {'FLOPs':>9} {'dev-h':>9}")
@@ -329,7 +341,8 @@ def execute(config_path: str, runs: Sequence[Run], main_cmd: Sequence[str],
     else:
       outcome["failed"].append(run.name)
       print(f"[sweep] {run.name}: exit {code}, status {status!r}; continuing", flush=True)
-    print(f"[sweep] {run.name}: {status or 'no summary'} in {time.time() - start:.0f}s",
+    print(f"[sweep] {run.name}: {status or 'no summary'} in "
+          f"{format_duration(time.time() - start)}",
           flush=True)
   print("[sweep] done: " + ", ".join(f"{k} {len(v)}" for k, v in outcome.items()), flush=True)
   for key in ("diverged", "failed"):

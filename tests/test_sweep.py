@@ -82,6 +82,11 @@ def test_names_and_args():
     sweep.parse_run_arg("lr=fast", {"arch": "preln", "shape": "4x8", "lr": 1.0})
 
 
+def test_format_duration():
+  assert [sweep.format_duration(s) for s in (0, 52.9, 60, 3125, 45000, float("inf"))] == [
+      "0s", "52s", "1m00s", "52m05s", "12h30m", "?"]
+
+
 def test_smoke_config_and_listing():
   from depthbench_jax.residual import registry
   c = sweep.load_config_module(SMOKE).get_config("arch=preln,shape=8x96")

@@ -4,7 +4,7 @@
 (design, shape) present in the runs, computed from the run's own config (analytic, no compile):
 prefill FLOPs at ``PREFILL_SEQ_LEN`` (causal and paper conventions), KV-cache and residual-state
 bytes, parameter bytes, training FLOPs per token, the Chinchilla device-hours estimate, and the
-wall-clock hours the runs actually took (summed over the LR grid). When ``python -m
+wall-clock time the runs actually took (summed over the LR grid). When ``python -m
 depthbench_jax.systems`` has written a ``systems.json`` in a run's directory or one of its two
 parents, its XLA FLOPs and peak memory are merged in, and its measured rows (``--measured``: the
 bench's timed steps and device-hours, ``systems/measured.py``) for the runs' (design, shape)s
@@ -94,7 +94,7 @@ def systems_table(runs: Iterable[dict]) -> str | None:
     if extra:
       row.update({k: extra[k] for k in ("xla_flops", "peak_bytes") if k in extra})
     walls = [r.get("wall_time_s") for r in rs if r.get("wall_time_s")]
-    row["wall_hours"] = sum(walls) / 3600.0 if walls else None
+    row["wall_s"] = sum(walls) if walls else None
     rows.append(row)
   if not rows:
     return None
@@ -105,8 +105,8 @@ def systems_table(runs: Iterable[dict]) -> str | None:
   timed = [m for m in timed if (m["design"], m["shape"]) in groups]
   if timed:
     parts += ["", "Measured by the bench on the same models:", "", measured.markdown(timed)]
-  walls = [(r["design"], r["shape"], r["wall_hours"]) for r in rows if r["wall_hours"]]
+  walls = [(r["design"], r["shape"], r["wall_s"]) for r in rows if r["wall_s"]]
   if walls:
-    parts += ["", "Measured wall-clock hours of the runs (all LRs of a shape summed): " +
-              ", ".join(f"{d} {s} {h:.1f}" for d, s, h in walls) + "."]
+    parts += ["", "Measured wall-clock time of the runs (all LRs of a shape summed): " +
+              ", ".join(f"{d} {s} {sweep.format_duration(t)}" for d, s, t in walls) + "."]
   return "\n".join(parts)

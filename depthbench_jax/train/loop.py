@@ -33,6 +33,7 @@ from clu import metric_writers, periodic_actions
 
 from depthbench_jax.data import pipeline
 from depthbench_jax.model.transformer import Transformer, count_params
+from depthbench_jax.sweep import format_duration
 from depthbench_jax.systems.flops import train_flops_per_token
 from depthbench_jax.train import checkpoint, config_check, sharding, summary
 from depthbench_jax.train.optimizer import lr_schedule, make_optimizer
@@ -254,19 +255,8 @@ def _progress_line(step, steps, scalars, val_loss, elapsed_s, start_step) -> str
             f"{scalars['perf/tokens_per_s'] / 1e3:.1f}k tok/s"]
   if "perf/mfu" in scalars:
     parts.append(f"MFU {scalars['perf/mfu']:.1%}")
-  parts.append(f"ETA {_fmt_duration(eta)}")
+  parts.append(f"ETA {format_duration(eta)}")
   return " | ".join(parts)
-
-
-def _fmt_duration(seconds: float) -> str:
-  if not math.isfinite(seconds):
-    return "?"
-  seconds = int(seconds)
-  if seconds < 60:
-    return f"{seconds}s"
-  if seconds < 3600:
-    return f"{seconds // 60}m{seconds % 60:02d}s"
-  return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
 def _opt_state_sharding(abstract_opt_state, param_sharding, mesh):

@@ -145,6 +145,7 @@ def test_cli_and_report_section(tmp_path, capsys):
   records = scorecard.collect_runs(os.path.join(ROOT, "tests", "fixtures", "results_small"))
   section = systems_table(records)
   assert "| preln | 16x1216 |" in section and "device-h" in section
+  assert "hc 16x1216 2h00m" in section   # two LRs of 3600 s each, summed
 
 
 def test_interleaved_rotates_the_order_each_round():
