@@ -4,13 +4,14 @@
     python -m depthbench_jax.main --config=configs/smoke.py:arch=hc,shape=4x128 --workdir=/tmp/s
 
 Two near-iso-parameter shapes with the byte tokenizer (vocab 257, so the embedding does not
-swamp a 0.5M-parameter model): 4x128 (AR 32) and 8x96 (AR 12), 4 heads. One LR, every
-registered design; sized for ~40 s per run on 2 CPU cores.
+swamp a 0.5M-parameter model): 4x128 (AR 32) and 8x96 (AR 12), 4 heads. Every
+registered design, each run sized for ~40 s on 2 CPU cores.
 
 One peak LR, 3e-3, except where a design fails at it (the paper gives each design its own LR
-sweep; the smoke sweep has no room for one): DeepNorm, Post-LN, spikes at step 23 at 3e-3 at
-both shapes (loss 12.6 against a best of 2.83) and trains at 2e-3 (final val 2.57 at 4x128,
-2.60 at 8x96; Pre-LN at 3e-3: 2.62, 2.73). Naming ``lr=`` overrides it.
+sweep; the smoke sweep has no room for one): DeepNorm, Post-LN, spikes at 3e-3 at both shapes
+(at step 23 of 4x128, loss 12.6 against a best of 2.83; at step 29 of 8x96) and trains at 2e-3
+(final val 2.57 at 4x128, 2.60 at 8x96; Pre-LN at 3e-3: 2.62, 2.73). Naming ``lr=`` overrides
+it.
 """
 
 import ml_collections
