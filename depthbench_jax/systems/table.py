@@ -23,16 +23,24 @@ CONVENTION = (
     "backend named (no allocation).")
 
 
+def _num(v: float, decimals: int) -> str:
+  """``v`` with ``decimals`` decimals (thousands separated) from 1 up; below 1, two significant
+  figures, so a smoke-sized model's 0.023 TFLOPs or 5e-07 device-hours do not print as 0."""
+  if v == 0 or abs(v) >= 1:
+    return f"{v:,.{decimals}f}"
+  return f"{v:.2g}"
+
+
 def _t(x) -> str:
-  return "-" if x is None else f"{x / 1e12:.2f}"
+  return "-" if x is None else _num(x / 1e12, 2)
 
 
 def _mb(x) -> str:
-  return "-" if x is None else f"{x / 2**20:,.0f}"
+  return "-" if x is None else _num(x / 2**20, 0)
 
 
 def _gb(x) -> str:
-  return "-" if x is None else f"{x / 2**30:.2f}"
+  return "-" if x is None else _num(x / 2**30, 2)
 
 
 def markdown_table(rows: Sequence[dict]) -> str:
@@ -54,8 +62,8 @@ def markdown_table(rows: Sequence[dict]) -> str:
         f"{_t(r['prefill_flops_computed'])} | {_t(r.get('xla_flops'))} | "
         f"{_t(r['prefill_flops_paper'])} | {_mb(r['kv_cache_bytes'])} | "
         f"{_mb(r['residual_state_bytes'])} | {_gb(r['param_bytes'])} | "
-        f"{_gb(r.get('peak_bytes'))} | {r['train_flops_per_token'] / 1e9:.2f} | "
-        f"{r['device_hours']:,.0f} |")
+        f"{_gb(r.get('peak_bytes'))} | {_num(r['train_flops_per_token'] / 1e9, 2)} | "
+        f"{_num(r['device_hours'], 0)} |")
   return "\n".join(lines)
 
 

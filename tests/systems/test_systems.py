@@ -148,6 +148,24 @@ def test_cli_and_report_section(tmp_path, capsys):
   assert "hc 16x1216 2h00m" in section   # two LRs of 3600 s each, summed
 
 
+def test_table_shows_a_small_model_in_significant_figures():
+  """From 1 up the table keeps its fixed decimals (the committed 400M table renders the same);
+  below 1 two significant figures, so the smoke suite's row is not a row of zeros."""
+  from depthbench_jax.systems import table
+  assert [table._num(v, k) for v, k in ((3.4921, 2), (1234.4, 0), (0.76, 2), (0.0234, 2),
+                                        (4.92e-7, 0), (0.0, 2))] == [
+      "3.49", "1,234", "0.76", "0.023", "4.9e-07", "0.00"]
+  row = {"design": "preln", "shape": "4x128", "aspect_ratio": 32.0, "params_total": 918784,
+         "prefill_flops_causal": 1.2e8, "prefill_flops_computed": 1.3e8,
+         "prefill_flops_paper": 1.0e8, "kv_cache_bytes": 131072, "residual_state_bytes": 16384,
+         "param_bytes": 1837568, "train_flops_per_token": 5.7e6, "device_hours": 7.4e-5,
+         "seq_len": 64, "dtype": "bfloat16", "train_seq_len": 128, "peak_flops": 989e12,
+         "mfu": 0.4}
+  line = table.markdown_table([row]).splitlines()[-1]
+  assert line == ("| preln | 4x128 | 32.0 | 0.9M | 0.00012 | 0.00013 | - | 0.0001 | 0.12 | "
+                  "0.016 | 0.0017 | - | 0.0057 | 7.4e-05 |")
+
+
 def test_interleaved_rotates_the_order_each_round():
   from depthbench_jax.bench import interleaved
   calls = []
