@@ -86,7 +86,7 @@ class _DepthQueries(LayerWiring):
     """
     values, inv_rms, presence = state["values"], state["inv_rms"], state["presence"]
     n_slots = values.shape[0]
-    if n_read is not None and n_read < n_slots:
+    if n_read is not None:
       values, inv_rms, presence = values[:n_read], inv_rms[:n_read], presence[:n_read]
     h, weights = depth_softmax(self.depth_query(sub), values, presence, self.cfg.norm_eps,
                                inv_rms=inv_rms)
