@@ -150,6 +150,9 @@ class Design:
   # ``config.model.attention_kernel='fused'``, cuDNN on GPU, applies); False where the design
   # attends with its own einsums (MoDA's depth keys), which stay blocked XLA attention.
   backbone_attention: bool = True
+  # Parameter names, besides the backbone's ``kernel``/``embedding``, that AdamW's weight decay
+  # applies to: a design's dynamic projections (HC Sec. 4: dynamic weights decayed, static not).
+  decayed: tuple[str, ...] = ()
 
   def validate(self, residual, n_layers: int) -> None:
     self.check(residual, n_layers)

@@ -243,4 +243,5 @@ def _check(residual, n_layers):
 
 DESIGN = Design(name="hc", layer=HC, io=StreamIO, check=_check,
                 defaults={"n_streams": 4, "dynamic": True, "tanh": True},
+                decayed=("dynamic_alpha", "dynamic_beta"),
                 description="H <- A_r^T H + B^T F(N(A_m^T H)), n streams, dynamic tanh weights")

@@ -55,7 +55,8 @@ class ManifoldConnection(nn.Module):
     ``H_res  = SK(a_res * mat(x' phi_res) + b_res)``           [n, n]  doubly stochastic
 
   ``phi = [phi_pre | phi_post | phi_res]`` [n*d, 2n + n^2] init 0 (the paper gives no init; zero
-  makes the dynamic part start at exactly zero, as HC's W). Gates ``a_*`` init 0.01 (App. A.1
+  makes the dynamic part start at exactly zero, as HC's W; weight-decayed like HC's dynamic
+  projections, the paper's wd 0.1 named per parameter nowhere). Gates ``a_*`` init 0.01 (App. A.1
   Table 5); no tanh. ``mat`` is row-major: ``H_res[j, i]`` is the weight of stream i in new
   stream j. SK = Sinkhorn-Knopp on ``exp``, columns then rows, ``sinkhorn_iters`` rounds, fp32
   (``base.sinkhorn_knopp``): rows sum to 1 exactly, columns to the method's convergence.
@@ -151,4 +152,5 @@ def _check(residual, n_layers):
 DESIGN = Design(name="mhc", layer=MHC, io=StreamIO, check=_check,
                 defaults={"n_streams": 4, "sinkhorn_iters": 20, "res_init": "identity",
                           "sinkhorn_kernel": "xla"},
+                decayed=("phi",),
                 description="H <- SK(.) H + 2sig(.)^T F(N(sig(.) H)), dynamic from vec(H)")

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import optax
+
+from depthbench_jax.residual import registry
 
 DECAYED_LEAVES = ("kernel", "embedding")
 
@@ -24,12 +28,15 @@ def lr_schedule(config, total_steps: int) -> optax.Schedule:
       decay_steps=warmup + decay_steps, end_value=config.lr * config.min_lr_ratio)
 
 
-def weight_decay_mask(params):
-  """Decay the matmul weights and the embedding; not norm gains, scales or static mixing
-  weights (HC Sec. 4: static connection weights get no decay)."""
+def weight_decay_mask(params, extra: tuple[str, ...] = ()):
+  """True on the leaves AdamW decays: the matmul weights and the embedding, plus ``extra`` (a
+  design's ``Design.decayed``: HC's and mHC's dynamic projections, HC Sec. 4); not norm gains,
+  scales, pseudo-queries or static mixing weights (HC Sec. 4: static connection weights get no
+  decay)."""
+  names = DECAYED_LEAVES + tuple(extra)
   def decayed(path, _):
     last = path[-1]
-    return getattr(last, "key", getattr(last, "name", None)) in DECAYED_LEAVES
+    return getattr(last, "key", getattr(last, "name", None)) in names
   return jax.tree_util.tree_map_with_path(decayed, params)
 
 
@@ -37,4 +44,5 @@ def make_optimizer(config, total_steps: int) -> optax.GradientTransformation:
   return optax.chain(
       optax.clip_by_global_norm(config.grad_clip) if config.grad_clip > 0 else optax.identity(),
       optax.adamw(lr_schedule(config, total_steps), b1=config.b1, b2=config.b2, eps=1e-8,
-                  weight_decay=config.weight_decay, mask=weight_decay_mask))
+                  weight_decay=config.weight_decay, mask=functools.partial(
+                      weight_decay_mask, extra=registry.get(config.model.residual.name).decayed)))
