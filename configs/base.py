@@ -70,8 +70,8 @@ def get_config() -> ml_collections.ConfigDict:
   g.thresholds = (0.45, 0.15)      # (causal, permutation): the paper's share thresholds
   g.curve_points = 101             # share curves over thresholds linspace(0, 1, curve_points)
   g.causal_reduction = "mean"      # over tokens: 'mean' (spec) | 'max' (Csordas et al.)
-  g.causal_chunk = 0               # gated networks per vmapped batch; 0 = all L at once
-  g.permutation_chunk = 8          # swap orders per vmapped batch; 0 = all pairs at once
+  g.causal_chunk = 0               # gated networks per vmapped batch; 0 = one at a time
+  g.permutation_chunk = 8          # swap orders per vmapped batch; 0 = one at a time
   g.permutation_pairs = "all"      # 'all' i<j (full heatmap) | 'late' (only the share's pairs)
   g.dead_threshold = 0.05          # Block AttnRes: own-block weight below this = dead layer
 

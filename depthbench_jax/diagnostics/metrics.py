@@ -134,13 +134,13 @@ def causal_score_row(update: Array, update_skipped: Array, reduction: str = "mea
   """Relative update change of every layer t when one earlier layer is skipped.
 
   update, update_skipped: [L, B, T, d] (clean run, run with layer s gated off).
-  Returns [L]: ``reduce_tokens ||u_t - u'_t|| / ||u_t||`` (reduction 'mean' or 'max'); the caller
-  keeps only ``t > s``.
+  Returns [L]: ``reduce_tokens ||u_t - u'_t|| / ||u_t||`` (reduction 'mean' or 'max'), 0 for a
+  token with ``||u_t|| <= eps``; the caller keeps only ``t > s``.
   """
   u = update.astype(jnp.float32)
   num = jnp.linalg.norm(u - update_skipped.astype(jnp.float32), axis=-1)
   den = jnp.linalg.norm(u, axis=-1)
-  ratio = num / jnp.maximum(den, eps)
+  ratio = jnp.where(den > eps, num / jnp.maximum(den, eps), 0.0)   # zero clean update scores 0
   ratio = ratio.reshape(ratio.shape[0], -1)
   if reduction == "mean":
     return jnp.mean(ratio, axis=-1)

@@ -7,8 +7,8 @@ Every design is measured the same way (DEVELOPERS.md "Model call"):
   the angular distances, ``update`` [L,B,T,d] for the causal score, and the design's sown values
   (HC/mHC ``mixing``, Block AttnRes ``own_block_weight`` / ``depth_weights``);
 * the causal pass runs the L networks with one layer gated off each (``gate = 1 - e_s``), batched
-  with ``jax.lax.map(..., batch_size=causal_chunk)``: ``vmap`` inside a chunk, a loop over chunks,
-  one compile;
+  with ``jax.lax.map(..., batch_size=causal_chunk)``: ``vmap`` inside a chunk, a loop over chunks
+  (0: a loop over single networks), one compile;
 * the permutation pass runs ``permute_layers(params, order)`` for every swap order the same way
   (``permutation_chunk`` orders per vmapped batch), so the per-layer connection params (HC
   matrices, AttnRes pseudo-queries) move with their layer while position-dependent constants
@@ -44,8 +44,8 @@ class Options:
   permutation_threshold: float = metrics.PAPER_PERMUTATION_THRESHOLD
   curve_points: int = 101            # thresholds linspace(0, 1, curve_points) for the share curves
   causal_reduction: str = "mean"     # 'mean' over tokens (spec) | 'max' (Csordas et al.)
-  causal_chunk: int = 0              # gated networks per vmapped batch; 0 = all L at once
-  permutation_chunk: int = 8         # swap orders per vmapped batch; 0 = all at once
+  causal_chunk: int = 0              # gated networks per vmapped batch; 0 = one at a time
+  permutation_chunk: int = 8         # swap orders per vmapped batch; 0 = one at a time
   permutation_pairs: str = "all"     # 'all' i<j pairs (full heatmap) | 'late' (only the share's)
   dead_threshold: float = 0.05       # Block AttnRes: own-block weight below this = dead layer
   run_causal: bool = True

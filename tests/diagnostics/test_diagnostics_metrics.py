@@ -47,6 +47,18 @@ def test_causal_row_zero_when_update_unchanged_and_reductions():
                              atol=1e-6)
 
 
+def test_causal_row_scores_a_zero_clean_update_as_zero():
+  # Layer 0's clean update is zero at one of its 2 tokens; skipping moves it there (ratio
+  # undefined: scored 0, as the docstring says) and leaves the other token (ratio 0).
+  u = np.ones((1, 1, 2, 4), np.float32)
+  u[0, 0, 0] = 0.0
+  skipped = u.copy()
+  skipped[0, 0, 0] = 3.0
+  np.testing.assert_allclose(metrics.causal_score_row(u, skipped), [0.0], atol=1e-7)
+  skipped[0, 0, 1] = -1.0                    # the other token flips: ratio 2, mean over 2 = 1
+  np.testing.assert_allclose(metrics.causal_score_row(u, skipped), [1.0], atol=1e-6)
+
+
 def test_late_layers_are_the_last_three_quarters():
   assert metrics.late_layers(32).tolist() == [False] * 8 + [True] * 24
   assert np.flatnonzero(metrics.late_layers(70))[0] == 18     # 4 * 18 >= 70 > 4 * 17

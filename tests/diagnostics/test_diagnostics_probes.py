@@ -43,7 +43,7 @@ def test_preln_result_shapes_ranges_and_strict_json(preln):
   assert len(r["angular"]["consecutive"]) == L - 1
   c = probes.from_jsonable_matrix(r["causal"]["matrix"])
   p = probes.from_jsonable_matrix(r["permutation"]["matrix"])
-  assert np.isnan(np.tril(c)).all() == False and np.isnan(c[np.tril_indices(L)]).all()
+  assert np.isnan(c[np.tril_indices(L)]).all()
   assert np.isfinite(c[np.triu_indices(L, 1)]).all() and np.isfinite(p[np.triu_indices(L, 1)]).all()
   for key in ("causal", "permutation"):
     curve = r[key]["curve"]
