@@ -64,8 +64,15 @@ def domain_means(sets: dict) -> dict:
 def evaluate(model_cfg, params, tokenizer, *, sets: Sequence[str] = tuple(datasets.SETS),
              data_dir: str | None = None, max_examples: int | None = None,
              generate: bool = True, max_new_tokens: int = 256, batch_size: int = 8,
-             timeout_s: float = 10.0, strict: bool = False) -> dict[str, Any]:
-  """Every requested set that is found: ``{'sets', 'domains', 'missing'}`` (see module doc)."""
+             timeout_s: float = 10.0, strict: bool = False,
+             score_len: int | None = None) -> dict[str, Any]:
+  """Every requested set that is found: ``{'sets', 'domains', 'missing'}`` (see module doc).
+
+  ``score_len``: the longest sequence the NLL and multiple-choice scores read (context +
+  answer; a longer context keeps its last tokens); ``None`` = ``model_cfg.max_seq_len``. The CLI
+  passes the run's training context ``config.data.seq_len``, so no scored position lies beyond
+  the positions the model trained at. Generation keeps ``max_seq_len``.
+  """
   from depthbench_jax.evals import tasks  # pylint: disable=g-import-not-at-top
 
   unknown = [s for s in sets if s not in datasets.SETS]
@@ -84,7 +91,8 @@ def evaluate(model_cfg, params, tokenizer, *, sets: Sequence[str] = tuple(datase
     t0 = time.perf_counter()
     results[name] = tasks.evaluate_set(
         name, model_cfg, params, tokenizer, examples, generate=generate,
-        max_new_tokens=max_new_tokens, batch_size=batch_size, timeout_s=timeout_s)
+        max_new_tokens=max_new_tokens, batch_size=batch_size, timeout_s=timeout_s,
+        score_len=score_len)
     results[name]["time_s"] = time.perf_counter() - t0
     logging.info("%s: %s", name, {k: v for k, v in results[name].items()
                                   if isinstance(v, (int, float))})
@@ -136,11 +144,13 @@ def main(argv):
   data_dir = _DATA_DIR.value or ((config.get("evals") or {}).get("data_dir") or None)
   options = {"eval_data_dir": data_dir or datasets.default_data_dir(),
              "max_examples": _MAX_EXAMPLES.value, "generate": _GENERATE.value,
-             "max_new_tokens": _MAX_NEW.value, "batch_size": _BATCH.value}
+             "max_new_tokens": _MAX_NEW.value, "batch_size": _BATCH.value,
+             "score_len": int(config.data.seq_len)}
   evals = evaluate(model_cfg, params, tokenizer, sets=_SETS.value, data_dir=data_dir,
                    max_examples=_MAX_EXAMPLES.value, generate=_GENERATE.value,
                    max_new_tokens=_MAX_NEW.value, batch_size=_BATCH.value,
-                   timeout_s=_TIMEOUT.value, strict=_STRICT.value)
+                   timeout_s=_TIMEOUT.value, strict=_STRICT.value,
+                   score_len=int(config.data.seq_len))
   evals.update(step=step, name=config.get("name", None), design=model_cfg.design,
                n_layers=model_cfg.n_layers, tokenizer=tokenizer.name, options=options)
   path = write_evals(workdir, evals, int(step or 0))

@@ -158,15 +158,20 @@ def generation_metrics(name: str, cfg, params, tokenizer, examples: Sequence[Exa
 
 def evaluate_set(name: str, cfg, params, tokenizer, examples: Sequence[Example], *,
                  generate: bool = True, max_new_tokens: int = 256, batch_size: int = 8,
-                 max_len: int | None = None, timeout_s: float = 10.0) -> dict[str, Any]:
-  """All metrics of one set: NLL always; acc for mc; exact match / pass@1 when ``generate``."""
+                 max_len: int | None = None, timeout_s: float = 10.0,
+                 score_len: int | None = None) -> dict[str, Any]:
+  """All metrics of one set: NLL always; acc for mc; exact match / pass@1 when ``generate``.
+
+  ``score_len`` caps the scored sequences (default ``max_len``), ``max_len`` the generated ones.
+  """
   spec = SETS[name]
   out: dict[str, Any] = {"domain": spec.domain, "kind": spec.kind}
+  score_len = score_len or max_len
   out.update(nll_metrics(cfg, params, tokenizer, examples, batch_size=batch_size,
-                         max_len=max_len))
+                         max_len=score_len))
   if spec.kind == "mc":
     out.update(mc_metrics(cfg, params, tokenizer, examples, batch_size=batch_size,
-                          max_len=max_len))
+                          max_len=score_len))
   elif generate:
     out.update(generation_metrics(name, cfg, params, tokenizer, examples,
                                   max_new_tokens=max_new_tokens, batch_size=batch_size,

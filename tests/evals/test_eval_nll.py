@@ -98,6 +98,22 @@ def test_evaluate_on_fixtures_writes_evals_and_tensorboard(tmp_path):
   assert os.listdir(tmp_path / "tensorboard")
 
 
+def test_evaluate_scores_within_score_len():
+  # The CLI caps scoring at the training context: a cap below the fixtures' lengths cuts their
+  # contexts (different NLL), a cap above them changes nothing.
+  cfg = tiny_model_cfg()
+  params = jax.tree.map(lambda s: (0.5 * np.random.RandomState(2).randn(*s.shape)).astype(
+      np.float32), nn.unbox(abstract_params(cfg)))
+  run = lambda n: evaluate.evaluate(cfg, params, ByteTok(), sets=["gsm8k"], generate=False,
+                                    data_dir=FIXTURES, batch_size=2, score_len=n)
+  full = run(None)["sets"]["gsm8k"]
+  assert run(cfg.max_seq_len)["sets"]["gsm8k"]["nll_per_token"] == full["nll_per_token"]
+  cap = max(e["tokens"] for e in full["per_example"]) + 4   # every answer fits, no question
+  cut = run(cap)["sets"]["gsm8k"]
+  assert cut["tokens"] == full["tokens"]
+  assert abs(cut["nll_per_token"] - full["nll_per_token"]) > 1e-4
+
+
 def test_missing_sets_are_listed_not_fatal(tmp_path):
   cfg = tiny_model_cfg()
   params = jax.tree.map(lambda s: np.zeros(s.shape, np.float32), nn.unbox(abstract_params(cfg)))

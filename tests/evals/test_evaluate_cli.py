@@ -41,6 +41,7 @@ def test_cli_writes_evals_json_and_a_loadable_hf_export(tmp_path):
   assert proc.returncode == 0, proc.stderr[-3000:]
   evals = json.load(open(os.path.join(workdir, "evals.json")))
   assert evals["step"] == 5 and evals["design"] == "preln" and evals["tokenizer"] == "byte"
+  assert evals["options"]["score_len"] == config.data.seq_len   # scored within the trained context
   assert set(evals["domains"]) == {"coding", "stem", "math"}
   assert os.listdir(os.path.join(workdir, "tensorboard"))
 
