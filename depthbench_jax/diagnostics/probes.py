@@ -5,7 +5,9 @@ Every design is measured the same way (DEVELOPERS.md "Model call"):
 * one clean pass ``apply(..., return_layers=True, mutable=['intermediates'])`` gives the LM loss,
   ``hidden`` [L,B,T,d] (``wiring.hidden``: Pre-LN x, HC sum of streams, AttnRes per design) for
   the angular distances, ``update`` [L,B,T,d] for the causal score, and the design's sown values
-  (HC/mHC ``mixing``, Block AttnRes ``own_block_weight`` / ``depth_weights``);
+  (HC/mHC ``mixing``, Block AttnRes ``own_block_weight``, Full and Block AttnRes
+  ``depth_weights`` and the readout's ``readout_depth_weights``: ``depth_weights.readout``, the
+  final aggregator's mean weight per source, slot 0 the embedding);
 * the causal pass runs the L networks with one layer gated off each (``gate = 1 - e_s``), batched
   with ``jax.lax.map(..., batch_size=causal_chunk)``: ``vmap`` inside a chunk, a loop over chunks
   (0: a loop over single networks), one compile;
@@ -182,6 +184,9 @@ class Probes:
     depth = sown(inter, "depth_weights")
     if depth is not None:  # [L, S, B, T] each -> weight on source 0 (the embedding), [L, 2]
       out["embedding_weight"] = jnp.stack([jnp.mean(w[:, 0], axis=(1, 2)) for w in depth], -1)
+    readout = _find(inter, "readout_depth_weights")
+    if readout:  # sown once, outside the scan: ([S, B, T],) -> [S]
+      out["readout_weight"] = jnp.mean(readout[0][1][0], axis=(1, 2))
     return out
 
   def _causal_pass(self, params, tokens, update):
@@ -260,6 +265,8 @@ class Probes:
       emb = np.asarray(clean["embedding_weight"]).reshape(-1)
       result["depth_weights"] = {"embedding_per_sublayer": emb,
                                  "non_embedding_per_sublayer": 1.0 - emb}
+    if "readout_weight" in clean:  # the final aggregator's weight per source (spec 6.5's check)
+      result.setdefault("depth_weights", {})["readout"] = np.asarray(clean["readout_weight"])
     result["timing"] = timing
     return to_jsonable(result)
 

@@ -63,12 +63,16 @@ def test_block_attnres_own_block_weight_at_init():
   np.testing.assert_allclose(emb[1::2], [1 / (l + 2) for l in range(L)], rtol=1e-5)
   strict = metrics.dead_prefix(np.reshape(dead["per_sublayer"], (L, 2)), threshold=0.4)
   assert strict["dead_layers"] == [1, 2, 3] and strict["dead_prefix"] == 0
+  # The readout's zero query: uniform over b_0 and the L one-layer blocks.
+  np.testing.assert_allclose(r["depth_weights"]["readout"], [1 / (L + 1)] * (L + 1), rtol=1e-5)
 
 
 def test_full_attnres_embedding_weight_at_init():
   r = _run("attnres_full")
   emb = np.asarray(r["depth_weights"]["embedding_per_sublayer"])
   np.testing.assert_allclose(emb, [1 / (k + 1) for k in range(2 * L)], rtol=1e-5)  # v_0..v_k
+  np.testing.assert_allclose(r["depth_weights"]["readout"], [1 / (2 * L + 1)] * (2 * L + 1),
+                             rtol=1e-5)                                      # v_0..v_2L
   assert "dead_prefix" not in r and "mixing" not in r
 
 
