@@ -239,8 +239,8 @@ def dead_prefix(own_weight: np.ndarray, threshold: float = 0.05) -> dict:
   **max over its two sublayers**: a layer is *dead* when neither sublayer reads its block's
   partial sum above ``threshold``. Returns ``per_layer`` [L], ``dead_layers`` (all indices below
   the threshold) and ``dead_prefix`` (the length of the run of dead layers starting at layer 0).
-  With ``block_unit='sublayer'`` and one-sublayer blocks no sublayer ever has a partial sum, so
-  every layer reads as dead: the measure needs blocks of at least two sublayers.
+  With one-sublayer blocks no sublayer ever has a partial sum, so every layer would read as
+  dead: the measure needs blocks of at least two sublayers (``probes`` reports none otherwise).
   """
   per_layer = np.max(np.asarray(own_weight, np.float64), axis=-1)
   dead = per_layer < threshold

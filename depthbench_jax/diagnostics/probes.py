@@ -35,6 +35,7 @@ import numpy as np
 from depthbench_jax.diagnostics import metrics
 from depthbench_jax.model import transformer as transformer_lib
 from depthbench_jax.model.config import ModelConfig
+from depthbench_jax.residual import attnres
 
 Array = jax.Array
 
@@ -257,7 +258,8 @@ class Probes:
                           "erank_by_start": np.asarray(m["erank_by_start"]),
                           "amax_forward": float(m["amax_forward"]),
                           "amax_backward": float(m["amax_backward"])}
-    if "own_block_weight" in clean:
+    if "own_block_weight" in clean and attnres.block_schedule_of(self.cfg)[0] >= 2:
+      # One-sublayer blocks (Full AttnRes in Block's clothes) have no partial sums to weigh.
       own = np.asarray(clean["own_block_weight"])
       result["dead_prefix"] = metrics.dead_prefix(own, opt.dead_threshold)
       result["dead_prefix"]["per_sublayer"] = own.reshape(-1)

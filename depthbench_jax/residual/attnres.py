@@ -201,23 +201,35 @@ def _check_full(residual, n_layers):
 # Block AttnRes.
 # ---------------------------------------------------------------------------------------------
 
-BLOCK_UNITS = ("layer", "sublayer")
+BLOCK_UNITS = ("sublayer", "layer")
+BLOCK_DEFAULTS = {"n_blocks": 8, "block_unit": "sublayer"}
 
 
-def block_schedule(n_layers: int, n_blocks: int, unit: str = "layer") -> tuple[int, int]:
-  """(sublayers per block, number of blocks) under the Kimi K3 schedule.
+def block_schedule(n_layers: int, n_blocks: int, unit: str = "sublayer") -> tuple[int, int]:
+  """(sublayers per block, number of blocks) under the Kimi K3 schedule of ``n_blocks`` blocks.
 
-  Block size = ``ceil(units / n_blocks)`` units, units = Transformer layers (``unit='layer'``, the
-  K3 convention: 93 layers, 8 blocks -> 12-layer blocks, last block 9 layers) or sublayers
-  (``unit='sublayer'``, the paper's S counted in sublayers; ``n_blocks >= 2L`` gives one sublayer
-  per block = Full AttnRes). The block size therefore grows with depth at fixed ``n_blocks``
-  (L=16 -> 2 layers, L=32 -> 4), the last block may be partial, and there are
-  ``ceil(units / size) <= n_blocks`` blocks.
+  Block size = ``ceil(units / n_blocks)`` units, and there are ``ceil(units / size) <= n_blocks``
+  blocks, the last one possibly partial; the size therefore grows with depth at fixed
+  ``n_blocks`` (L=16 -> 2 layers, L=32 -> 4, L=70 -> 9). Units:
+
+  * ``'sublayer'`` (default): the AttnRes paper's S, which counts attention and MLP sublayers
+    (spec 5.2: "N blocks of S = L/N sublayers"). It gives exactly 8 blocks at every suite depth
+    (L=20: 5-sublayer blocks, so a boundary may fall between a layer's two sublayers), as
+    DepthBench's "8 block boundaries" reads, and equals ``'layer'`` wherever that gives 8 blocks
+    (L = 16, 24, 32, 56, 70; K3's 93 layers in 12-layer blocks). With ``n_blocks >= 2L`` each
+    sublayer is its own block: Full AttnRes (so at L <= 4 with 8 blocks).
+  * ``'layer'``: K3's wording, sizes in whole decoder layers: 7 blocks at L = 20, 28, 42.
   """
   units = n_layers if unit == "layer" else 2 * n_layers
   size = math.ceil(units / n_blocks)
   per_unit = 2 if unit == "layer" else 1
   return size * per_unit, math.ceil(units / size)
+
+
+def block_schedule_of(cfg) -> tuple[int, int]:
+  """``block_schedule`` of a model config (its ``residual.n_blocks`` and ``block_unit``)."""
+  return block_schedule(cfg.n_layers, cfg.residual.get("n_blocks", BLOCK_DEFAULTS["n_blocks"]),
+                        cfg.residual.get("block_unit", BLOCK_DEFAULTS["block_unit"]))
 
 
 class BlockAttnRes(_DepthQueries):
@@ -227,7 +239,7 @@ class BlockAttnRes(_DepthQueries):
   its first ``i``. Sources of the ``i``-th sublayer of block ``n`` (paper Eq. 6): ``[b_0..b_(n-1)]``
   for ``i = 1`` and ``[b_0..b_(n-1), b_n^(i-1)]`` for ``i >= 2``; then ``b_n^i = b_n^(i-1) + v``.
   Block size: ``block_schedule`` (config ``n_blocks``, default 8, and ``block_unit``, default
-  'layer': K3 counts the block size in decoder layers).
+  'sublayer': the paper's S, 8 blocks at every depth; 'layer' sizes blocks in whole layers).
 
   State: ``values`` [n_blocks+1, B, T, d] (slot 0 = ``b_0``, slot ``n`` = block ``n``'s summary;
   the running partial sum ``b_n^i`` lives in its own slot ``n`` until the block completes, so no
@@ -240,9 +252,7 @@ class BlockAttnRes(_DepthQueries):
   """
 
   def schedule(self) -> tuple[int, int]:
-    res = self.cfg.residual
-    return block_schedule(self.cfg.n_layers, res.get("n_blocks", 8),
-                          res.get("block_unit", "layer"))
+    return block_schedule_of(self.cfg)
 
   def _position(self, sub, layer):
     per_block, _ = self.schedule()
@@ -276,10 +286,7 @@ class BlockAttnRes(_DepthQueries):
 class BlockAttnResIO(DepthReadout):
 
   def n_slots(self) -> int:
-    res = self.cfg.residual
-    _, n_blocks = block_schedule(self.cfg.n_layers, res.get("n_blocks", 8),
-                                 res.get("block_unit", "layer"))
-    return n_blocks + 1
+    return block_schedule_of(self.cfg)[1] + 1
 
 
 def _check_block(residual, n_layers):
@@ -294,5 +301,5 @@ FULL = Design(name="attnres_full", layer=FullAttnRes, io=FullAttnResIO, check=_c
               source_buffer=True,
               description="h_k = sum_i softmax_i(w_k . N0(v_i)) v_i over all earlier sublayers")
 BLOCK = Design(name="attnres_block", layer=BlockAttnRes, io=BlockAttnResIO,
-               defaults={"n_blocks": 8, "block_unit": "layer"}, check=_check_block,
+               defaults=BLOCK_DEFAULTS, check=_check_block,
                description="AttnRes over block summaries + the current partial sum (Eq. 6)")

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from depthbench_jax.residual.attnres import block_schedule
+from depthbench_jax.residual.attnres import block_schedule_of
 
 
 def _streams(cfg) -> int:
@@ -65,8 +65,7 @@ def _attnres_full(cfg, causal: bool) -> float:
 
 def _attnres_block(cfg, causal: bool) -> float:
   d = cfg.d_model
-  per_block, n_blocks = block_schedule(cfg.n_layers, cfg.residual_option("n_blocks", 8),
-                                       cfg.residual_option("block_unit", "layer"))
+  per_block, n_blocks = block_schedule_of(cfg)
   slots = n_blocks + 1
   if causal:
     # Sublayer i (0-based) of block n reads b_0..b_(n-1), plus b_n^(i-1) when i >= 1.

@@ -53,7 +53,7 @@ def test_block_attnres_own_block_weight_at_init():
   # L=4, 8 blocks, unit 'layer': one layer per block. Zero queries = uniform over the present
   # sources. Layer l's attention sees b_0..b_l (no partial sum yet: own weight 0), its MLP sees
   # those plus b_(l+1)^1: own weight 1/(l+2). The layer's own weight is the max: 1/(l+2).
-  r = _run("attnres_block")
+  r = _run("attnres_block", block_unit="layer")
   dead = r["dead_prefix"]
   np.testing.assert_allclose(dead["per_layer"], [1 / (l + 2) for l in range(L)], rtol=1e-5)
   np.testing.assert_allclose(dead["per_sublayer"][0::2], 0.0, atol=1e-7)
@@ -65,6 +65,13 @@ def test_block_attnres_own_block_weight_at_init():
   assert strict["dead_layers"] == [1, 2, 3] and strict["dead_prefix"] == 0
   # The readout's zero query: uniform over b_0 and the L one-layer blocks.
   np.testing.assert_allclose(r["depth_weights"]["readout"], [1 / (L + 1)] * (L + 1), rtol=1e-5)
+
+
+def test_block_attnres_of_one_sublayer_blocks_reports_no_dead_prefix():
+  # L=4, 8 blocks of sublayers: each sublayer its own block (Full AttnRes), no partial sums.
+  r = _run("attnres_block")
+  assert "dead_prefix" not in r
+  assert len(r["depth_weights"]["readout"]) == 2 * L + 1
 
 
 def test_full_attnres_embedding_weight_at_init():

@@ -195,7 +195,13 @@ def test_block_schedule_k3():
   assert attnres.block_schedule(16, 8) == (4, 8)
   assert attnres.block_schedule(32, 8) == (8, 8)
   assert attnres.block_schedule(70, 8) == (18, 8)  # 9-layer blocks, last one 7
-  assert attnres.block_schedule(4, 8) == (2, 4)  # fewer layers than blocks: one layer each
+  assert attnres.block_schedule(4, 8) == (1, 8)  # 8 blocks of one sublayer: Full AttnRes
+  assert attnres.block_schedule(4, 8, "layer") == (2, 4)  # one layer each
+  # Spec 5.2, 8 blocks at every suite depth; whole-layer blocks give 7 where 8 does not divide L.
+  for L, sub in ((20, 5), (28, 7), (42, 11), (24, 6), (56, 14)):
+    assert attnres.block_schedule(L, 8) == (sub, 8), L
+  assert attnres.block_schedule(20, 8, "layer") == (6, 7)
+  assert attnres.block_schedule(42, 8, "layer") == (12, 7)
   assert attnres.block_schedule(3, 6, "sublayer") == (1, 6)
 
 
