@@ -48,6 +48,7 @@ def get_config() -> ml_collections.ConfigDict:
   # Training recipe (flat, as in nanodo / flax examples).
   c.steps = 100                    # -1 = tokens_per_param * params / tokens_per_step.
   c.tokens_per_param = 20.0
+  c.budget_design = ""             # '' = budget from the run's own params; 'preln' = from Pre-LN's.
   c.lr = 3e-3
   c.warmup_steps = 10              # int steps; a float in (0, 1) = fraction of steps.
   c.min_lr_ratio = 0.1

@@ -66,6 +66,7 @@ def paper_config(model: ml_collections.ConfigDict,
   c.model.attention_kernel = "fused"
   c.steps = -1                            # tokens_per_param * params_total / tokens per step.
   c.tokens_per_param = 20.0
+  c.budget_design = "preln"               # N = Pre-LN's at the shape: same tokens for every design.
   del c["warmup_steps"]                   # base types it int; a fraction of the steps here.
   c.warmup_steps = 0.02
   c.min_lr_ratio = 0.1

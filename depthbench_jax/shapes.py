@@ -117,6 +117,18 @@ def param_counts(model: ml_collections.ConfigDict) -> dict[str, int]:
   return dict(_param_counts_cached(json.dumps(model.to_dict(), sort_keys=True, default=str)))
 
 
+def budget_params(config: ml_collections.ConfigDict) -> int:
+  """N of the Chinchilla budget ``tokens_per_param * N``: the run's own total parameters, or, with
+  ``config.budget_design`` set (the paper suites: 'preln'), that design's total at the run's shape,
+  so every design at a shape trains on the same tokens (the paper quotes one budget per suite,
+  8B tokens at 400M; MoDA's depth K/V projections would otherwise buy it 12% more tokens)."""
+  model, name = config.model, config.get("budget_design") or ""
+  if name and name != model.residual.name:
+    model = ml_collections.ConfigDict(model.to_dict())
+    model.residual = ml_collections.ConfigDict({"name": name})
+  return param_counts(model)["total"]
+
+
 @functools.lru_cache(maxsize=4096)
 def _param_counts_cached(model_json: str) -> tuple[tuple[str, int], ...]:
   from depthbench_jax.model.config import model_config_from  # Local: pulls in jax/flax.

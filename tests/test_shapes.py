@@ -131,3 +131,21 @@ def test_paper_suites_keep_the_recipe_precision(name):
       "bfloat16", "float32", "fused")
   assert c.model.n_heads == 16 and c.model.vocab_size == 50257 and c.model.residual.name == "hc"
   assert c.model.max_seq_len >= c.data.seq_len == 2048
+
+
+@pytest.mark.parametrize("name", [s for s in SUITES if s != "smoke"])
+def test_paper_suites_train_every_design_on_the_same_tokens_at_a_shape(name):
+  # One Chinchilla budget per shape, N = Pre-LN's: MoDA's depth K/V projections (+12% params at
+  # 16x1216) and mHC's phi must not buy them more tokens than the designs they are compared to.
+  from depthbench_jax.train.loop import total_steps_of
+  module = suite(name)
+  shape = module.DEFAULTS["shape"]
+  configs = {d: module.get_config(f"arch={d},shape={shape}") for d in ("preln", "moda", "mhc")}
+  own = {d: shapes.param_counts(c.model)["total"] for d, c in configs.items()}
+  assert own["moda"] > 1.05 * own["preln"]
+  steps = {d: total_steps_of(c, own[d]) for d, c in configs.items()}
+  assert steps["moda"] == steps["mhc"] == steps["preln"]
+  assert shapes.budget_params(configs["moda"]) == own["preln"]
+  configs["moda"].budget_design = ""     # the design's own parameters: MoDA trains longer
+  assert shapes.budget_params(configs["moda"]) == own["moda"]
+  assert total_steps_of(configs["moda"], own["moda"]) > steps["preln"]

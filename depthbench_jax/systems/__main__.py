@@ -50,6 +50,7 @@ def build(config_path: str, seq_len: int, *, designs=None, shapes=None, with_xla
           batch: int = 1, measured_paths: Sequence[str] = (), log=print) -> dict:
   from depthbench_jax import sweep
   from depthbench_jax.model.config import model_config_from
+  from depthbench_jax.shapes import budget_params
   from depthbench_jax.systems import costs, measured, table, xla
   mfu = sweep.DEFAULT_MFU if mfu is None else mfu
   peak_flops = sweep.DEFAULT_PEAK_FLOPS if peak_flops is None else peak_flops
@@ -63,7 +64,8 @@ def build(config_path: str, seq_len: int, *, designs=None, shapes=None, with_xla
     analysis = xla.prefill_analysis(cfg, seq_len, batch=batch, dtype=dtype) if with_xla else None
     row = costs.cost_row(cfg, seq_len=seq_len, train_seq_len=config.data.seq_len,
                          tokens_per_param=config.tokens_per_param, peak_flops=peak_flops,
-                         mfu=mfu, dtype=dtype, xla=analysis)
+                         mfu=mfu, dtype=dtype, xla=analysis,
+                         budget_params=budget_params(config))
     rows.append(row)
     cfgs.setdefault(design, []).append(cfg)
     log(f"  {design:14s} {shape:8s} causal {row['prefill_flops_causal'] / 1e12:6.2f} TFLOPs"

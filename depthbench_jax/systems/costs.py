@@ -8,7 +8,8 @@ Pre-LN, ``n T d`` for HC/mHC, ``(2L+1) T d`` for Full AttnRes, plus MoDA's depth
 depth keys are the same position's only, so its decode KV cache is the ordinary one.
 
 Training: ``train_flops_per_token`` at the recipe's sequence length (``flops.py``), Chinchilla
-tokens ``tokens_per_param * params_total``, device-hours ``tokens * flops / (peak * mfu)``.
+tokens ``tokens_per_param * N`` (N = ``budget_params``, the trainer's: ``shapes.budget_params``;
+the row's own total when not given), device-hours ``tokens * flops / (peak * mfu)``.
 """
 
 from __future__ import annotations
@@ -55,12 +56,12 @@ def device_hours(train_flops: float, peak_flops: float, mfu: float) -> float:
 
 def cost_row(cfg, *, seq_len: int, train_seq_len: int, tokens_per_param: float,
              peak_flops: float, mfu: float, dtype: str = "bfloat16",
-             xla: dict | None = None) -> dict[str, Any]:
+             xla: dict | None = None, budget_params: int | None = None) -> dict[str, Any]:
   """Every analytic number of one (design, shape) at prefill length ``seq_len``; ``xla`` (from
   ``systems.xla.prefill_analysis``) is merged in when given."""
   counts = count_params(cfg)
   train_fpt = flops.train_flops_per_token(cfg, train_seq_len)
-  tokens = tokens_per_param * counts["total"]
+  tokens = tokens_per_param * (budget_params or counts["total"])
   row = {
       "design": cfg.design, "shape": f"{cfg.n_layers}x{cfg.d_model}", "n_layers": cfg.n_layers,
       "d_model": cfg.d_model, "aspect_ratio": cfg.d_model / cfg.n_layers,

@@ -29,15 +29,30 @@ def _deep_update(base: dict, over: dict) -> dict:
   return out
 
 
-def run_model_config(record: dict):
-  """The run's ``ModelConfig``: its saved ``config.model`` over ``configs/base.py`` defaults."""
+def _run_model(record: dict) -> ml_collections.ConfigDict:
+  """The run's saved ``config.model`` over ``configs/base.py`` defaults, at its shape."""
   from depthbench_jax import sweep
-  from depthbench_jax.model.config import model_config_from
   defaults = sweep.load_config_module(os.path.join(sweep.REPO_ROOT, "configs", "base.py")).get_config()
   model = _deep_update(defaults.model.to_dict(), (record.get("config") or {}).get("model") or {})
   model["n_layers"], model["d_model"] = int(record["n_layers"]), int(record["d_model"])
   model["max_seq_len"] = max(int(model.get("max_seq_len") or 0), PREFILL_SEQ_LEN)
-  return model_config_from(ml_collections.ConfigDict(model))
+  return ml_collections.ConfigDict(model)
+
+
+def run_model_config(record: dict):
+  """The run's ``ModelConfig`` (``_run_model``, validated)."""
+  from depthbench_jax.model.config import model_config_from
+  return model_config_from(_run_model(record))
+
+
+def _budget_params(record: dict) -> int | None:
+  """The run's budget N when its config names a ``budget_design`` (``shapes.budget_params``)."""
+  from depthbench_jax import shapes
+  budget_design = ((record.get("config") or {}).get("budget_design")) or ""
+  if not budget_design:
+    return None
+  return shapes.budget_params(ml_collections.ConfigDict(
+      {"model": _run_model(record), "budget_design": budget_design}))
 
 
 def _systems_rows(records: Iterable[dict]) -> tuple[dict[tuple[str, str], dict], list[dict]]:
@@ -89,7 +104,8 @@ def systems_table(runs: Iterable[dict]) -> str | None:
         cfg, seq_len=PREFILL_SEQ_LEN,
         train_seq_len=int((config.get("data") or {}).get("seq_len") or 2048),
         tokens_per_param=float(config.get("tokens_per_param") or 20.0),
-        peak_flops=sweep.DEFAULT_PEAK_FLOPS, mfu=sweep.DEFAULT_MFU)
+        peak_flops=sweep.DEFAULT_PEAK_FLOPS, mfu=sweep.DEFAULT_MFU,
+        budget_params=_budget_params(rs[0]))
     extra = xla_rows.get((design, shape))
     if extra:
       row.update({k: extra[k] for k in ("xla_flops", "peak_bytes") if k in extra})

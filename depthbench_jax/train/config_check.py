@@ -42,6 +42,12 @@ def validate_recipe(config) -> None:
            f"tokens_per_param budget")
   _number(config, "lr", low=0, low_open=True, allowed="a positive number")
   _number(config, "tokens_per_param", low=0, low_open=True, allowed="a positive number")
+  budget = config.get("budget_design") or ""
+  from depthbench_jax.residual import registry  # pylint: disable=g-import-not-at-top
+  _require(budget in ("",) + registry.names(),
+           f"config.budget_design={budget!r}; allowed: '' (the run's own parameters) or a "
+           f"design whose parameters at the run's shape set the budget: "
+           f"{', '.join(registry.names())}")
   _number(config, "warmup_steps", low=0, allowed="an int >= 0, or a fraction in (0, 1)")
   _number(config, "min_lr_ratio", low=0, high=1.0000001, allowed="a number in [0, 1]")
   _number(config, "b1", low=0, high=1, allowed="a number in [0, 1)")

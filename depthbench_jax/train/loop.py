@@ -31,6 +31,7 @@ import numpy as np
 from absl import logging
 from clu import metric_writers, periodic_actions
 
+from depthbench_jax import shapes
 from depthbench_jax.data import pipeline
 from depthbench_jax.model.transformer import Transformer, count_params
 from depthbench_jax.sweep import format_duration
@@ -55,9 +56,12 @@ def peak_flops_per_device(config) -> float | None:
 
 
 def total_steps_of(config, params_total: int) -> int:
-  """``config.steps``, or the Chinchilla budget ``tokens_per_param * N`` / tokens per step."""
+  """``config.steps``, or the Chinchilla budget ``tokens_per_param * N`` / tokens per step, N =
+  ``params_total`` (the run's own) or ``shapes.budget_params`` when ``config.budget_design`` is set."""
   if config.steps > 0:
     return int(config.steps)
+  if config.get("budget_design"):
+    params_total = shapes.budget_params(config)
   tokens_per_step = config.data.global_batch_size * config.data.seq_len
   return max(1, math.ceil(config.tokens_per_param * params_total / tokens_per_step))
 

@@ -31,6 +31,7 @@ CASES = [
     ("negative_lr", {"lr": -1.0}, 1, 1, "config.lr"),
     ("b2_of_one", {"b2": 1.0}, 1, 1, "config.b2"),
     ("negative_weight_decay", {"weight_decay": -0.1}, 1, 1, "config.weight_decay"),
+    ("unknown_budget_design", {"budget_design": "resnet"}, 1, 1, "config.budget_design"),
     ("zero_log_every", {"log_every": 0}, 1, 1, "config.log_every"),
     ("zero_checkpoint_every", {"checkpoint_every": 0}, 1, 1, "config.checkpoint_every"),
     ("negative_eval_every", {"eval_every": -1}, 1, 1, "config.eval_every"),

@@ -148,6 +148,34 @@ def test_cli_and_report_section(tmp_path, capsys):
   assert "hc 16x1216 2h00m" in section   # two LRs of 3600 s each, summed
 
 
+def test_systems_table_budgets_every_design_like_the_trainer():
+  # suite_400m budgets N = Pre-LN's at the shape (config.budget_design): MoDA's row has more
+  # parameters but the tokens (and so the device-hours per FLOP) of Pre-LN's row; the trainer's
+  # step count gives the same tokens.
+  from depthbench_jax.systems import __main__ as cli
+  from depthbench_jax.train.loop import total_steps_of
+  suite = os.path.join(ROOT, "configs", "suite_400m.py")
+  result = cli.build(suite, 4096, designs=["preln", "moda"], shapes=["16x1216"], with_xla=False,
+                     log=lambda s: None)
+  pre, moda = sorted(result["rows"], key=lambda r: r["design"] != "preln")
+  assert moda["params_total"] > 1.1 * pre["params_total"]
+  assert moda["train_tokens"] == pre["train_tokens"] == 20.0 * pre["params_total"]
+  config = cli.suite_configs(suite, ["moda"], ["16x1216"])[1][0][2]
+  steps = total_steps_of(config, moda["params_total"])
+  per_step = config.data.global_batch_size * config.data.seq_len
+  assert (steps - 1) * per_step < moda["train_tokens"] <= steps * per_step
+
+
+def test_report_section_reads_a_runs_budget_design():
+  from depthbench_jax.systems import report_section
+  record = lambda budget: {"design": "moda", "n_layers": 2, "d_model": 64, "config": {
+      "model": {"residual": {"name": "moda"}}, "budget_design": budget}}
+  preln = report_section.run_model_config({**record(""), "design": "preln", "config": {}})
+  from depthbench_jax.model.transformer import count_params
+  assert report_section._budget_params(record("preln")) == count_params(preln)["total"]
+  assert report_section._budget_params(record("")) is None
+
+
 def test_table_shows_a_small_model_in_significant_figures():
   """From 1 up the table keeps its fixed decimals (the committed 400M table renders the same);
   below 1 two significant figures, so the smoke suite's row is not a row of zeros."""
