@@ -400,6 +400,13 @@ def select_best_lr(records: Iterable[dict]) -> dict[tuple[str, int, int], dict]:
   return groups
 
 
+def best_lr_runs(records: Sequence[dict]) -> list[dict]:
+  """The best-LR run of every (design, shape) (``select_best_lr``), in the records' order: what
+  the report's trends read, so other LRs and diverged runs do not move them."""
+  best = [g["best"] for g in select_best_lr(records).values() if g["best"] is not None]
+  return [r for r in records if any(r is b for b in best)]
+
+
 # ---------------------------------------------------------------------------------------------
 # CLI (launch/run_sweep.sh calls this).
 # ---------------------------------------------------------------------------------------------

@@ -11,11 +11,14 @@ Post hoc: ``python -m depthbench_jax.diagnose --workdir=RUN_DIR``.
 
 def diagnostics_table(runs):
   """The scorecard's hook (``report/scorecard.py``): run records (dicts with ``workdir``) ->
-  markdown tables plus each design's deepest-run heatmaps (absolute paths); None if none has a
+  the table of every run, the share-by-depth pivots and each design's deepest-run heatmaps of
+  the best-LR runs only (``sweep.best_lr_runs``; absolute paths); None if none has a
   ``diagnostics.json``."""
+  from depthbench_jax import sweep
   from depthbench_jax.diagnostics import report_section
   pairs = report_section.as_runs(runs)
   if not pairs:
     return None
   return report_section.section(pairs, heading=False, heatmap_runs="deepest",
-                                which=("causal", "permutation"))
+                                which=("causal", "permutation"),
+                                best=report_section.as_runs(sweep.best_lr_runs(list(runs))))

@@ -27,7 +27,7 @@ def as_runs(runs: Iterable[Any]) -> list[Run]:
           diag = json.load(f)
       except (KeyError, OSError, json.JSONDecodeError):
         continue
-      diag.setdefault("workdir", run["workdir"])
+      diag["workdir"] = run["workdir"]   # where the run is now, not where it was diagnosed
       out.append((run, diag))
     else:
       summary, diag = run
@@ -112,18 +112,27 @@ def diagnostics_table(runs: Sequence[Run]) -> str:
 
 
 def share_pivot(runs: Sequence[Run], key: str = "causal") -> str:
-  """Markdown: rows = designs, columns = depths, cells = the ``key`` share (compact overview;
-  with several runs per cell, e.g. an LR sweep, the lowest-loss run's share)."""
-  runs = sorted(_sorted(runs), key=lambda r: -_loss(r))
-  depths = sorted({_depth(*r) for r in runs if _depth(*r) is not None})
-  cells: dict[tuple[str, int], Any] = {}
-  for summary, diag in runs:
-    cells[(_design(summary, diag), _depth(summary, diag))] = (diag.get(key) or {}).get("share")
+  """Markdown: rows = designs, columns = depths (shapes ``LxD`` when a depth has several widths,
+  the multi-scale suite), cells = the ``key`` share (compact overview; with several runs per
+  cell the lowest-loss run's; a run with a non-finite loss or status 'diverged' never fills a
+  cell)."""
+  runs = [r for r in _sorted(runs) if math.isfinite(_loss(r))
+          and r[0].get("status") != "diverged"]
+  widths: dict[int, set] = {}
+  for r in runs:
+    widths.setdefault(_depth(*r), set()).add(_width(*r))
+  by_shape = any(len(w) > 1 for w in widths.values())
+  column = lambda r: (_depth(*r) or 0, _width(*r) or 0) if by_shape else (_depth(*r) or 0, 0)
+  cells: dict[tuple[str, tuple], Any] = {}
+  for run in sorted(runs, key=lambda r: -_loss(r)):   # the lowest loss written last
+    cells[(_design(*run), column(run))] = (run[1].get(key) or {}).get("share")
+  columns = sorted({c for _, c in cells})
   designs = sorted({d for d, _ in cells})
-  lines = ["| design | " + " | ".join(f"L={d}" for d in depths) + " |",
-           "|---|" + "---:|" * len(depths)]
+  label = lambda c: f"{c[0]}x{c[1]}" if by_shape else f"L={c[0]}"
+  lines = ["| design | " + " | ".join(label(c) for c in columns) + " |",
+           "|---|" + "---:|" * len(columns)]
   for design in designs:
-    lines.append(f"| {design} | " + " | ".join(_pct(cells.get((design, d))) for d in depths)
+    lines.append(f"| {design} | " + " | ".join(_pct(cells.get((design, c))) for c in columns)
                  + " |")
   return "\n".join(lines) + "\n"
 
@@ -144,15 +153,19 @@ def heatmap_paths(runs: Sequence[Run], which: Sequence[str] = HEATMAPS) -> list[
 
 
 def _loss(run: Run) -> float:
+  """The loss diagnostics measured; inf when absent, NaN (a diverged model) stays NaN."""
   loss = run[1].get("loss")
   return math.inf if loss is None else float(loss)
 
 
 def deepest_per_design(runs: Sequence[Run]) -> list[Run]:
-  """Each design's deepest run (lowest diagnostics loss among ties): the heatmaps worth showing."""
+  """Each design's deepest run (lowest diagnostics loss among ties; runs with a non-finite loss
+  never): the heatmaps worth showing."""
   best: dict[str, Run] = {}
   rank = lambda run: (_depth(*run) or 0, -_loss(run))
   for run in _sorted(runs):
+    if not math.isfinite(_loss(run)):
+      continue
     design = _design(*run)
     if design not in best or rank(run) > rank(best[design]):
       best[design] = run
@@ -160,19 +173,22 @@ def deepest_per_design(runs: Sequence[Run]) -> list[Run]:
 
 
 def section(runs: Sequence[Any], relative_to: str | None = None, heading: bool = True,
-            heatmap_runs: str = "all", which: Sequence[str] = HEATMAPS) -> str:
-  """The markdown section: tables plus embedded heatmaps.
+            heatmap_runs: str = "all", which: Sequence[str] = HEATMAPS,
+            best: Sequence[Any] | None = None) -> str:
+  """The markdown section: the table of ``runs``, then the pivots and heatmaps of ``best`` (the
+  report passes the best-LR runs; default ``runs``).
 
   Image paths are relative to ``relative_to`` (the report's folder) when given, else absolute.
   ``heatmap_runs``: 'all' runs, or 'deepest' (each design's deepest run only).
   """
   runs = as_runs(runs)
+  best = runs if best is None else as_runs(best)
   parts = (["## Layer diagnostics\n"] if heading else []) + [
       "Shares are over late pairs (both layers >= L/4); thresholds as in DepthBench; share "
       "curves over thresholds are in each run's plots/diag_share_curves.png.\n",
-      diagnostics_table(runs), "\nCausal share by depth:\n", share_pivot(runs, "causal"),
-      "\nPermutation share by depth:\n", share_pivot(runs, "permutation"), ""]
-  shown = deepest_per_design(runs) if heatmap_runs == "deepest" else runs
+      diagnostics_table(runs), "\nCausal share by depth:\n", share_pivot(best, "causal"),
+      "\nPermutation share by depth:\n", share_pivot(best, "permutation"), ""]
+  shown = deepest_per_design(best) if heatmap_runs == "deepest" else best
   for caption, path in heatmap_paths(shown, which):
     if relative_to:
       path = os.path.relpath(path, relative_to)

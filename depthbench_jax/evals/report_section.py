@@ -2,11 +2,13 @@
 
 ``evals_table(runs)``: ``runs`` is a list of ``(summary, evals)`` (a run's ``summary.json`` and
 its ``evals.json``) or of run records (``summary.json`` dicts with a ``workdir``, as
-``report.scorecard`` passes them; their ``evals.json`` is read here). Returns markdown, or None
-when no run has evals.
+``report.scorecard`` passes them; their ``evals.json`` is read here, and only each (design,
+shape)'s best-LR run is kept, ``sweep.best_lr_runs``, as the scorecard reports it). Returns
+markdown, or None when no run has evals.
 
-Depth trend per design and domain: the least-squares slope of NLL against ``log2(n_layers)``
-(nats per doubling of depth; negative = deeper is better), over that design's depths.
+Depth trend per design (and scale family, ``record['family']``, when the scorecard set several)
+and domain: the least-squares slope of NLL against ``log2(n_layers)`` (nats per doubling of
+depth; negative = deeper is better), over that design's depths.
 """
 
 from __future__ import annotations
@@ -67,25 +69,44 @@ def _trend(slope: float | None) -> str:
   return f"{slope:+.3f} ({word})"
 
 
+def _best_lr_only(runs: Sequence[Any]) -> list[Any]:
+  """Records (dicts) -> their best-LR runs; ``(summary, evals)`` pairs are kept as given."""
+  from depthbench_jax.sweep import best_lr_runs
+  records = [r for r in runs if isinstance(r, dict)]
+  best = best_lr_runs(records) if records else []
+  return [r for r in runs if not isinstance(r, dict) or any(r is b for b in best)]
+
+
+def _shape(summary: dict, evals: dict) -> str:
+  depth = _depth(summary, evals)
+  width = summary.get("d_model") or ((summary.get("config") or {}).get("model") or {}).get(
+      "d_model")
+  return f"{depth or '?'}x{width}" if width else str(depth or "?")
+
+
 def evals_table(runs: Sequence[Any]) -> str | None:
+  runs = _best_lr_only(runs)
   pairs = [p for p in (_as_pair(r) for r in runs) if p is not None and p[1].get("domains")]
   if not pairs:
     return None
   pairs.sort(key=lambda p: (_design(*p), _depth(*p) or 0, p[0].get("name") or ""))
   tasks = [(s, m) for s, m in TASKS if any(m in (e.get("sets", {}).get(s) or {}) for _, e in pairs)]
-  head = ["design", "L"] + [f"{d} NLL" for d in DOMAINS] + [f"{s} {m}" for s, m in tasks]
+  head = ["design", "L", "lr"] + [f"{d} NLL" for d in DOMAINS] + [f"{s} {m}" for s, m in tasks]
   lines = ["Teacher-forced NLL of the reference answer (nats/token; per domain = mean over its "
            "sets) and task scores.", "",
            "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+  families = {p[0].get("family", 0) for p in pairs}
   by_design: dict[str, list[tuple[int, dict]]] = {}
   for summary, evals in pairs:
     design, depth = _design(summary, evals), _depth(summary, evals)
     doms = evals.get("domains", {})
-    row = [design, str(depth or "?")]
+    lr = summary.get("lr")
+    row = [design, _shape(summary, evals), "-" if lr is None else f"{lr:g}"]
     row += [_num((doms.get(d) or {}).get("nll_per_token")) for d in DOMAINS]
     row += [_num((evals.get("sets", {}).get(s) or {}).get(m)) for s, m in tasks]
     lines.append("| " + " | ".join(row) + " |")
-    by_design.setdefault(design, []).append((depth, doms))
+    key = design if len(families) == 1 else f"{design} (family {summary.get('family', 0)})"
+    by_design.setdefault(key, []).append((depth, doms))
   lines += ["", "Depth trend: slope of domain NLL against log2(depth), nats per doubling "
             f"(negative = deeper is better; |slope| < {FLAT_TOL}: flat).", "",
             "| design | depths | " + " | ".join(DOMAINS) + " |",

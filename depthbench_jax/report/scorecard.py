@@ -12,7 +12,7 @@ more than ``tol``; else ``better when deeper`` / ``worse when deeper`` when the 
 lower / higher by more than ``tol``; else ``flat``.
 
 When one design has several shapes at the same depth (the multi-scale suite), shapes are split
-into scale families by width rank within each depth, and each family gets its own table.
+into scale families by parameter count (``assign_families``), and each family gets its own table.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ PAPER_400M = {
 }
 PAPER_DEPTHS = (16, 32)
 TREND_TOL = 0.005
+FAMILY_GAP = 1.2   # a scale family's shapes lie within this factor of its smallest's parameters
 CSV_FIELDS = ("name", "design", "n_layers", "d_model", "aspect_ratio", "lr", "params_total",
               "params_non_embedding", "steps", "tokens", "final_train_loss", "final_val_loss",
               "status", "diverged_step", "diverged_reason", "wall_time_s", "best_lr", "family",
@@ -78,16 +79,36 @@ def collect_runs(results_dir: str) -> list[dict]:
 # The scorecard.
 # ---------------------------------------------------------------------------------------------
 
-def assign_families(records: Sequence[dict]) -> None:
+def assign_families(records: Sequence[dict], gap: float = FAMILY_GAP) -> None:
   """Sets ``record['family']``: 0 unless some depth has several widths (multi-scale), then the
-  width rank within its depth (narrowest = 0), per design."""
-  widths: dict[tuple[str, int], list[int]] = {}
+  scale family by parameter count: shapes sorted by their smallest ``params_total`` over the
+  runs (the backbone's, where Pre-LN ran), a new family wherever a shape has more than ``gap``
+  times the parameters of its family's first. An iso-parameter family spans a few percent, the
+  multi-scale suite's families 1.5x, so a shape whose runs are missing shifts no other shape."""
+  widths: dict[int, set[int]] = {}
   for r in records:
-    widths.setdefault((r["design"], r["n_layers"]), []).append(r["d_model"])
-  for key in widths:
-    widths[key] = sorted(set(widths[key]))
+    widths.setdefault(r["n_layers"], set()).add(r["d_model"])
+  if all(len(w) == 1 for w in widths.values()):
+    for r in records:
+      r["family"] = 0
+    return
+  size: dict[tuple[int, int], float] = {}
   for r in records:
-    r["family"] = widths[(r["design"], r["n_layers"])].index(r["d_model"])
+    key = (r["n_layers"], r["d_model"])
+    size[key] = min(size.get(key, math.inf), float(r.get("params_total") or _backbone_estimate(r)))
+  family, first, index = {}, None, -1
+  for key in sorted(size, key=size.get):
+    if first is None or size[key] > gap * first:
+      index, first = index + 1, size[key]
+    family[key] = index
+  for r in records:
+    r["family"] = family[(r["n_layers"], r["d_model"])]
+
+
+def _backbone_estimate(record: dict) -> float:
+  """``12 L d^2 + 2 V d`` (SwiGLU layers, untied embedding) for a record without a count."""
+  vocab = ((record.get("config") or {}).get("model") or {}).get("vocab_size") or 50257
+  return 12 * record["n_layers"] * record["d_model"] ** 2 + 2 * vocab * record["d_model"]
 
 
 def depth_trend(losses: dict[int, float], ref: tuple[int, int], tol: float = TREND_TOL) -> str:
@@ -132,7 +153,8 @@ def scorecard_rows(records: Sequence[dict], groups: dict | None = None) -> list[
       shapes_run = {(r["n_layers"], r["d_model"]) for r in fam if r["design"] == design}
       rows.append({
           "family": family, "design": design, "ref_depths": ref,
-          "loss_lo": losses.get(ref[0]), "loss_hi": losses.get(ref[1]),
+          "loss_lo": losses.get(ref[0]),
+          "loss_hi": losses.get(ref[1]) if ref[1] != ref[0] else None,
           "trend": depth_trend(losses, ref), "best": winner,
           "best_lr_at_edge": bool(winner and groups[shape_key(winner)]["lr_at_edge"]),
           "n_shapes": len(shapes_run), "n_shapes_usable": len(best),
@@ -174,7 +196,8 @@ def scorecard_markdown(rows: Sequence[dict]) -> str:
     if len({r["family"] for r in rows}) > 1:
       out.append(f"### Scale family {family} (median {_params(fam[0]['params_median'])} "
                  f"parameters)\n")
-    out.append(f"| architecture | val loss at {lo} layers | val loss at {hi} layers | "
+    deep = f"val loss at {hi} layers" if hi != lo else "a second depth (none run yet)"
+    out.append(f"| architecture | val loss at {lo} layers | {deep} | "
                f"depth trend | best shape (AR) | best val loss | its LR |")
     out.append("|---|---|---|---|---|---|---|")
     for r in fam:
@@ -217,16 +240,20 @@ def lr_table(records: Sequence[dict], groups: dict) -> str:
       if not runs:
         cells.append("")
         continue
-      r = runs[0]
+      # Several runs at one LR (a copy in another folder): the best if it is one of them, else
+      # a usable one, and the count, so no run that decides the scorecard is hidden.
+      r = next((x for x in runs if x is group["best"]), None) or next(
+          (x for x in runs if is_usable(x)), runs[0])
+      more = f" ({len(runs)} runs)" if len(runs) > 1 else ""
       if r.get("status") == "diverged":
         step = r.get("diverged_step")
-        cells.append(f"diverged{f' @{step}' if step is not None else ''}")
+        cells.append(f"diverged{f' @{step}' if step is not None else ''}{more}")
       elif not is_usable(r):
-        cells.append(str(r.get("status") or "unfinished"))
+        cells.append(str(r.get("status") or "unfinished") + more)
       elif r is group["best"]:
-        cells.append(f"**{r['final_val_loss']:.3f}**")
+        cells.append(f"**{r['final_val_loss']:.3f}**{more}")
       else:
-        cells.append(f"{r['final_val_loss']:.3f}")
+        cells.append(f"{r['final_val_loss']:.3f}{more}")
     design, L, d = key
     lines.append(f"| {design} | {L}x{d} | {d / L:.1f} | " + " | ".join(cells) + " |")
   return "\n".join(lines)
@@ -307,13 +334,13 @@ def build_report(records: Sequence[dict], title: str = "DepthBench scorecard",
 
 
 def write_csv(records: Sequence[dict], path: str, groups: dict) -> None:
-  best_names = {g["best"]["name"] for g in groups.values() if g["best"] is not None}
+  best = [g["best"] for g in groups.values() if g["best"] is not None]
   with open(path, "w", newline="") as f:
     writer = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
     writer.writeheader()
     for r in records:
       writer.writerow({**{k: r.get(k) for k in CSV_FIELDS},
-                       "best_lr": r["name"] in best_names})
+                       "best_lr": any(r is b for b in best)})   # not by name: names repeat
 
 
 def write_report(results_dir: str, out_dir: str | None = None,

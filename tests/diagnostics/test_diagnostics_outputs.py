@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -65,11 +66,30 @@ def test_diagnose_writes_json_and_pngs_and_the_report_reads_them(run, tmp_path):
 
   # The scorecard's hook: records are summaries plus workdir; diagnostics.json is read from it.
   from depthbench_jax import diagnostics
-  record = dict(summary, workdir=str(tmp_path), n_layers=4, d_model=32, lr=3e-3)
+  record = dict(summary, workdir=str(tmp_path), n_layers=4, d_model=32, lr=3e-3, status="ok",
+                final_val_loss=3.0)
   md = diagnostics.diagnostics_table([record, dict(record, workdir=str(tmp_path / "none"))])
   assert "| preln | 4 | 32 | 0.003 |" in md and md.count("| preln | 4 |") == 1
   assert f"]({tmp_path}/plots/diag_causal.png)" in md
   assert diagnostics.diagnostics_table([dict(record, workdir=str(tmp_path / "none"))]) is None
+
+  # A run at another LR that diverged, diagnosed at NaN loss with a causal share of 99%: the table
+  # lists it, the pivot and the heatmaps read only the best-LR run. The pivot's cell is the
+  # best run's share, and the heatmaps come from the folder the run is in now.
+  moved = tmp_path / "moved"
+  shutil.copytree(tmp_path / "plots", moved / "plots")
+  json.dump(dict(loaded, workdir="/gone", loss=float("nan"),
+                 causal=dict(loaded["causal"], share=0.99)), open(moved / "diagnostics.json", "w"))
+  bad = dict(record, workdir=str(moved), lr=1e-2, status="diverged", final_val_loss=None)
+  md = diagnostics.diagnostics_table([record, bad])
+  assert md.count("| preln | 4 | 32 |") == 2 and "99.0%" in md.split("Causal share by depth")[0]
+  pivot = md.split("Causal share by depth")[1].split("Permutation share")[0]
+  assert f"{100 * share:.1f}%" in pivot and "99.0%" not in pivot
+  assert str(moved) not in md
+  shutil.copy(tmp_path / "diagnostics.json", tmp_path / "saved.json")
+  json.dump(dict(loaded, workdir="/gone"), open(tmp_path / "diagnostics.json", "w"))
+  assert f"]({tmp_path}/plots/diag_causal.png)" in diagnostics.diagnostics_table([record])
+  shutil.move(tmp_path / "saved.json", tmp_path / "diagnostics.json")
 
 
 def test_hook_writes_scalars_and_uint8_images(run):

@@ -132,15 +132,24 @@ def test_report_section_depth_trend(tmp_path):
     return summary, evals
   runs = [run("preln", 8, 2.0), run("preln", 16, 1.9), run("preln", 32, 1.8), run("hc", 8, 2.0)]
   text = report_section.evals_table(runs)
-  assert "| preln | 16 | 1.900 | - | 2.900 | 0.250 |" in text
-  assert "| preln | 8, 16, 32 | -0.100 (deeper better) | - | -0.100 (deeper better) |" in text
+  assert "| preln | 16 | - | 1.900 | - | 2.900 | 0.250 |" in text
+  trend = "| preln | 8, 16, 32 | -0.100 (deeper better) | - | -0.100 (deeper better) |"
+  assert trend in text
   assert "| hc | 8 | - | - | - |" in text
   assert report_section.evals_table([({"design": "x"}, {})]) is None
   # Run records as report.scorecard passes them: summary dicts with a workdir holding evals.json.
+  # Only each shape's best-LR run counts: a worse LR and a diverged run at 32 layers, both with
+  # a high NLL, appear nowhere and leave the trend as it was.
   records = []
-  for summary, evals in runs:
+  extra = [(dict(run("preln", 32, 5.5)[0], name="preln32_lr2e-3", lr=2e-3, final_val_loss=2.9),
+            run("preln", 32, 5.5)[1]),
+           (dict(run("preln", 32, 5.5)[0], name="preln32_lr4e-3", lr=4e-3, status="diverged"),
+            run("preln", 32, 5.5)[1])]
+  for summary, evals in [(dict(s, lr=1e-3, final_val_loss=2.8), e) for s, e in runs] + extra:
     workdir = tmp_path / summary["name"]
     workdir.mkdir()
     (workdir / "evals.json").write_text(json.dumps(evals))
-    records.append(dict(summary, workdir=str(workdir)))
-  assert report_section.evals_table(records) == text
+    records.append(dict({"status": "ok"}, **summary, d_model=64, workdir=str(workdir)))
+  table = report_section.evals_table(records)
+  assert trend in table and "5.500" not in table
+  assert "| preln | 16x64 | 0.001 | 1.900 | - | 2.900 | 0.250 |" in table

@@ -76,6 +76,39 @@ def test_multiscale_families():
   assert [r["trend"] for r in rows] == ["better when deeper", "worse when deeper"]
 
 
+def test_multiscale_families_survive_a_missing_shape():
+  # The 200M suite's 32-layer run has not finished: every other shape keeps its scale family
+  # (families were width ranks within a depth, which shifted 300M's 16x1024 into 200M's table).
+  run = lambda L, d, p, loss: {
+      "name": f"preln_{L}x{d}", "design": "preln", "n_layers": L, "d_model": d, "lr": 1e-3,
+      "aspect_ratio": d / L, "status": "ok", "final_val_loss": loss, "params_total": p,
+      "workdir": f"/nonexistent/{L}x{d}"}
+  records = [run(16, 800, 204e6, 3.0), run(16, 1024, 304e6, 2.9), run(16, 1344, 490e6, 2.8),
+             run(32, 768, 306e6, 2.85), run(32, 992, 488e6, 2.75)]
+  scorecard.assign_families(records)
+  assert [r["family"] for r in records] == [0, 1, 2, 1, 2]
+  text = scorecard.build_report(records)
+  assert "val loss at 16 layers | a second depth (none run yet)" in text
+  assert "## Against the paper (400M)" not in text
+
+
+def test_lr_table_shows_the_best_of_two_runs_at_one_lr_and_csv_marks_by_run(tmp_path):
+  run = lambda loss, status, folder: {
+      "name": "base", "design": "preln", "n_layers": 4, "d_model": 64, "lr": 1e-3,
+      "aspect_ratio": 16.0, "status": status, "final_val_loss": loss, "workdir": folder}
+  stale, good = run(None, "running", "/r/a_old"), run(2.78, "ok", "/r/b_new")
+  other = dict(run(2.90, "ok", "/r/c"), lr=2e-3)
+  records = [stale, good, other]
+  groups = scorecard.select_best_lr(records)
+  table = scorecard.lr_table(records, groups)
+  assert "| **2.780** (2 runs) | 2.900 |" in table
+  scorecard.assign_families(records)
+  scorecard.write_csv(records, str(tmp_path / "runs.csv"), groups)
+  with open(tmp_path / "runs.csv") as f:
+    marks = [(r["workdir"], r["best_lr"]) for r in csv.DictReader(f)]
+  assert marks == [("/r/a_old", "False"), ("/r/b_new", "True"), ("/r/c", "False")]
+
+
 def test_hook_sections(tmp_path, monkeypatch):
   run_dir = tmp_path / "run"
   run_dir.mkdir()
