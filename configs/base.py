@@ -57,7 +57,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.weight_decay = 0.1
   c.grad_clip = 1.0
   c.eval_every = 50
-  c.eval_batches = 4
+  c.eval_batches = 4               # val batches per periodic eval (0 = all); the final reads all.
   c.log_every = 10
   c.checkpoint_every = 50
   c.keep_checkpoints = 2

@@ -1,6 +1,7 @@
 """Orbax checkpoints of the train state and the data iterator, and loading for post-hoc tools.
 
-Layout: ``WORKDIR/checkpoints/<step>/{state,data}``. Orbax writes each step to a temporary
+Layout: ``WORKDIR/checkpoints/<step>/{state,data,progress}`` (``progress``: JSON of the
+run's wall time so far and the divergence guard's state; absent in older checkpoints). Orbax writes each step to a temporary
 directory and renames it only once complete, so a run killed mid-save restores the previous
 complete step; a partial checkpoint is never visible to ``latest_step``.
 """
@@ -27,15 +28,29 @@ def make_manager(workdir: str, keep: int, async_save: bool = True) -> ocp.Checkp
       # The data iterator of every process is saved, each under its own name.
       cleanup_tmp_directories=True)
   return ocp.CheckpointManager(checkpoint_dir(workdir), options=options,
-                               item_names=("state", "data"))
+                               item_names=ITEMS)
+
+
+ITEMS = ("state", "data", "progress")
 
 
 def save(manager: ocp.CheckpointManager, step: int, state: Any, data_iter: Any,
-         force: bool = False) -> bool:
+         force: bool = False, progress: dict | None = None) -> bool:
   args = {"state": ocp.args.StandardSave(state)}
   if data_iter is not None:
     args["data"] = grain.checkpoint.CheckpointSave(data_iter)
+  if progress is not None:
+    args["progress"] = ocp.args.JsonSave(progress)
   return manager.save(step, args=ocp.args.Composite(**args), force=force)
+
+
+def restore_progress(manager: ocp.CheckpointManager, step: int) -> dict:
+  """The ``progress`` item of ``step`` ({} for a checkpoint written before it existed)."""
+  try:
+    return dict(manager.restore(step, args=ocp.args.Composite(
+        progress=ocp.args.JsonRestore()))["progress"] or {})
+  except (FileNotFoundError, KeyError, ValueError):
+    return {}
 
 
 def restore(manager: ocp.CheckpointManager, abstract_state: Any, data_iter: Any,
@@ -58,16 +73,26 @@ def restore_run(workdir: str, step: int | None = None
                 ) -> tuple[ml_collections.ConfigDict, Any, int]:
   """``(config, params, step)`` of a run's latest (or given) checkpoint, on the default device.
 
-  For post-hoc tools (diagnose, evaluate, export): the optimizer state is not materialised;
+  For post-hoc tools (diagnose, evaluate, export): only the params are read, onto one device
+  whatever the mesh that trained them; the optimizer state is not materialised;
   ``step`` is the checkpoint step that was restored (the latest when ``step`` is None).
   """
   config = load_run_config(workdir)
-  manager = ocp.CheckpointManager(checkpoint_dir(workdir), item_names=("state", "data"))
+  manager = ocp.CheckpointManager(checkpoint_dir(workdir), item_names=ITEMS)
   step = manager.latest_step() if step is None else step
   if step is None:
     raise FileNotFoundError(f"--workdir={workdir}: no complete checkpoint under "
                             f"{checkpoint_dir(workdir)}")
-  restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+  # The params only, onto this process's first device whatever mesh wrote them (a pod's
+  # checkpoint on one GPU): without a target orbax asks for the saving topology.
+  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  saved = ocp.StandardCheckpointer().metadata(
+      os.path.join(checkpoint_dir(workdir), str(step), "state")).item_metadata
+  target = {"params": jax.tree.map(
+      lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), dict(saved)["params"])}
+  restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+      item=target, restore_args=jax.tree.map(lambda _: ocp.ArrayRestoreArgs(sharding=device),
+                                             target), partial_restore=True)))
   params = jax.tree.map(jax.numpy.asarray, restored["state"]["params"])
   return config, params, step
 

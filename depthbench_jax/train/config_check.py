@@ -58,10 +58,13 @@ def validate_recipe(config) -> None:
     value = config.get(field)
     _require(isinstance(value, int) and value > 0,
              f"config.{field}={value!r}; allowed: a positive integer")
-  for field in ("eval_every", "eval_batches"):
-    value = config.get(field)
-    _require(isinstance(value, int) and value >= 0,
-             f"config.{field}={value!r}; allowed: an integer >= 0 (0 = off)")
+  value = config.get("eval_every")
+  _require(isinstance(value, int) and value >= 0,
+           f"config.eval_every={value!r}; allowed: an integer >= 0 (0 = off)")
+  value = config.get("eval_batches")
+  _require(isinstance(value, int) and value >= 0,
+           f"config.eval_batches={value!r}; allowed: an integer >= 0 (validation batches per "
+           f"periodic eval; 0 = all config.data.val_batches)")
 
 
 def validate_guards(config) -> None:
@@ -78,6 +81,12 @@ def validate_guards(config) -> None:
   skip = config.get("skip_nonfinite_steps", False)
   _require(isinstance(skip, bool),
            f"config.skip_nonfinite_steps={skip!r}; allowed: True or False")
+  every = (config.get("diagnostics") or {}).get("every", 0)
+  _require(isinstance(every, int) and not isinstance(every, bool) and every >= 0,
+           f"config.diagnostics.every={every!r}; allowed: an integer >= 0 (0 = off)")
+  _require(not every or config.data.val_batches > 0,
+           f"config.diagnostics.every={every} reads a validation batch but "
+           f"config.data.val_batches=0; allowed: data.val_batches >= 1, or diagnostics.every=0")
   nan_at = (config.get("debug") or {}).get("nan_at_step", 0)
   _require(isinstance(nan_at, int) and nan_at >= 0,
            f"config.debug.nan_at_step={nan_at!r}; allowed: an integer >= 0 (0 = off)")

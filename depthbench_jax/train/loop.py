@@ -67,10 +67,22 @@ def total_steps_of(config, params_total: int) -> int:
 
 
 class _Preemption:
-  """Turns SIGTERM into a flag the loop checks between steps."""
+  """SIGTERM -> save and stop, at a step every process agrees on.
+
+  One process: a Python handler sets a flag the loop reads between steps. Several (JAX's
+  multi-host runtime): JAX's preemption service (``multihost_utils.reached_preemption_sync_point``)
+  hears the SIGTERM of any process, and all processes reach the same sync step, so none is
+  left waiting in the next step's collective while the others save; no Python handler then (it
+  would replace the service's).
+  """
 
   def __init__(self):
     self.requested = False
+    from jax._src import distributed  # pylint: disable=g-import-not-at-top
+    self._multihost = (jax.process_count() > 1
+                       and distributed.global_state.preemption_sync_manager is not None)
+    if self._multihost:
+      return
     try:
       signal.signal(signal.SIGTERM, self._handle)
     except ValueError:  # Not the main thread (tests): no handler.
@@ -79,6 +91,15 @@ class _Preemption:
   def _handle(self, signum, frame):
     logging.warning("SIGTERM: saving a checkpoint and exiting.")
     self.requested = True
+
+  def reached(self, step: int) -> bool:
+    """Whether to save and stop after ``step`` (call once per step, every process)."""
+    if self._multihost and not self.requested:
+      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+      self.requested = multihost_utils.reached_preemption_sync_point(step)
+      if self.requested:
+        logging.warning("Preemption: every process saves at step %d and exits.", step)
+    return self.requested
 
 
 def _global_batch(local: dict, batch_sharding) -> dict:
@@ -93,13 +114,14 @@ def _poison(local: dict, vocab_size: int) -> dict:
   return {**local, "tokens": tokens}
 
 
-def evaluate(params, val_batches, eval_fn, batch_sharding) -> float:
+def evaluate(params, val_batches, eval_fn, batch_sharding) -> float | None:
+  """Mean held-out loss per token; None without validation batches (``data.val_batches=0``)."""
   loss_sum, count = 0.0, 0.0
   for local in val_batches:
     out = eval_fn(params, _global_batch(local, batch_sharding))
     loss_sum += float(out["loss_sum"])
     count += float(out["count"])
-  return loss_sum / max(count, 1.0)
+  return loss_sum / count if count else None
 
 
 def train_and_evaluate(config, workdir: str) -> dict:
@@ -147,8 +169,13 @@ def train_and_evaluate(config, workdir: str) -> dict:
   abstract_placed = jax.tree.map(
       lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract_state,
       state_sharding)
+  guard = summary.DivergenceGuard(config)
+  earlier_wall_s = 0.0  # Wall time of the sessions before this one, up to their last save.
   if manager.latest_step() is not None:
     state, start_step = checkpoint.restore(manager, abstract_placed, train_iter)
+    progress_so_far = checkpoint.restore_progress(manager, start_step)
+    earlier_wall_s = float(progress_so_far.get("wall_time_s") or 0.0)
+    guard.resume(progress_so_far)
     logging.info("Resumed from step %d in %s", start_step, workdir)
   else:
     init_fn = jax.jit(functools.partial(init_state, model, optimizer, seq_len=seq_len),
@@ -167,7 +194,9 @@ def train_and_evaluate(config, workdir: str) -> dict:
   peak = peak_flops_per_device(config)
   tokens_per_step = config.data.global_batch_size * seq_len
   diag_hook = _diagnostics_hook(config, model_cfg, val_batches)
-  guard = summary.DivergenceGuard(config)
+  # Periodic evals read the first ``eval_batches`` (0: all); the final val loss reads all.
+  eval_batches = val_batches[:config.eval_batches] if config.eval_batches else val_batches
+  wall_s = lambda: earlier_wall_s + time.time() - start_time
   unchecked = []  # (step, metrics on device) not yet seen by the guard.
   nan_at_step = int(config.get("debug", {}).get("nan_at_step", 0) or 0)
   preempt = _Preemption()
@@ -189,9 +218,10 @@ def train_and_evaluate(config, workdir: str) -> dict:
       unchecked.append((step, metrics))
       progress(step)
       log_now = step % config.log_every == 0 or step == steps
-      eval_now = config.eval_every > 0 and (step % config.eval_every == 0 or step == steps)
+      eval_now = (config.eval_every > 0 and bool(val_batches)
+                  and (step % config.eval_every == 0 or step == steps))
       diag_now = diag_hook is not None and step % config.diagnostics.every == 0
-      preempted = preempt.requested  # Read once: the guard must see every step before a save.
+      preempted = preempt.reached(step)  # Once: the guard must see every step before a save.
       save_now = step % config.checkpoint_every == 0 or step == steps
       if not (log_now or eval_now or diag_now or save_now or preempted):
         continue
@@ -222,26 +252,27 @@ def train_and_evaluate(config, workdir: str) -> dict:
         logging.error("Run diverged at step %d: %s", guard.step, reason)
         break
       if eval_now:
-        val_loss = evaluate(state.params, val_batches, eval_fn, batch_sharding)
+        val_loss = evaluate(state.params, val_batches if step == steps else eval_batches,
+                            eval_fn, batch_sharding)
         writer.write_scalars(step, {"val/loss": val_loss})
         metrics_log.append(step, {"val/loss": val_loss})
       if diag_now:
         diag_hook(step, state.params, writer)
-      if save_now:
-        checkpoint.save(manager, step, state, train_iter)
-      if preempted:
-        checkpoint.save(manager, step, state, train_iter, force=True)
+      if save_now or preempted:  # One save per step: a second one of the same step raises.
+        checkpoint.save(manager, step, state, train_iter, force=preempted,
+                        progress={"wall_time_s": wall_s(), **guard.progress()})
+      if preempted and step < steps:
         status = "interrupted"
         break
 
   manager.wait_until_finished()
   writer.flush()
   if status == "ok" and val_loss is None:
-    val_loss = evaluate(state.params, val_batches, eval_fn, batch_sharding)
+    val_loss = evaluate(state.params, val_batches, eval_fn, batch_sharding)  # None: no val set
   result = summary.build(
       config, model_cfg, counts, steps=step, tokens=step * tokens_per_step,
       final_train_loss=last_train_loss, final_val_loss=val_loss,
-      wall_time_s=time.time() - start_time, status=status, guard=guard,
+      wall_time_s=wall_s(), status=status, guard=guard,
       last_checkpoint_step=manager.latest_step())
   if process_index == 0 and status != "interrupted":
     summary.write(workdir, result)

@@ -101,6 +101,17 @@ class DivergenceGuard:
     self.skipped, self._skipped_in_row = 0, 0
     self.reason, self.step = None, None
 
+  def progress(self) -> dict:
+    """What a checkpoint keeps of the guard, so a resumed run judges spikes against the best
+    loss before the interruption and counts every skipped step."""
+    return {"best_loss": self.best if math.isfinite(self.best) else None,
+            "skipped_steps": self.skipped}
+
+  def resume(self, progress: dict) -> None:
+    best = progress.get("best_loss")
+    self.best = math.inf if best is None else float(best)
+    self.skipped = int(progress.get("skipped_steps") or 0)
+
   def check(self, step: int, loss: float, grad_norm: float) -> str | None:
     if self.reason:
       return self.reason

@@ -55,6 +55,9 @@ CASES = [
     ("negative_spike_factor", {"divergence.spike_factor": -1.0}, 1, 1,
      "config.divergence.spike_factor"),
     ("negative_nan_injection_step", {"debug.nan_at_step": -3}, 1, 1, "config.debug.nan_at_step"),
+    ("negative_diagnostics_every", {"diagnostics.every": -3}, 1, 1, "config.diagnostics.every"),
+    ("diagnostics_without_validation", {"diagnostics.every": 5, "data.val_batches": 0}, 1, 1,
+     "config.diagnostics.every"),
 ]
 
 

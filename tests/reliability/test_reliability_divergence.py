@@ -63,6 +63,45 @@ def test_skip_nonfinite_steps_rides_over_one_bad_step(train_in_process, tmp_path
   assert s["last_checkpoint_step"] == 10
 
 
+def test_a_resumed_run_keeps_its_skipped_steps_wall_time_and_best_loss(train_in_process,
+                                                                         tmp_path):
+  # Steps 1-5 run (step 4 skipped), the checkpoint at 5 carries the run's progress; the
+  # session that went on to 10 is lost (its checkpoint and summary removed), and a new session
+  # resumes at 5: the summary counts the skipped step and the first session's time.
+  workdir = str(tmp_path / "resume")
+  config = helpers.tiny_config(steps=10, checkpoint_every=5, eval_every=0, keep_checkpoints=5,
+                               skip_nonfinite_steps=True, **{"debug.nan_at_step": 4})
+  train_in_process(config, workdir)
+  manager = checkpoint.make_manager(workdir, keep=5, async_save=False)
+  progress = checkpoint.restore_progress(manager, 5)
+  assert progress["skipped_steps"] == 1 and progress["wall_time_s"] > 0
+  assert math.isfinite(progress["best_loss"])
+  guard = _guard()
+  guard.resume(progress)
+  assert guard.best == progress["best_loss"] and guard.skipped == 1
+  manager.delete(10)
+  manager.wait_until_finished()
+  os.remove(os.path.join(workdir, "summary.json"))
+  config.debug.nan_at_step = 0   # the second session does not replay step 4
+  train_in_process(config, workdir)
+  s = helpers.summary(workdir)
+  assert s["status"] == "ok" and s["skipped_steps"] == 1
+  assert s["wall_time_s"] > progress["wall_time_s"]
+
+
+def test_no_validation_batches_means_no_val_loss(train_in_process, tmp_path):
+  # data.val_batches=0 is allowed: the run has no val loss (None), never a 0.0 that would win
+  # every best-LR selection.
+  workdir = str(tmp_path / "noval")
+  config = helpers.tiny_config(steps=4, checkpoint_every=4, eval_every=2,
+                               **{"data.val_batches": 0})
+  result = train_in_process(config, workdir)
+  s = helpers.summary(workdir)
+  assert s["status"] == "ok" and s["final_val_loss"] is None and result["final_val_loss"] is None
+  from depthbench_jax.sweep import is_usable
+  assert not is_usable(s)
+
+
 def _guard(**div):
   from ml_collections import ConfigDict
   skip = div.pop("skip", False)
