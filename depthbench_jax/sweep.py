@@ -29,6 +29,7 @@ import json
 import math
 import os
 import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -290,14 +291,51 @@ def _without_fake_devices(xla_flags: str) -> str:
                   if not f.startswith("--xla_force_host_platform_device_count"))
 
 
+class _Stop:
+  """SIGTERM to the sweep: passed on to the training processes running (each saves a checkpoint
+  and exits, ``train/loop.py``), and no further run starts."""
+
+  def __init__(self):
+    self.requested, self.children = False, []
+    self._previous = None
+
+  def __enter__(self):
+    try:
+      self._previous = signal.signal(signal.SIGTERM, self._handle)
+    except ValueError:  # Not the main thread: no handler.
+      self._previous = None
+    return self
+
+  def __exit__(self, *exc):
+    if self._previous is not None:
+      signal.signal(signal.SIGTERM, self._previous)
+
+  def _handle(self, signum, frame):
+    self.requested = True
+    print("[sweep] SIGTERM: passing it to the running training job, then stopping", flush=True)
+    for proc in self.children:
+      if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+
+
+_STOP = _Stop()
+
+
+def _start(cmd: Sequence[str], **kwargs) -> subprocess.Popen:
+  proc = subprocess.Popen(list(cmd), **kwargs)
+  _STOP.children.append(proc)
+  return proc
+
+
 def launch(run: Run, config_path: str, main_cmd: Sequence[str], local_processes: int = 0,
            env: dict | None = None) -> int:
   """Runs one training job; returns its exit status (the largest over local processes)."""
   cmd = list(main_cmd) + [f"--config={config_path}:{run.arg}", f"--workdir={run.workdir}"]
   env = dict(os.environ if env is None else env)
   os.makedirs(run.workdir, exist_ok=True)
+  _STOP.children = []
   if local_processes <= 1:
-    return subprocess.call(cmd, env=env)
+    return _start(cmd, env=env).wait()
   port = free_port()
   procs, logs = [], []
   for i in range(local_processes):
@@ -305,11 +343,11 @@ def launch(run: Run, config_path: str, main_cmd: Sequence[str], local_processes:
                 JAX_NUM_PROCESSES=str(local_processes), JAX_PROCESS_ID=str(i))
     penv["XLA_FLAGS"] = _without_fake_devices(penv.get("XLA_FLAGS", ""))
     if i == 0:
-      procs.append(subprocess.Popen(cmd, env=penv))
+      procs.append(_start(cmd, env=penv))
     else:  # Other processes log to the run dir, so the terminal shows one stream.
       log = open(os.path.join(run.workdir, f"process_{i}.log"), "a")
       logs.append(log)
-      procs.append(subprocess.Popen(cmd, env=penv, stdout=log, stderr=subprocess.STDOUT))
+      procs.append(_start(cmd, env=penv, stdout=log, stderr=subprocess.STDOUT))
   codes = [p.wait() for p in procs]
   for log in logs:
     log.close()
@@ -318,12 +356,22 @@ def launch(run: Run, config_path: str, main_cmd: Sequence[str], local_processes:
 
 def execute(config_path: str, runs: Sequence[Run], main_cmd: Sequence[str],
             local_processes: int = 0) -> dict[str, list[str]]:
-  """Launches every unfinished run in order; never stops on a failure. Returns the outcome."""
-  outcome = {"skipped": [], "ok": [], "diverged": [], "failed": []}
+  """Launches every unfinished run in order; never stops on a failure, stops on SIGTERM (the
+  running job gets it and saves; ``outcome['stopped']`` lists what is left). Returns the
+  outcome."""
+  with _STOP:
+    _STOP.requested = False
+    return _execute(config_path, runs, main_cmd, local_processes)
+
+
+def _execute(config_path, runs, main_cmd, local_processes) -> dict[str, list[str]]:
+  outcome = {"skipped": [], "ok": [], "diverged": [], "failed": [], "stopped": []}
   todo = []
   for run in runs:
     (outcome["skipped"] if run_state(run.workdir) == "done" else todo).append(run)
   for i, run in enumerate(todo):
+    if _STOP.requested:  # A SIGTERM between two runs.
+      break
     print(f"[sweep] {i + 1}/{len(todo)} {run.name} ({run_state(run.workdir)}) -> {run.workdir}",
           flush=True)
     start = time.time()
@@ -334,6 +382,10 @@ def execute(config_path: str, runs: Sequence[Run], main_cmd: Sequence[str],
       code = -1
     summary = read_summary(run.workdir)
     status = (summary or {}).get("status")
+    if _STOP.requested and not summary:
+      print(f"[sweep] {run.name}: stopped by SIGTERM (exit {code}); the next sweep resumes it "
+            "from its checkpoint", flush=True)
+      break
     if status == "ok" and code == 0:
       outcome["ok"].append(run.name)
     elif status == "diverged":
@@ -344,6 +396,10 @@ def execute(config_path: str, runs: Sequence[Run], main_cmd: Sequence[str],
     print(f"[sweep] {run.name}: {status or 'no summary'} in "
           f"{format_duration(time.time() - start)}",
           flush=True)
+    if _STOP.requested:
+      break
+  if _STOP.requested:  # The job cut short and those never started: the next sweep runs them.
+    outcome["stopped"] = [r.name for r in todo if run_state(r.workdir) != "done"]
   print("[sweep] done: " + ", ".join(f"{k} {len(v)}" for k, v in outcome.items()), flush=True)
   for key in ("diverged", "failed"):
     if outcome[key]:
@@ -442,6 +498,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   except ConfigError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
+  if outcome["stopped"]:
+    return 128 + signal.SIGTERM   # as if killed by it: launch/run_sweep.sh skips the report
   return 0 if not outcome["failed"] else 1
 
 

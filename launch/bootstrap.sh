@@ -10,8 +10,14 @@ STAMP="$VENV/.depthbench-installed"
 NO_DEPS=(openai-whisper==20250625 hyper-connections==0.4.11 attn-res==0.1.0 moda-attention==0.1.0)
 
 want="$(cat "$ROOT/setup.py" "$ROOT/launch/constraints.txt" "$ROOT/launch/bootstrap.sh" | sha256sum | cut -c1-16)"
-if [[ -x "$VENV/bin/python" && -f "$STAMP" && "$(cat "$STAMP")" == "$want" ]]; then
-  exit 0
+current() { [[ -x "$VENV/bin/python" && -f "$STAMP" && "$(cat "$STAMP")" == "$want" ]]; }
+current && exit 0
+# Every host of a pod starts here at once on a shared filesystem: one installs, the others wait
+# on the lock and then find the stamp current.
+if command -v flock >/dev/null; then
+  exec 9>"$ROOT/.venv.lock"
+  flock 9
+  current && exit 0
 fi
 echo "[bootstrap] setting up $VENV (first time takes a few minutes)" >&2
 [[ -x "$VENV/bin/python" ]] || python3 -m venv "$VENV"

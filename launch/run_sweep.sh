@@ -14,6 +14,22 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 "$ROOT/launch/bootstrap.sh"   # no-op when .venv is current
+# Paths the caller gives are the caller's: a config file found from here and --results_dir are
+# made absolute before the cd (a config not found here is looked up in the repo, as before).
+CALLER="$PWD"
+absolute() { case "$1" in /*) printf '%s' "$1" ;; *) printf '%s' "$CALLER/$1" ;; esac; }
+ARGS=()
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --results_dir) ARGS+=("$1" "$(absolute "$2")"); shift 2 ;;
+    --results_dir=*) ARGS+=("--results_dir=$(absolute "${1#--results_dir=}")"); shift ;;
+    *) ARGS+=("$1"); shift ;;
+  esac
+done
+set -- ${ARGS[@]+"${ARGS[@]}"}
+if [[ $# -gt 0 && "$1" != -* && -f "$1" ]]; then
+  first="$(absolute "$1")"; shift; set -- "$first" "$@"
+fi
 cd "$ROOT"
 PY="$ROOT/.venv/bin/python"
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
@@ -27,9 +43,20 @@ DRY=0
 for a in "$@"; do [[ "$a" == "--dry_run" ]] && DRY=1; done
 
 RESULTS="$("$PY" -m depthbench_jax.sweep "$CONFIG" "$@" --print_results_dir)"
+# The sweep runs as a child that this shell waits for: a SIGTERM to the shell (a scheduler or a
+# container stopping it) is passed on, the running job saves a checkpoint, and the shell exits
+# only once the sweep has (bash alone would die and orphan the trainer mid-step).
 rc=0
-"$PY" -m depthbench_jax.sweep "$CONFIG" "$@" || rc=$?
+"$PY" -m depthbench_jax.sweep "$CONFIG" "$@" &
+sweep_pid=$!
+trap 'kill -TERM "$sweep_pid" 2>/dev/null || true' TERM INT
+while :; do
+  wait "$sweep_pid" && rc=0 || rc=$?
+  kill -0 "$sweep_pid" 2>/dev/null || break   # wait returned for a trapped signal: wait again
+done
+trap - TERM INT
 (( DRY )) && exit "$rc"
+(( rc == 143 )) && { echo "[run_sweep] stopped by SIGTERM; rerun to resume" >&2; exit "$rc"; }
 
 # One report per sweep, from the first process of a multi-host launch only.
 proc="${JAX_PROCESS_ID:-${SLURM_PROCID:-0}}"

@@ -205,3 +205,58 @@ def test_run_sweep_sh_dry_run(tiny):
   assert out.returncode == 0, out.stderr[-2000:]
   assert "suite tiny" in out.stdout and "4 runs (0 done, 4 to run)" in out.stdout
   assert not os.path.exists(tiny["results"])  # Nothing ran, no report.
+
+
+# A trainer that runs until SIGTERM, then "saves" (a marker) and exits 0 without a summary.
+SLEEPY_MAIN = textwrap.dedent("""
+    import json, os, signal, sys, time
+    args = dict(a.split("=", 1) for a in sys.argv[1:])
+    workdir = args["--workdir"]
+    def term(*_):
+      open(os.path.join(workdir, "saved"), "w").write("1")
+      sys.exit(0)
+    signal.signal(signal.SIGTERM, term)
+    os.makedirs(workdir, exist_ok=True)
+    with open(os.environ["FAKE_LOG"], "a") as f:
+      f.write(json.dumps({"workdir": workdir}) + "\\n")
+    time.sleep(120)
+""")
+
+
+@pytest.mark.parametrize("via", ["sweep", "run_sweep.sh"])
+def test_sigterm_reaches_the_running_job_and_stops_the_sweep(tiny, tmp_path, via):
+  # A scheduler's SIGTERM to the sweep (or to the wrapper shell, PID 1 in a container): the
+  # running trainer gets it and saves, no other run starts, exit 143, and no report is written.
+  import signal
+  import time
+  sleepy = tmp_path / "sleepy_main.py"
+  sleepy.write_text(SLEEPY_MAIN)
+  args = [tiny["config"], "--results_dir", tiny["results"], "--main_cmd",
+          f"{sys.executable} {sleepy}"]
+  cmd = ([sys.executable, "-m", "depthbench_jax.sweep"] if via == "sweep"
+         else [os.path.join(REPO, "launch", "run_sweep.sh")]) + args
+  proc = subprocess.Popen(cmd, cwd=REPO, env=dict(os.environ, FAKE_LOG=tiny["log"]),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  deadline = time.time() + 120
+  while not calls(tiny["log"]) and time.time() < deadline:
+    time.sleep(0.2)
+  assert calls(tiny["log"]), "the first run never started"
+  proc.send_signal(signal.SIGTERM)
+  out, _ = proc.communicate(timeout=60)
+  assert proc.returncode == 128 + signal.SIGTERM, out[-2000:]
+  started = calls(tiny["log"])
+  assert len(started) == 1 and os.path.exists(os.path.join(started[0]["workdir"], "saved"))
+  assert "stopped 4" in out and not os.path.exists(os.path.join(tiny["results"], "report.md"))
+
+
+def test_run_sweep_sh_reads_paths_from_the_callers_directory(tiny, tmp_path):
+  # From another directory, a relative config and --results_dir are the caller's (the script
+  # cds to the repo: results once landed under the repo and the config was not found).
+  out = subprocess.run(
+      [os.path.join(REPO, "launch", "run_sweep.sh"), "tiny_suite.py", "--results_dir=rel",
+       "--main_cmd", " ".join(tiny["main_cmd"])], cwd=tmp_path,
+      env=dict(os.environ, FAKE_LOG=tiny["log"]), capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert len(calls(tiny["log"])) == 4
+  assert all(c["workdir"].startswith(str(tmp_path / "rel")) for c in calls(tiny["log"]))
+  assert not os.path.exists(os.path.join(REPO, "rel"))
