@@ -59,6 +59,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.eval_every = 50
   c.eval_batches = 4               # val batches per periodic eval (0 = all); the final reads all.
   c.log_every = 10
+  c.peak_flops_per_device = 0.0    # FLOP/s for MFU; 0 = by device kind (train/loop.PEAK_FLOPS).
   c.checkpoint_every = 50
   c.keep_checkpoints = 2
   c.seed = 0

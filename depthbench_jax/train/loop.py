@@ -41,8 +41,9 @@ from depthbench_jax.train.optimizer import lr_schedule, make_optimizer
 from depthbench_jax.train.step import TrainState, eval_step, init_state, train_step
 
 # Dense bf16 matmul peak per device, FLOP/s, for MFU. ``config.peak_flops_per_device`` wins.
-PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "B200": 2250e12, "TPU v5": 459e12,
-              "TPU v4": 275e12}
+# Matched in order against ``device_kind``: "TPU v5 lite" (v5e) before "TPU v5" (v5p).
+PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "B200": 2250e12,
+              "TPU v5 lite": 197e12, "TPU v5": 459e12, "TPU v6 lite": 918e12, "TPU v4": 275e12}
 
 
 def peak_flops_per_device(config) -> float | None:

@@ -58,3 +58,4 @@ def test_make_optimizer_decays_hc_dynamic_weights_and_not_static_ones():
                                       "embedding") else 0.0
     np.testing.assert_allclose(np.asarray(u), want, rtol=1e-6, err_msg=jax.tree_util.keystr(path))
   assert {"dynamic_alpha", "dynamic_beta", "static_alpha"} <= names
+

@@ -152,3 +152,18 @@ def test_bad_config_fails_before_compute_naming_the_field(tmp_path, flag, field)
   assert "allowed" in lines[0]
   assert json.load(open(marker)) == {"status": "ok", "keep": True}
   assert not os.path.exists(os.path.join(workdir, "checkpoints"))
+
+
+def test_peak_flops_by_device_kind_and_override(monkeypatch):
+  # v5e reports "TPU v5 lite": its own peak, not v5p's; the config field overrides any kind.
+  import types
+  import jax
+  from configs import base
+  from depthbench_jax.train import loop
+  config = base.get_config()
+  for kind, want in (("TPU v5 lite", 197e12), ("TPU v5", 459e12),
+                     ("NVIDIA H100 80GB HBM3", 989e12), ("cpu", None)):
+    monkeypatch.setattr(jax, "devices", lambda kind=kind: [types.SimpleNamespace(device_kind=kind)])
+    assert loop.peak_flops_per_device(config) == want, kind
+  config.peak_flops_per_device = 1e12
+  assert loop.peak_flops_per_device(config) == 1e12
