@@ -75,6 +75,40 @@ def collect_runs(results_dir: str) -> list[dict]:
   return sorted(records, key=lambda r: r["name"])
 
 
+def collect_unfinished(results_dir: str) -> list[dict]:
+  """Run folders without a ``summary.json`` (training, interrupted, or crashed): ``{'name',
+  'workdir', 'step', 'train_loss', 'checkpoint_step'}`` from ``metrics.jsonl`` and
+  ``checkpoints/``; a folder with neither is not a run."""
+  from depthbench_jax.train.summary import read_metrics  # Local: pulls in nothing heavy.
+  out = []
+  for root, dirs, files in os.walk(results_dir):
+    dirs[:] = sorted(d for d in dirs if d not in ("checkpoints", "tensorboard", "plots"))
+    if "summary.json" in files:
+      continue
+    ckpt_dir = os.path.join(root, "checkpoints")
+    saved = sorted(int(d) for d in os.listdir(ckpt_dir) if d.isdigit()) if os.path.isdir(
+        ckpt_dir) else []
+    losses = read_metrics(root) if "metrics.jsonl" in files else {}
+    if not saved and not losses:
+      continue
+    last = max(losses) if losses else None
+    out.append({"name": os.path.basename(root), "workdir": root, "step": last,
+                "train_loss": losses.get(last) if last is not None else None,
+                "checkpoint_step": saved[-1] if saved else None})
+  return sorted(out, key=lambda r: r["name"])
+
+
+def unfinished_markdown(rows: Sequence[dict]) -> str | None:
+  if not rows:
+    return None
+  lines = ["| run | last logged step | train loss there | last checkpoint |", "|---|---|---|---|"]
+  for r in rows:
+    lines.append(f"| {r['name']} | {'' if r['step'] is None else r['step']} | "
+                 f"{_fmt(r['train_loss'])} | "
+                 f"{'' if r['checkpoint_step'] is None else r['checkpoint_step']} |")
+  return "\n".join(lines)
+
+
 # ---------------------------------------------------------------------------------------------
 # The scorecard.
 # ---------------------------------------------------------------------------------------------
@@ -302,7 +336,7 @@ def hook_sections(records: Sequence[dict]) -> list[tuple[str, str]]:
 
 
 def build_report(records: Sequence[dict], title: str = "DepthBench scorecard",
-                 plot_files: Sequence[str] = ()) -> str:
+                 plot_files: Sequence[str] = (), unfinished: Sequence[dict] = ()) -> str:
   records = list(records)
   assign_families(records)
   groups = select_best_lr(records)
@@ -324,6 +358,10 @@ def build_report(records: Sequence[dict], title: str = "DepthBench scorecard",
   if excluded:
     parts += ["## Diverged and unfinished runs (excluded from best-LR selection)", "",
               excluded, ""]
+  waiting = unfinished_markdown(unfinished)
+  if waiting:
+    parts += ["## Runs without a summary (training, interrupted or crashed; a sweep resumes "
+              "them from their last checkpoint)", "", waiting, ""]
   if plot_files:
     parts += ["## Loss vs aspect ratio", ""]
     parts += [f"![{os.path.basename(p)}]({p})" for p in plot_files] + [""]
@@ -362,7 +400,8 @@ def write_report(results_dir: str, out_dir: str | None = None,
   title = f"DepthBench scorecard: {os.path.basename(os.path.normpath(results_dir))}"
   report_path = os.path.join(out_dir, "report.md")
   with open(report_path, "w") as f:
-    f.write(build_report(records, title=title, plot_files=rel))
+    f.write(build_report(records, title=title, plot_files=rel,
+                         unfinished=collect_unfinished(results_dir)))
   csv_path = os.path.join(out_dir, "runs.csv")
   write_csv(records, csv_path, groups)
   return [report_path, csv_path] + plot_files

@@ -63,6 +63,22 @@ def test_report_into_results_dir_and_rerun(tmp_path):
   assert report_main.main([str(tmp_path / "empty")]) == 1
 
 
+def test_report_lists_runs_without_a_summary(tmp_path):
+  # A sweep in progress: one run still training (metrics, a checkpoint at 10, no summary) is
+  # listed with where it stands; the fixture's empty-checkpoints folder is not a run.
+  results = tmp_path / "results"
+  shutil.copytree(FIXTURE, results)
+  live = results / "hc_24x1024_lr4e-3"
+  (live / "checkpoints" / "10").mkdir(parents=True)
+  (live / "metrics.jsonl").write_text('{"step": 10, "train/loss": 4.5}\n'
+                                      '{"step": 12, "train/loss": 4.25}\n')
+  scorecard.write_report(str(results), plots=False)
+  text = (results / "report.md").read_text()
+  assert "## Runs without a summary" in text
+  assert "| hc_24x1024_lr4e-3 | 12 | 4.250 | 10 |" in text
+  assert "preln_32x896_lr4e-3 |" not in text.split("## Runs without a summary")[1]
+
+
 def test_multiscale_families():
   records = [
       {"name": f"hc_{L}x{d}", "design": "hc", "n_layers": L, "d_model": d, "lr": 1e-3,
