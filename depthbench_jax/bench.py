@@ -399,13 +399,7 @@ def hf_runner(cfg, config) -> Callable[[], None] | None:
     return None
   torch.manual_seed(0)
   torch.set_num_threads(os.cpu_count() or 1)
-  hf_cfg = transformers.LlamaConfig(
-      vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.ffn_dim,
-      num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
-      num_key_value_heads=cfg.n_kv_heads, head_dim=cfg.head_dim, rms_norm_eps=cfg.norm_eps,
-      rope_theta=cfg.rope_theta, max_position_embeddings=cfg.max_seq_len,
-      tie_word_embeddings=cfg.tie_embeddings, attention_bias=False, mlp_bias=False)
-  model = transformers.LlamaForCausalLM(hf_cfg)
+  model = hf_llama(cfg)
   model.train()
   opt = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(config.b1, config.b2),
                           weight_decay=config.weight_decay)
@@ -422,6 +416,19 @@ def hf_runner(cfg, config) -> Callable[[], None] | None:
     torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
     opt.step()
   return run
+
+
+def hf_llama(cfg):
+  """``LlamaForCausalLM`` (fp32, torch) of ``cfg``'s shape, set up for training."""
+  import transformers  # pylint: disable=g-import-not-at-top
+  hf_cfg = transformers.LlamaConfig(
+      vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.ffn_dim,
+      num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
+      num_key_value_heads=cfg.n_kv_heads, head_dim=cfg.head_dim, rms_norm_eps=cfg.norm_eps,
+      rope_theta=cfg.rope_theta, max_position_embeddings=cfg.max_seq_len,
+      tie_word_embeddings=cfg.tie_embeddings, attention_bias=False, mlp_bias=False,
+      use_cache=False)  # A training step: no KV cache (the default builds one, copying K, V).
+  return transformers.LlamaForCausalLM(hf_cfg)
 
 
 def torch_matmul_runner(n: int, reps: int) -> Callable[[], None] | None:

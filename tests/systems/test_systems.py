@@ -521,3 +521,19 @@ def test_profile_step_quick_run():
   assert "fwd residual.sublayer" in out.stdout and "bwd residual.sublayer" in out.stdout
   assert "residual.maps/hc_attn" in out.stdout
   assert "hc over preln:" in out.stdout
+
+
+def test_hf_baseline_is_our_shape_and_builds_no_kv_cache_in_training():
+  # The ours/HF comparison: same parameter count, and HF's training forward carries no KV cache
+  # (LlamaConfig's default use_cache=True copied K and V in every layer, favouring us).
+  torch = pytest.importorskip("torch")
+  pytest.importorskip("transformers")
+  from depthbench_jax.bench import hf_llama
+  from depthbench_jax.model.config import model_config_from
+  from depthbench_jax.model.transformer import count_params
+  from tests.helpers import tiny_config
+  cfg = model_config_from(tiny_config().model)
+  model = hf_llama(cfg).train()
+  assert sum(p.numel() for p in model.parameters()) == count_params(cfg)["total"]
+  out = model(input_ids=torch.zeros((1, 8), dtype=torch.long))
+  assert getattr(out, "past_key_values", None) is None
