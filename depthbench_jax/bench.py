@@ -566,7 +566,11 @@ def verdict(result: dict) -> list[dict]:
   first = result["train"][0]["shape"]
   checks = []
 
-  def add(name, value, target, higher_is_better=False, band=None):
+  def add(name, value, target, higher_is_better=False, band=None, failed=None):
+    if failed:  # Asked for and did not compile or fit: a FAIL, not a missing line.
+      checks.append({"check": name, "value": None, "target": target, "failed": failed,
+                     "op": ">=" if higher_is_better else "<=", "pass": False})
+      return
     if value is None:
       return
     ok = value >= target if higher_is_better else value <= target
@@ -578,12 +582,14 @@ def verdict(result: dict) -> list[dict]:
       check["band"] = band
     checks.append(check)
 
+  failed = result.get("failed", {})
   pre = rows.get(("preln", first))
-  add(f"MFU Pre-LN {first}", pre and pre["mfu"], TARGETS["mfu"], True)
+  add(f"MFU Pre-LN {first}", pre and pre["mfu"], TARGETS["mfu"], True,
+      failed=failed.get(f"preln {first}"))
   for design, (label, key) in STEP_TARGETS.items():
     row = rows.get((design, first), {})
     add(f"{label} / Pre-LN step {first}", row.get("step_over_preln"), TARGETS[key],
-        band=row.get("step_over_preln_rounds"))
+        band=row.get("step_over_preln_rounds"), failed=failed.get(f"{design} {first}"))
   c = result["compile"]
   add(f"compile {c['deep_layers']}L / {c['shallow_layers']}L", c["deep_over_shallow"],
       TARGETS["compile_deep_over_shallow"])
@@ -694,8 +700,10 @@ def render(result: dict) -> str:
   for v in result["verdict"]:
     noise = (f" (target inside the per-round IQR {_band(v['band'])})"
              if v.get("within_noise") else "")
-    lines.append(f"| {v['check']} | {v['value']:.3f} | {v['op']} {v['target']} | "
-                 f"{'PASS' if v['pass'] else 'FAIL'}{noise} |")
+    value = "-" if v["value"] is None else f"{v['value']:.3f}"
+    why = f" ({v['failed']})" if v.get("failed") else noise
+    lines.append(f"| {v['check']} | {value} | {v['op']} {v['target']} | "
+                 f"{'PASS' if v['pass'] else 'FAIL'}{why} |")
   return "\n".join(lines)
 
 

@@ -246,6 +246,11 @@ def test_verdict_flags_a_target_inside_the_run_noise():
                model_flops_per_s=1.0, mfu=0.7, peak_bytes=1, peak_over_preln=1.0, compile_s=1.0)
   r["compile"].update(shallow_s=1.0, deep_s=0.96)
   assert "FAIL (target inside the per-round IQR 1.060-1.160)" in render(r)
+  # A design asked for that did not compile or fit is a FAIL line, not a missing one.
+  r["train"] = r["train"][:1]
+  r["failed"] = {"hc 8x512": "out of memory"}
+  r["verdict"] = verdict(r)
+  assert "| HC / Pre-LN step 8x512 | - | <= 1.1 | FAIL (out of memory) |" in render(r)
 
 
 def test_hf_target_needs_the_step_and_mfu_the_target_implies():
