@@ -141,6 +141,8 @@ def greedy_generate(cfg: ModelConfig, params: Any, prompts: Sequence[Sequence[in
     buffer[b, :len(p)] = p
 
   out: list[list[int]] = [[] for _ in prompts]
+  if max_new_tokens <= 0:  # Nothing to generate (the cached path's prefill would emit one).
+    return (out, np.zeros((0, batch, cfg.vocab_size), np.float32)) if return_logits else out
   done = np.zeros(batch, bool)
   if n_real is not None:
     done[n_real:] = True

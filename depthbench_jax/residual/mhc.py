@@ -77,7 +77,7 @@ class ManifoldConnection(nn.Module):
     b_pre = _param(self, "b_pre", lambda rng, k: static_logits(k, n, self.res_init)[0], k)
     b_post = _param(self, "b_post", lambda rng, k: static_logits(k, n, self.res_init)[1], k)
     b_res = _param(self, "b_res", lambda rng, k: static_logits(k, n, self.res_init)[2], k)
-    phi = _param(self, "phi", constant(0.0), (n * d, 2 * n + n * n))
+    phi = _param(self, "phi", constant(0.0), (n * d, 2 * n + n * n), axes=("embed", None))
     a_pre = _param(self, "alpha_pre", constant(0.01), ())
     a_post = _param(self, "alpha_post", constant(0.01), ())
     a_res = _param(self, "alpha_res", constant(0.01), ())

@@ -146,6 +146,13 @@ def validate_data(data, model, process_count: int, data_parallel: int) -> None:
   _require(batch % process_count == 0,
            f"config.data.global_batch_size={batch} is not divisible by the {process_count} "
            f"processes; allowed: a multiple of {process_count}")
+  # Each process feeds its own rows, so every batch shard (a data x fsdp cell, its tensor-axis
+  # devices holding copies) must lie within one process: a tensor axis across hosts would give
+  # copies of one shard different rows.
+  _require(data_parallel % process_count == 0,
+           f"config.mesh has {data_parallel} batch shards (data x fsdp) for {process_count} "
+           f"processes: a shard's devices would span processes; allowed: data x fsdp a multiple "
+           f"of {process_count} (keep config.mesh.tensor within one host)")
   from depthbench_jax.data.tokenizer import get_tokenizer
   vocab = get_tokenizer(data.tokenizer).vocab_size
   _require(model.vocab_size >= vocab,

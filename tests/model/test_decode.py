@@ -57,6 +57,14 @@ def test_kv_cache_equals_full_recompute(overrides):
   np.testing.assert_allclose(cached_logits[:, 0], logits[0, len(PROMPTS[0]) - 1:], atol=1e-5)
 
 
+def test_zero_new_tokens_generates_nothing_on_either_path():
+  cfg = cfg_of()
+  params = random_params(cfg)
+  for use_cache in (True, False):
+    assert decode.greedy_generate(cfg, params, PROMPTS, 0, use_cache=use_cache) == [
+        [] for _ in PROMPTS], use_cache
+
+
 def test_eos_stops_a_row():
   cfg = cfg_of()
   params = random_params(cfg)

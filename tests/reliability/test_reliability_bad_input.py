@@ -42,6 +42,7 @@ CASES = [
      "config.data.global_batch_size"),
     ("batch_not_divisible_by_processes", {"mesh.data": 1, "mesh.tensor": -1}, 3, 3,
      "config.data.global_batch_size"),
+    ("tensor_axis_across_processes", {"mesh.data": 1, "mesh.tensor": -1}, 4, 2, "config.mesh"),
     ("zero_batch", {"data.global_batch_size": 0}, 1, 1, "config.data.global_batch_size"),
     ("seq_len_over_rope_limit", {"data.seq_len": 8192}, 1, 1, "config.data.seq_len"),
     ("missing_data_path", {"data.source": "parquet", "data.path": "/nonexistent/shards"}, 1, 1,
