@@ -93,7 +93,10 @@ def greedy_completions(cfg: ModelConfig, params: Any, tokenizer: Any, prompts: S
   Prompts longer than ``max_len - max_new_tokens`` tokens keep their last tokens.
   """
   max_len = max_len or cfg.max_seq_len
-  keep = max(1, max_len - max_new_tokens)
+  if max_new_tokens >= max_len:
+    raise ValueError(f"--max_new_tokens={max_new_tokens} leaves no room for a prompt in the "
+                     f"model's {max_len} positions; allowed: < {max_len}")
+  keep = max_len - max_new_tokens
   ids = [([tokenizer.eos_id] + tokenizer.encode(p))[-keep:] for p in prompts]
   texts = []
   for lo in range(0, len(ids), batch_size):

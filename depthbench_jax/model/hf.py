@@ -236,6 +236,9 @@ def export_hf(params: Any, cfg: ModelConfig, out_dir: str, arch: str | None = No
     save_torch({k: torch.from_numpy(v).to(torch.bfloat16) for k, v in state.items()}, path,
                metadata={"format": "pt"})
   config.save_pretrained(out_dir)
+  import transformers  # pylint: disable=g-import-not-at-top
+  transformers.GenerationConfig(bos_token_id=eos, eos_token_id=eos,
+                                pad_token_id=eos).save_pretrained(out_dir)
   if tokenizer is not None:
     detail = ("GPT-2 BPE (tiktoken r50k_base), `<|endoftext|>` = 50256 = eos; tokenizer.json here "
               "is the same BPE (AutoTokenizer.from_pretrained(this_dir))."

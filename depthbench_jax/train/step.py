@@ -55,9 +55,18 @@ def train_step(state: TrainState, batch: dict, *, model: Transformer,
     keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
     params, opt_state = keep(params, state.params), keep(opt_state, state.opt_state)
   new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state)
-  metrics = {"loss": loss, "grad_norm": grad_norm, "lr": schedule(state.step),
+  metrics = {"loss": loss, "grad_norm": grad_norm, "lr": schedule(_schedule_count(state)),
              "finite": finite.astype(jnp.float32)}
   return new_state, metrics
+
+
+def _schedule_count(state: TrainState):
+  """The step count optax's LR schedule reads (``ScaleByScheduleState.count``): the LR this
+  step applies. It equals ``state.step`` unless ``skip_nonfinite`` kept a step's optimizer state,
+  which holds the schedule back by one."""
+  counts = [v for path, v in optax.tree_utils.tree_get_all_with_path(state.opt_state, "count")
+            if getattr(path[-1], "tuple_name", None) == "ScaleByScheduleState"]
+  return counts[0] if counts else state.step
 
 
 def eval_step(params, batch: dict, *, model: Transformer) -> dict:

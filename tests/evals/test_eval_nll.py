@@ -114,6 +114,14 @@ def test_evaluate_scores_within_score_len():
   assert abs(cut["nll_per_token"] - full["nll_per_token"]) > 1e-4
 
 
+def test_generation_budget_over_the_context_is_one_clear_error():
+  # It cut every prompt to its last token before, silently.
+  from depthbench_jax.evals.scoring import greedy_completions
+  cfg = tiny_model_cfg()
+  with pytest.raises(ValueError, match=r"--max_new_tokens=512 .*allowed: < 512"):
+    greedy_completions(cfg, None, ByteTok(), ["Tom has 3 apples."], max_new_tokens=512)
+
+
 def test_missing_sets_are_listed_not_fatal(tmp_path):
   cfg = tiny_model_cfg()
   params = jax.tree.map(lambda s: np.zeros(s.shape, np.float32), nn.unbox(abstract_params(cfg)))

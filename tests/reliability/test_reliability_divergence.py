@@ -61,6 +61,9 @@ def test_skip_nonfinite_steps_rides_over_one_bad_step(train_in_process, tmp_path
   assert math.isnan(losses[4]) and all(math.isfinite(losses[k]) for k in losses if k != 4)
   assert losses[10] < losses[1]
   assert s["last_checkpoint_step"] == 10
+  # The skipped step held the LR schedule back by one: the logged LR is the one applied.
+  lrs = summary.read_metrics(workdir, "train/lr")
+  assert lrs[5] == lrs[4] and lrs[4] != lrs[3] and lrs[6] != lrs[5]
 
 
 def test_a_resumed_run_keeps_its_skipped_steps_wall_time_and_best_loss(train_in_process,
