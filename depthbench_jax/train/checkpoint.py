@@ -1,9 +1,10 @@
 """Orbax checkpoints of the train state and the data iterator, and loading for post-hoc tools.
 
 Layout: ``WORKDIR/checkpoints/<step>/{state,data,progress}`` (``progress``: JSON of the
-run's wall time so far and the divergence guard's state; absent in older checkpoints). Orbax writes each step to a temporary
-directory and renames it only once complete, so a run killed mid-save restores the previous
-complete step; a partial checkpoint is never visible to ``latest_step``.
+run's wall time so far and the divergence guard's state; absent in older checkpoints). Orbax
+writes each step to a temporary directory and renames it only once complete, so a run killed
+mid-save restores the previous complete step; a partial checkpoint is never visible to
+``latest_step``.
 """
 
 from __future__ import annotations

@@ -58,7 +58,7 @@ def peak_flops_per_device(config) -> float | None:
 
 def total_steps_of(config, params_total: int) -> int:
   """``config.steps``, or the Chinchilla budget ``tokens_per_param * N`` / tokens per step, N =
-  ``params_total`` (the run's own) or ``shapes.budget_params`` when ``config.budget_design`` is set."""
+  ``params_total`` (the run's own), or ``shapes.budget_params`` with ``config.budget_design``."""
   if config.steps > 0:
     return int(config.steps)
   if config.get("budget_design"):
