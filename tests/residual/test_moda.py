@@ -103,8 +103,18 @@ def test_depth_kv_written_by_attention_and_ffn():
   new = OneLayer(cfg).apply({"params": {"layer": p0}}, state)
   np.testing.assert_allclose(new["k"][:, :, :, 0], k_want, atol=1e-5)
   np.testing.assert_allclose(new["v"][:, :, :, 0], v_want, atol=1e-5)
-  x1 = np.asarray(new["x"])  # after both sublayers; the FFN input is N(x after attention)
-  assert np.abs(np.asarray(new["k"][:, :, :, 1])).max() > 0 and np.abs(x1 - x0).max() > 0
+  # Slot 1 = the FFN's depth K/V of N(x after attention). With the MLP's output projection
+  # zeroed the layer's output is that x (the slot does not depend on it: same K/V).
+  p_mid = jax.tree.map(lambda a: a, p0)
+  p_mid["mlp"]["down_proj"]["kernel"] = jnp.zeros_like(p0["mlp"]["down_proj"]["kernel"])
+  mid = OneLayer(cfg).apply({"params": {"layer": p_mid}}, state)
+  np.testing.assert_allclose(mid["k"], new["k"], atol=1e-6)
+  x_mid = np.asarray(mid["x"])
+  assert np.abs(x_mid - x0).max() > 0 and np.abs(np.asarray(new["x"]) - x_mid).max() > 0
+  u1 = x_mid / kit.rms(x_mid) * p0["residual"]["post_attention_layernorm"]["scale"]
+  for name, slot in (("ffn_depth_k_proj", new["k"]), ("ffn_depth_v_proj", new["v"])):
+    want = np.einsum("btd,dkh->btkh", u1, p0["residual"][name]["kernel"])
+    np.testing.assert_allclose(slot[:, :, :, 1], want, atol=1e-5)
   np.testing.assert_array_equal(new["presence"], [1, 1, 0, 0])
   np.testing.assert_array_equal(new["k"][:, :, :, 2:], 0)
 
