@@ -434,11 +434,11 @@ def record_lr(record: dict) -> float:
 
 def select_best_lr(records: Iterable[dict]) -> dict[tuple[str, int, int], dict]:
   """``{(design, L, d): {'best': record | None, 'runs': [...], 'excluded': [...],
-  'lr_at_edge': bool}}``: the lowest final val loss among usable runs.
+  'lr_at_edge': bool, 'lr_untuned': bool}}``: the lowest final val loss among usable runs.
 
   Diverged, unfinished or non-finite runs are excluded (listed, never chosen); a group with
   none usable has ``best=None``. ``lr_at_edge`` flags a best LR at either end of the grid
-  tried (the optimum may lie outside it).
+  tried (the optimum may lie outside it), ``lr_untuned`` a shape tried at one LR only.
   """
   groups: dict[tuple[str, int, int], dict] = {}
   for record in records:
@@ -453,6 +453,7 @@ def select_best_lr(records: Iterable[dict]) -> dict[tuple[str, int, int], dict]:
     lrs = sorted({record_lr(r) for r in group["runs"]})
     group["lr_at_edge"] = bool(group["best"] is not None and len(lrs) > 1
                                and record_lr(group["best"]) in (lrs[0], lrs[-1]))
+    group["lr_untuned"] = bool(group["best"] is not None and len(lrs) == 1)  # one LR tried
   return groups
 
 

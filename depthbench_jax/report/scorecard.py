@@ -191,6 +191,7 @@ def scorecard_rows(records: Sequence[dict], groups: dict | None = None) -> list[
           "loss_hi": losses.get(ref[1]) if ref[1] != ref[0] else None,
           "trend": depth_trend(losses, ref), "best": winner,
           "best_lr_at_edge": bool(winner and groups[shape_key(winner)]["lr_at_edge"]),
+          "best_lr_untuned": bool(winner and groups[shape_key(winner)].get("lr_untuned")),
           "n_shapes": len(shapes_run), "n_shapes_usable": len(best),
           "params_median": statistics.median(r["params_total"] for r in fam
                                              if r.get("params_total")) if any(
@@ -237,12 +238,15 @@ def scorecard_markdown(rows: Sequence[dict]) -> str:
     for r in fam:
       b = r["best"]
       shape = f"{b['n_layers']}x{b['d_model']} ({b['aspect_ratio']:.1f})" if b else "–"
-      lr = f"{format_lr(b['lr'])}{' †' if r['best_lr_at_edge'] else ''}" if b else "–"
+      mark = " †" if r["best_lr_at_edge"] else " ‡" if r["best_lr_untuned"] else ""
+      lr = f"{format_lr(b['lr'])}{mark}" if b else "–"
       out.append(f"| {r['design']} | {_fmt(r['loss_lo'])} | {_fmt(r['loss_hi'])} | "
                  f"{r['trend']} | {shape} | {_fmt(b['final_val_loss'] if b else None)} | {lr} |")
     out.append("")
   if any(r["best_lr_at_edge"] for r in rows):
     out.append("† best LR at an edge of the grid tried: the optimum may lie outside it.")
+  if any(r["best_lr_untuned"] for r in rows):
+    out.append("‡ the only LR tried at that shape: the LR is not tuned there.")
   return "\n".join(out)
 
 

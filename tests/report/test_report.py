@@ -38,7 +38,8 @@ def test_report_renders(tmp_path):
   text = (out / "report.md").read_text()
   assert "| preln | 2.759 | 2.782 | worse when deeper | 16x1216 (76.0) | 2.759 | 2e-3 † |" in text
   assert "| hc | 2.729 | 2.699 | better when deeper | 32x896 (28.0) | 2.699 | 1e-3 † |" in text
-  assert "peak in the middle (L=24) | 24x1024 (42.7) | 2.715" in text
+  assert "peak in the middle (L=24) | 24x1024 (42.7) | 2.715 | 1e-3 ‡ |" in text  # one LR tried
+  assert "‡ the only LR tried at that shape" in text
   assert "## Against the paper (400M)" in text
   assert "diverged @1200" in text and "hc_32x896_lr2e-3 | diverged | 1200" in text
   for design in ("preln", "hc", "attnres_block", "all"):
