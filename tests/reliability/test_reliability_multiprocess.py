@@ -1,6 +1,7 @@
 """Two local gloo processes: one dying makes the other exit non-zero with a clear error, fast.
 
-(2 processes matching 1 is ``tests/train/test_train_loop.py::test_two_processes_gloo_survive_a_sigterm_to_one_and_match_one``.)
+(2 processes matching 1 is ``tests/train/test_train_loop.py::
+test_two_processes_gloo_survive_a_sigterm_to_one_and_match_one``.)
 The survivor's next collective fails (gloo: connection reset); ``main.py`` prints one
 ``error: process i of 2 failed: ...`` line and exits 1 without JAX's shutdown barrier, which
 would wait for the dead peer. ``JAX_HEARTBEAT_TIMEOUT_S`` bounds any other wait.
