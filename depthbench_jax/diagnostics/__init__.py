@@ -16,9 +16,10 @@ def diagnostics_table(runs):
   ``diagnostics.json``."""
   from depthbench_jax import sweep
   from depthbench_jax.diagnostics import report_section
-  pairs = report_section.as_runs(runs)
+  pairs = report_section.as_runs(runs)  # reads each run's diagnostics.json, once
   if not pairs:
     return None
+  best = sweep.best_lr_runs(list(runs))
   return report_section.section(pairs, heading=False, heatmap_runs="deepest",
                                 which=("causal", "permutation"),
-                                best=report_section.as_runs(sweep.best_lr_runs(list(runs))))
+                                best=[p for p in pairs if any(p[0] is b for b in best)])

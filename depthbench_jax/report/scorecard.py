@@ -50,11 +50,18 @@ HOOKS = (("diagnostics", "diagnostics_table", "diagnostics.json"),
 # Reading.
 # ---------------------------------------------------------------------------------------------
 
+def _folders(results_dir: str):
+  """``(folder, its file names)`` under ``results_dir``, sorted, not descending into a run's
+  ``checkpoints``, ``tensorboard`` or ``plots``."""
+  for root, dirs, files in os.walk(results_dir):
+    dirs[:] = sorted(d for d in dirs if d not in ("checkpoints", "tensorboard", "plots"))
+    yield root, files
+
+
 def collect_runs(results_dir: str) -> list[dict]:
   """Every ``summary.json`` under ``results_dir`` (any depth), as records sorted by name."""
   records = []
-  for root, dirs, files in os.walk(results_dir):
-    dirs[:] = sorted(d for d in dirs if d not in ("checkpoints", "tensorboard", "plots"))
+  for root, files in _folders(results_dir):
     if "summary.json" not in files:
       continue
     try:
@@ -81,8 +88,7 @@ def collect_unfinished(results_dir: str) -> list[dict]:
   ``checkpoints/``; a folder with neither is not a run."""
   from depthbench_jax.train.summary import read_metrics  # Local: pulls in nothing heavy.
   out = []
-  for root, dirs, files in os.walk(results_dir):
-    dirs[:] = sorted(d for d in dirs if d not in ("checkpoints", "tensorboard", "plots"))
+  for root, files in _folders(results_dir):
     if "summary.json" in files:
       continue
     ckpt_dir = os.path.join(root, "checkpoints")
