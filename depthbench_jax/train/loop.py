@@ -37,6 +37,7 @@ from depthbench_jax.model.transformer import Transformer, count_params
 from depthbench_jax.sweep import format_duration
 from depthbench_jax.systems.flops import train_flops_per_token
 from depthbench_jax.train import checkpoint, config_check, sharding, summary
+from depthbench_jax.train.throughput import StepClock
 from depthbench_jax.train.optimizer import lr_schedule, make_optimizer
 from depthbench_jax.train.step import TrainState, eval_step, init_state, train_step
 
@@ -204,7 +205,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   metrics_log = summary.MetricsLog(workdir, enabled=process_index == 0)
 
   status, last_train_loss, val_loss = "ok", None, None
-  last_log_time, last_log_step = time.time(), start_step
+  clock = StepClock(start_step)
   logging.info("Training %s: %d params (%d non-embedding), %d steps, %d tokens/step, mesh %s",
                model_cfg.design, counts["total"], counts["non_embedding"], steps,
                tokens_per_step, dict(mesh.shape))
@@ -217,6 +218,12 @@ def train_and_evaluate(config, workdir: str) -> dict:
       state, metrics = step_fn(state, _global_batch(local, batch_sharding))
       step += 1
       unchecked.append((step, metrics))
+      if clock.first_step_s is None:  # The compile: timed apart, outside steps/s.
+        jax.block_until_ready(metrics)
+        clock.first_step_done(step)
+        if process_index == 0:
+          print(f"step {step}/{steps}: {clock.first_step_s:.1f}s with the jit compile (steps/s "
+                f"below leave out the compile, evals and checkpoint saves)", flush=True)
       progress(step)
       log_now = step % config.log_every == 0 or step == steps
       eval_now = (config.eval_every > 0 and bool(val_batches)
@@ -229,9 +236,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
       checked, unchecked = jax.device_get(unchecked), []
       if log_now:
         m = checked[-1][1]
-        now = time.time()
-        steps_per_s = (step - last_log_step) / max(now - last_log_time, 1e-9)
-        last_log_time, last_log_step = now, step
+        steps_per_s = clock.read(step)
         scalars = {"train/loss": float(m["loss"]), "train/grad_norm": float(m["grad_norm"]),
                    "train/lr": float(m["lr"]),
                    "perf/tokens_per_s": steps_per_s * tokens_per_step,
@@ -242,8 +247,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
         writer.write_scalars(step, scalars)
         metrics_log.append(step, scalars)
         if process_index == 0:
-          print(_progress_line(step, steps, scalars, val_loss, time.time() - start_time,
-                               start_step), flush=True)
+          print(_progress_line(step, steps, scalars, val_loss, clock.eta_s(step, steps)),
+                flush=True)
         last_train_loss = scalars["train/loss"]
       reason = guard.check_steps(checked)
       if reason:
@@ -252,16 +257,17 @@ def train_and_evaluate(config, workdir: str) -> dict:
           summary.write_status(workdir, status, step=guard.step, reason=reason)
         logging.error("Run diverged at step %d: %s", guard.step, reason)
         break
-      if eval_now:
-        val_loss = evaluate(state.params, val_batches if step == steps else eval_batches,
-                            eval_fn, batch_sharding)
-        writer.write_scalars(step, {"val/loss": val_loss})
-        metrics_log.append(step, {"val/loss": val_loss})
-      if diag_now:
-        diag_hook(step, state.params, writer)
-      if save_now or preempted:  # One save per step: a second one of the same step raises.
-        checkpoint.save(manager, step, state, train_iter, force=preempted,
-                        progress={"wall_time_s": wall_s(), **guard.progress()})
+      with clock.pause():  # Evals, diagnostics and saves stay out of steps/s.
+        if eval_now:
+          val_loss = evaluate(state.params, val_batches if step == steps else eval_batches,
+                              eval_fn, batch_sharding)
+          writer.write_scalars(step, {"val/loss": val_loss})
+          metrics_log.append(step, {"val/loss": val_loss})
+        if diag_now:
+          diag_hook(step, state.params, writer)
+        if save_now or preempted:  # One save per step: a second one of the same step raises.
+          checkpoint.save(manager, step, state, train_iter, force=preempted,
+                          progress={"wall_time_s": wall_s(), **guard.progress()})
       if preempted and step < steps:
         status = "interrupted"
         break
@@ -280,10 +286,9 @@ def train_and_evaluate(config, workdir: str) -> dict:
   return result
 
 
-def _progress_line(step, steps, scalars, val_loss, elapsed_s, start_step) -> str:
+def _progress_line(step, steps, scalars, val_loss, eta) -> str:
   """``step 40/200 (20%) | loss 7.12 | val 7.30 | 3.1 steps/s | 6.3k tok/s | ETA 52s``."""
   rate = scalars["perf/steps_per_s"]
-  eta = (steps - step) / rate if rate > 0 else float("inf")
   parts = [f"step {step}/{steps} ({100 * step / steps:.0f}%)", f"loss {scalars['train/loss']:.4f}"]
   if val_loss is not None:
     parts.append(f"val {val_loss:.4f}")

@@ -51,6 +51,15 @@ def test_loss_decreases_and_summary_is_complete(reference_run):
   assert os.listdir(os.path.join(reference_run, "tensorboard"))
 
 
+def test_steps_per_s_leaves_out_the_eval_and_save_at_step_10(reference_run):
+  """Step 10 evaluates (compiling the eval step) and checkpoints; step 11's steps/s must still
+  be a training step's rate (``train/throughput.py``), not one step over that pause."""
+  from depthbench_jax.train.summary import read_metrics
+  rate = read_metrics(reference_run, "perf/steps_per_s")
+  steady = float(np.median([rate[s] for s in range(2, 21)]))
+  assert rate[11] > 0.25 * steady, (rate[11], steady)
+
+
 def test_kill_9_then_resume_matches_uninterrupted(reference_run, tmp_path):
   workdir = str(tmp_path / "killed")
   proc = start_then_signal(workdir, checkpoint_every=3, step=11, signum=signal.SIGKILL)

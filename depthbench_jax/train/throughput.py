@@ -1,0 +1,75 @@
+"""Training throughput and ETA that leave out the compile, evals, diagnostics and saves.
+
+  steps/s = (steps in the window) / (window's wall time - its pauses)
+  ETA     = (steps left) x (wall time since the first step finished) / (steps since then)
+
+The window runs from one progress line to the next. The first step after a (re)start holds
+the jit compile (seconds to minutes at scale), so the clock starts when its result is ready;
+the first window then measures steady steps only. Evals, diagnostics and checkpoint saves run
+between windows' steps on the host and device; they are timed as pauses and taken out of the
+rate, so ``perf/steps_per_s`` and ``perf/mfu`` are the training step's own. The ETA keeps them
+in, at the share they had so far, since the run will pay them again. Before any steady step
+is timed (a progress line on the first step) both read the first step's own time.
+
+The caller must have the device idle at ``first_step_done``, ``read`` and around ``pause``
+(the loop fetches the step metrics there, which waits for every dispatched step).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Callable, Iterator
+
+
+class StepClock:
+  """Steps/s over each window between progress lines, and the run's ETA (module docstring)."""
+
+  def __init__(self, start_step: int, now: Callable[[], float] = time.monotonic):
+    self._now = now
+    self._started = now()
+    self._first_step_s: float | None = None
+    self._steady_since: tuple[float, int] | None = None   # (time, step) after the first step
+    self._window: tuple[float, int] = (self._started, start_step)
+    self._paused_s = 0.0
+
+  @property
+  def first_step_s(self) -> float | None:
+    """Wall time of the first step after the (re)start: compile + one step."""
+    return self._first_step_s
+
+  def first_step_done(self, step: int) -> None:
+    """The first step's result is ready: start the steady clock here."""
+    now = self._now()
+    self._first_step_s = now - self._started
+    self._steady_since = (now, step)
+    self._window, self._paused_s = (now, step), 0.0
+
+  @contextlib.contextmanager
+  def pause(self) -> Iterator[None]:
+    """Time spent inside is left out of the window's steps/s."""
+    start = self._now()
+    try:
+      yield
+    finally:
+      self._paused_s += self._now() - start
+
+  def read(self, step: int) -> float:
+    """Steps/s since the last read (or the first step), pauses excluded; starts a new window."""
+    now = self._now()
+    since, since_step = self._window
+    steps, seconds = step - since_step, now - since - self._paused_s
+    self._window, self._paused_s = (now, step), 0.0
+    if steps <= 0:   # A line on the first step itself: its own time is all there is.
+      return 1.0 / self._first_step_s if self._first_step_s else 0.0
+    return steps / max(seconds, 1e-9)
+
+  def eta_s(self, step: int, total_steps: int) -> float:
+    """Seconds left at the pace since the first step, pauses included."""
+    left = total_steps - step
+    if left <= 0:
+      return 0.0
+    if self._steady_since is None or step <= self._steady_since[1]:
+      return left * self._first_step_s if self._first_step_s else float("inf")
+    since, since_step = self._steady_since
+    return left * (self._now() - since) / (step - since_step)

@@ -1,0 +1,40 @@
+"""StepClock: steps/s without the compile or the pauses; ETA with the pauses."""
+
+import pytest
+
+from depthbench_jax.train.throughput import StepClock
+
+
+class FakeTime:
+  def __init__(self):
+    self.t = 100.0
+
+  def __call__(self):
+    return self.t
+
+
+def test_rate_leaves_out_compile_and_pauses_eta_keeps_pauses():
+  now = FakeTime()
+  clock = StepClock(start_step=0, now=now)
+  now.t += 30.0                       # step 1: 30 s of compile + run
+  clock.first_step_done(1)
+  assert clock.first_step_s == pytest.approx(30.0)
+  now.t += 9 * 0.5                    # steps 2..10 at 0.5 s each
+  with clock.pause():
+    now.t += 6.0                      # an eval at step 10
+  assert clock.read(10) == pytest.approx(2.0)   # 9 steps in 4.5 s of training
+  # ETA: 10.5 s of wall for 9 steps since the first (the eval included), 90 steps left.
+  assert clock.eta_s(10, 100) == pytest.approx(90 * 10.5 / 9)
+  now.t += 10 * 0.25                  # the next window: steps 11..20, faster
+  assert clock.read(20) == pytest.approx(4.0)   # the eval belonged to the last window only
+  assert clock.eta_s(100, 100) == 0.0
+
+
+def test_line_on_the_first_step_reads_its_own_time():
+  now = FakeTime()
+  clock = StepClock(start_step=40, now=now)   # a resumed run
+  assert clock.eta_s(40, 50) == float("inf")
+  now.t += 4.0
+  clock.first_step_done(41)
+  assert clock.read(41) == pytest.approx(0.25)
+  assert clock.eta_s(41, 50) == pytest.approx(9 * 4.0)
