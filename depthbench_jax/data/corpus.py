@@ -13,13 +13,15 @@ Held-out split by document: document i (in the order above) is validation iff
 `i % VAL_EVERY == VAL_EVERY - 1` (5%), so both sources appear in both splits.
 
 The files are located with `importlib.util.find_spec`; gensim itself is imported only to parse
-the dump. Tokenized results are cached by `token_cache` (keyed by `CORPUS_VERSION` and tokenizer).
+the dump. Tokenized results are cached by `token_cache`, keyed by `CORPUS_VERSION`, the files'
+sizes, the gensim version and the tokenizer.
 """
 
 from __future__ import annotations
 
 import bz2
 import functools
+import importlib.metadata
 import importlib.util
 import os
 import re
@@ -41,6 +43,12 @@ def gensim_test_data_dir() -> str:
         "installed; install gensim or choose another source; allowed: embedded, parquet, tfds"
     )
   return os.path.join(list(spec.submodule_search_locations)[0], "test", "test_data")
+
+
+def gensim_version() -> str:
+  """The installed gensim's version (its ``filter_wiki`` shapes the text), without importing it."""
+  gensim_test_data_dir()  # One clear error when gensim is missing.
+  return importlib.metadata.version("gensim")
 
 
 def _clean(text: str) -> str:

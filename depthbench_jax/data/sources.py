@@ -171,8 +171,12 @@ def tfds_shards(name: str, data_dir: str | None) -> list[Shard]:
 
 
 def embedded_shards() -> list[Shard]:
+  """One shard; its cache key names the extraction (``CORPUS_VERSION``), the two files' sizes
+  and the gensim version, whose ``filter_wiki`` does the markup removal."""
   sizes = [os.path.getsize(p) if os.path.exists(p) else 0 for p in corpus.embedded_files()]
-  key = f"embedded-{corpus.CORPUS_VERSION}-{hashlib.sha1(str(sizes).encode()).hexdigest()[:8]}"
+  fingerprint = f"{sizes} gensim {corpus.gensim_version()}"
+  key = (f"embedded-{corpus.CORPUS_VERSION}-"
+         f"{hashlib.sha1(fingerprint.encode()).hexdigest()[:8]}")
   return [Shard(key=key, description="embedded corpus (gensim)",
                 read=lambda: iter(corpus.embedded_documents()), val_every=VAL_EVERY["embedded"])]
 

@@ -63,6 +63,15 @@ def test_parquet_cache_key_follows_content(parquet_dir):
   assert before[0] != after[0] and before[1] == after[1]
 
 
+def test_embedded_cache_key_follows_the_gensim_version(monkeypatch):
+  """gensim's ``filter_wiki`` cleans the embedded dump: another gensim, another cache entry."""
+  from depthbench_jax.data import corpus
+  (before,) = sources.embedded_shards()
+  assert before.key == sources.embedded_shards()[0].key   # stable within one install
+  monkeypatch.setattr(corpus, "gensim_version", lambda: "0.0.1")
+  assert sources.embedded_shards()[0].key != before.key
+
+
 @pytest.mark.parametrize("path", ["", "/nonexistent/fineweb/*.parquet", "/nonexistent/dir"])
 def test_parquet_missing_path_names_the_field(make_config, path):
   config = make_config(source="parquet", path=path, tokenizer="byte")
