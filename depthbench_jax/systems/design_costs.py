@@ -28,7 +28,8 @@ the causal term (``tests/systems/test_systems.py``).
 * Block AttnRes: ``S`` = completed blocks + the partial sum when there is one (causal) or the
   whole ``n_blocks + 1`` buffer; plus the readout.
 * MoDA: depth attention ``4 H hd`` per depth slot (``q . Kd`` and ``p Vd``) for ``2 l`` slots at
-  layer ``l`` (causal) or all ``2 L``; plus the FFN KV projections above.
+  layer ``l`` (causal; ``l`` with ``ffn_kv=False``, which writes no FFN slot) or all ``2 L`` (the
+  buffer is ``2 L`` slots either way); plus the FFN KV projections above.
 """
 
 from __future__ import annotations
@@ -78,7 +79,8 @@ def _attnres_block(cfg, causal: bool) -> float:
 
 def _moda(cfg, causal: bool) -> float:
   L = cfg.n_layers
-  slots = sum(2 * l for l in range(L)) if causal else L * 2 * L
+  written_per_layer = 2 if cfg.residual_option("ffn_kv", True) else 1  # attention slot only
+  slots = sum(written_per_layer * l for l in range(L)) if causal else L * 2 * L
   return 4 * cfg.n_heads * cfg.head_dim * slots
 
 

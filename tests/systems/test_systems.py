@@ -104,6 +104,13 @@ def test_design_terms():
   assert causal == 4 * d * (L * (2 * L + 1) + s) and buffer == 4 * d * (2 * L * s + s)
   moda = model_cfg("moda")
   assert flops.matmul_params(moda) - flops.matmul_params(pre) == L * 2 * d * d
+  hd4 = 4 * moda.n_heads * moda.head_dim
+  # L = 2: layer 1 reads layer 0's attention and FFN slots (2), or only its attention slot.
+  assert design_costs.extra_flops_per_token(moda, causal=True) == hd4 * 2
+  attention_only = model_cfg("moda", ffn_kv=False)
+  assert flops.matmul_params(attention_only) == flops.matmul_params(pre)
+  assert design_costs.extra_flops_per_token(attention_only, causal=True) == hd4 * 1
+  assert design_costs.extra_flops_per_token(attention_only, causal=False) == hd4 * 2 * L * L
 
 
 def test_kv_cache_and_state_bytes():
