@@ -8,7 +8,9 @@ suite's Chinchilla budget at ``--mfu`` of ``--peak_flops``. Then the same prefil
 over context 2k..128k (the ``T^2 L d`` term), as a PNG.
 
 Writes ``OUT/systems.json`` (rows + curve + convention), ``OUT/systems.md`` and
-``OUT/context_curve.png`` (``--out``, default ``results/systems/<suite>``) and prints the tables.
+``OUT/context_curve.png`` (``--out``, default ``results/<suite NAME>``, the sweep's results
+directory, where the report finds ``systems.json`` and adds its XLA, peak-memory and measured
+columns) and prints the tables.
 ``--xla=false`` skips the compiles (analytic columns only, a second or two). ``--measured`` takes
 bench result JSONs (``python -m depthbench_jax.bench``) and adds what the bench timed of the same
 models: tokens/s, step over Pre-LN and device-hours measured beside the analytic ones
@@ -79,7 +81,8 @@ def build(config_path: str, seq_len: int, *, designs=None, shapes=None, with_xla
     log(f"  --measured: left out {line}")
   for path in sorted(set(measured_paths) - {r["source"] for r in measured_rows}):
     log(f"  --measured: {path} timed none of the table's (design, shape)s")
-  return {"suite": getattr(module, "NAME", os.path.basename(config_path)),
+  from depthbench_jax import sweep
+  return {"suite": sweep.suite_name(module),
           "seq_len": seq_len, "convention": table.CONVENTION, "rows": rows, "curve": curve,
           "curve_design": curve_design, "measured": measured_rows,
           "measured_skipped": skipped}
@@ -119,7 +122,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   p.add_argument("--measured", default="",
                  help="comma list of bench result JSONs (benchmarks/results-<device>*.json) "
                       "whose timed (design, shape) steps to add as measured device-hours")
-  p.add_argument("--out", default="", help="output dir (default results/systems/<suite>)")
+  p.add_argument("--out", default="",
+                 help="output dir (default results/<suite NAME>: the sweep's results dir, "
+                      "which the report reads)")
   args = p.parse_args(argv)
   split = lambda s: [x.strip() for x in s.split(",") if x.strip()] or None
   try:
@@ -131,7 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
-  out = args.out or os.path.join("results", "systems", str(result["suite"]))
+  out = args.out or os.path.join("results", str(result["suite"]))
   os.makedirs(out, exist_ok=True)
   from depthbench_jax.systems import table
   png = table.plot_context_curve(result["curve"], os.path.join(out, "context_curve.png"))

@@ -155,6 +155,19 @@ def test_cli_and_report_section(tmp_path, capsys):
   assert "hc 16x1216 2h00m" in section   # two LRs of 3600 s each, summed
 
 
+def test_cli_default_out_is_the_sweeps_results_dir(tmp_path, monkeypatch):
+  """Without --out the table lands beside the sweep's runs, one level above each workdir: where
+  the report's systems section looks for ``systems.json``."""
+  from depthbench_jax import sweep
+  from depthbench_jax.systems import __main__ as cli
+  config = os.path.join(ROOT, "configs", "smoke.py")
+  monkeypatch.chdir(tmp_path)
+  assert cli.main(["--config", config, "--designs", "preln", "--shapes", "4x128",
+                   "--xla", "false"]) == 0
+  run_dir = sweep.list_runs(config)[0].workdir
+  assert (tmp_path / os.path.dirname(run_dir) / "systems.json").exists()
+
+
 def test_systems_table_budgets_every_design_like_the_trainer():
   # suite_400m budgets N = Pre-LN's at the shape (config.budget_design): MoDA's row has more
   # parameters but the tokens (and so the device-hours per FLOP) of Pre-LN's row; the trainer's
