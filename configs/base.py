@@ -12,7 +12,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.name = "base"
 
   c.model = m = ml_collections.ConfigDict()
-  m.vocab_size = 50257            # GPT-2 BPE; set from the tokenizer when None.
+  m.vocab_size = 50257            # >= the tokenizer's vocab: 50257 GPT-2 BPE, 257 bytes.
   m.d_model = 128
   m.n_layers = 4
   m.n_heads = 4
@@ -43,7 +43,7 @@ def get_config() -> ml_collections.ConfigDict:
   d.seed = 0
   d.val_batches = 4
   d.worker_count = 0
-  d.cache_dir = ""                 # '' = ~/.cache/depthbench_jax
+  d.cache_dir = ""                 # '' = $DEPTHBENCH_CACHE_DIR, else ~/.cache/depthbench_jax
 
   # Training recipe (flat, as in nanodo / flax examples).
   c.steps = 100                    # -1 = tokens_per_param * params / tokens_per_step.
@@ -62,6 +62,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.peak_flops_per_device = 0.0    # FLOP/s for MFU; 0 = by device kind (train/loop.PEAK_FLOPS).
   c.checkpoint_every = 50
   c.keep_checkpoints = 2
+  c.async_checkpointing = True     # orbax writes a checkpoint while the next steps run.
   c.seed = 0
 
   # Layer diagnostics (depthbench_jax/diagnostics): in training every `every` steps (0 = off) on
@@ -98,6 +99,10 @@ def get_config() -> ml_collections.ConfigDict:
   # batch: the embedding lookup yields NaN (jnp.take's fill mode), so that step's loss and
   # gradients are NaN, as in a numerical blow-up. 0 = off.
   c.debug = ml_collections.ConfigDict({"nan_at_step": 0})
+
+  # Post-hoc evals (depthbench_jax/evaluate.py): where the eval sets are when --eval_data_dir is
+  # not given; '' = ~/.cache/depthbench_jax/evals.
+  c.evals = ml_collections.ConfigDict({"data_dir": ""})
 
   c.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1})
   return c

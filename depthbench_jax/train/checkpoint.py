@@ -35,6 +35,15 @@ def make_manager(workdir: str, keep: int, async_save: bool = True) -> ocp.Checkp
 ITEMS = ("state", "data", "progress")
 
 
+def has_checkpoint(workdir: str) -> bool:
+  """Whether ``workdir`` holds a complete checkpoint (a step directory orbax has finalised; its
+  temporary directories carry a suffix), without opening a manager."""
+  try:
+    return any(name.isdigit() for name in os.listdir(checkpoint_dir(workdir)))
+  except FileNotFoundError:
+    return False
+
+
 def save(manager: ocp.CheckpointManager, step: int, state: Any, data_iter: Any,
          force: bool = False, progress: dict | None = None) -> bool:
   args = {"state": ocp.args.StandardSave(state)}

@@ -171,3 +171,46 @@ def validate(config, device_count: int, process_count: int | None = None) -> Mod
   validate_data(config.data, config.model, process_count, data_parallel=mesh[0] * mesh[1])
   validate_iso(config)
   return model_cfg
+
+
+# Fields a resumed run may change: how it is logged, evaluated, checkpointed, diagnosed, guarded
+# and laid out on devices, not what a step computes. Any other field must equal the value the
+# run's checkpoints were trained with (``check_resume``). A prefix names a whole group.
+RESUMABLE_FIELDS = ("name", "log_every", "eval_every", "eval_batches", "checkpoint_every",
+                    "keep_checkpoints", "async_checkpointing", "peak_flops_per_device",
+                    "diagnostics.", "divergence.", "skip_nonfinite_steps", "debug.", "mesh.",
+                    "evals.", "data.cache_dir", "iso_target_params", "iso_count",
+                    "iso_tolerance")
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict:
+  out = {}
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      out.update(_flatten(value, f"{prefix}{key}."))
+    else:
+      out[f"{prefix}{key}"] = value
+  return out
+
+
+def _resumable(field: str) -> bool:
+  return any(field == f or (f.endswith(".") and field.startswith(f)) for f in RESUMABLE_FIELDS)
+
+
+def check_resume(saved: dict, config, workdir: str) -> None:
+  """Raises one ``ConfigError`` naming every field whose value differs from ``saved`` (the
+  run's ``config.json``, written when its checkpoints were trained) other than the
+  ``RESUMABLE_FIELDS``: a resume under another recipe would silently mix two runs in one
+  workdir (and ``config.json`` would no longer say how the checkpoints were made). Fields
+  present on one side only (a config from an older version of the code) are not compared."""
+  import json  # pylint: disable=g-import-not-at-top
+  old = _flatten(saved)
+  new = _flatten(json.loads(json.dumps(config.to_dict())))
+  changed = [f for f in sorted(old.keys() & new.keys())
+             if old[f] != new[f] and not _resumable(f)]
+  _require(not changed,
+           f"{', '.join(f'config.{f}={new[f]!r}' for f in changed)}: the checkpoints in "
+           f"{workdir} were trained with {', '.join(repr(old[f]) for f in changed)}, and a "
+           f"resumed run keeps every field that changes what a step computes; allowed: the "
+           f"same values, a new --workdir, or changes only to "
+           f"{', '.join(f.rstrip('.') for f in RESUMABLE_FIELDS)}")

@@ -132,6 +132,9 @@ def train_and_evaluate(config, workdir: str) -> dict:
   model_cfg = config_check.validate(config, jax.device_count())
   process_index, process_count = jax.process_index(), jax.process_count()
   os.makedirs(workdir, exist_ok=True)
+  saved_config = os.path.join(workdir, summary.CONFIG)
+  if checkpoint.has_checkpoint(workdir) and os.path.exists(saved_config):
+    config_check.check_resume(summary.read_json(saved_config), config, workdir)
   if process_index == 0:
     summary.write_config(workdir, config)
 

@@ -137,3 +137,37 @@ def test_cli_bad_input_exits_nonzero_with_one_error_line_and_touches_nothing(tmp
     assert field in lines[0] and "allowed" in lines[0], (case, lines[0])
     assert "Traceback" not in err, (case, err[-2000:])
     assert _snapshot(workdir) == before, case
+
+
+def test_resume_under_another_recipe_is_refused_naming_every_changed_field():
+  saved = helpers.tiny_config().to_dict()
+  saved["retired_field"] = 1   # a field of an older code version: not compared
+  config_check.check_resume(saved, helpers.tiny_config(), "w")
+  # Logging, evals, checkpoints, diagnostics, the guards and the mesh may change on a resume.
+  config_check.check_resume(saved, helpers.tiny_config(**{
+      "log_every": 5, "eval_every": 3, "checkpoint_every": 7, "diagnostics.every": 4,
+      "divergence.spike_factor": 0.0, "skip_nonfinite_steps": True, "mesh.fsdp": 2,
+      "name": "renamed", "data.cache_dir": "/elsewhere"}), "w")
+  with pytest.raises(ConfigError) as err:
+    config_check.check_resume(saved, helpers.tiny_config(
+        **{"lr": 1e-2, "model.residual.name": "hc", "log_every": 5}), "w")
+  message = str(err.value)
+  assert "config.lr=0.01" in message and "config.model.residual.name='hc'" in message
+  assert "0.003" in message and "'preln'" in message and "allowed" in message
+  assert "log_every=" not in message
+
+
+def test_cli_resume_with_a_changed_lr_exits_and_keeps_the_run(tmp_path):
+  workdir = str(tmp_path / "run")
+  os.makedirs(os.path.join(workdir, "checkpoints", "10"))
+  with open(os.path.join(workdir, "checkpoints", "10", "marker"), "w") as f:
+    f.write("trained at lr 3e-3")
+  with open(os.path.join(workdir, "config.json"), "w") as f:
+    json.dump(helpers.tiny_config().to_dict(), f)
+  before = _snapshot(workdir)
+  proc = helpers.run_main(workdir, helpers.tiny_flags() + ["--config.lr=0.01"], check=False,
+                          timeout=180)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  lines = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
+  assert len(lines) == 1 and "config.lr=0.01" in lines[0], proc.stderr[-2000:]
+  assert _snapshot(workdir) == before
