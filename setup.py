@@ -8,7 +8,7 @@ setup(
     description="Which residual designs turn extra Transformer layers into extra computation.",
     packages=find_packages(include=["depthbench_jax", "depthbench_jax.*"]),
     package_data={"depthbench_jax": ["data/assets/*", "evals/fixtures/**/*"]},
-    python_requires=">=3.10",
+    python_requires=">=3.11",  # jax 0.10, flax 0.12 and numpy 2.4 (launch/constraints.txt)
     install_requires=[
         "jax>=0.10",
         "flax>=0.12",

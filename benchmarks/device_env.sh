@@ -1,4 +1,5 @@
-# Sourced by the device scripts (gpu_bench.sh, gpu_remat_profile.sh): installs the carried
+# Sourced by the device scripts (gpu_bench.sh, gpu_remat_profile.sh, gpu_decode.sh,
+# gpu_profile.sh): installs the carried
 # pure-Python wheels (.whl: what the device image lacks, e.g. ml_collections) on PYTHONPATH and
 # sets PY (python3, or $PYTHON), OUT_DIR ($OUT, else benchmarks/) and the process environment.
 if compgen -G ".whl/*.whl" >/dev/null; then

@@ -2,7 +2,7 @@
 # The second accelerator run: which remat policy the 400M suite should train with on a GPU, and
 # where HC's extra step time goes. At 16x1216, bf16, batch 8 x 2048, cuDNN attention:
 #   * the bench for Pre-LN and HC under remat 'none' and 'nothing_saveable' (the suites'
-#     default; gpu_bench.sh ran 'dots_saveable'): results-<device>-remat-<policy>.json;
+#     default; gpu_bench.sh ran 'dots_saveable'): results-<device>-remat-<policy>-designs-shapes.json;
 #   * profile_step for Pre-LN and HC: time per model part and per XLA op: profile-<design>.txt.
 # For the device tool, like gpu_bench.sh:
 #   run(command="DEPTHBENCH_COMMIT=<sha> bash benchmarks/gpu_remat_profile.sh", carry=[".whl"],
@@ -15,7 +15,7 @@ SHAPE=${BENCH_SHAPE:-16x1216}
 for policy in none nothing_saveable; do
   "$PY" -m depthbench_jax.bench --preset="$PRESET" --designs=preln,hc --shapes="$SHAPE" \
     --remat="$policy" --out="$OUT_DIR" 2>&1 | tee "$OUT_DIR/bench-remat-$policy.log"
-  rm -f "$OUT_DIR"/results-*-remat-"$policy".png   # the table is in the log; 8 files come back
+  rm -f "$OUT_DIR"/results-*-remat-"$policy"*.png   # the table is in the log; 8 files come back
 done
 for design in preln hc; do
   "$PY" -m depthbench_jax.systems.profile_step --preset="$PRESET" --design="$design" \

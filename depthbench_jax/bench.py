@@ -739,7 +739,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   ap.add_argument("--shapes", default="", help="comma list of LxD (overrides the preset's)")
   ap.add_argument("--remat", default="", choices=("",) + REMAT_CHOICES,
                   help="one remat policy for every design (default: REMAT, per design); the "
-                       "result file is then results-<device>-remat-<policy>.json")
+                       "result file is then results-<device>-remat-<policy>[-designs][-shapes].json")
   ap.add_argument("--attention_kernel", default=None, choices=("xla", "fused"),
                   help="overrides the preset's ('fused' = cuDNN flash attention on GPU, bf16)")
   ap.add_argument("--replot", default="", metavar="JSON",

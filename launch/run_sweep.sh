@@ -9,7 +9,7 @@
 #
 # Multi-host pods: start it once per host (srun --ntasks-per-node=1 ..., or set
 # JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID on each host); main.py joins the
-# processes with jax.distributed. RESULTS must be on a filesystem every host sees.
+# processes with jax.distributed. --results_dir must be on a filesystem every host sees.
 # Other flags go to `python -m depthbench_jax.sweep` (--results_dir, --mfu, --peak_flops, ...).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
