@@ -4,8 +4,8 @@
     python -m depthbench_jax.main --config=configs/smoke.py:arch=hc,shape=4x128 --workdir=/tmp/s
 
 Two near-iso-parameter shapes with the byte tokenizer (vocab 257, so the embedding does not
-swamp a 0.5M-parameter model): 4x128 (AR 32) and 8x96 (AR 12), 4 heads. Every
-registered design, each run sized for ~40 s on 2 CPU cores.
+swamp a ~0.9M-parameter model): 4x128 (AR 32) and 8x96 (AR 12), 4 heads. Every
+registered design, each run 15-40 s on 2 CPU cores (Pre-LN ~20 s, mHC the longest).
 
 One peak LR, 3e-3, except where a design fails at it (the paper gives each design its own LR
 sweep; the smoke sweep has no room for one): DeepNorm, Post-LN, spikes at 3e-3 at both shapes
@@ -62,7 +62,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.data.seq_len = 128
   c.data.global_batch_size = 8
   c.data.val_batches = 4
-  c.steps = 120                    # ~30 s CPU per Pre-LN run at 2 cores (measured under load).
+  c.steps = 120                    # ~20 s per Pre-LN run on 2 CPU cores.
   c.warmup_steps = 12
   c.eval_every = 60
   c.eval_batches = 4

@@ -6,7 +6,7 @@ Two files from the `gensim` wheel (`gensim/test/test_data/`), read in this fixed
      `MIN_ARTICLE_CHARS` dropped) in dump order, markup removed with gensim's `filter_wiki`,
      each document = "Title\\n\\nbody".
   2. `lee_background.cor`: the Lee news corpus (Australian news articles), one per line.
-About 3.4M characters, ~0.8M GPT-2 tokens (see `tests/data/test_corpus.py`): enough for smoke
+About 3.4M characters, ~0.8M GPT-2 tokens (see `tests/data/test_data_corpus.py`): enough for smoke
 runs and small models; real runs point `config.data.source` at FineWeb-Edu parquet shards.
 
 Held-out split by document: document i (in the order above) is validation iff

@@ -1,6 +1,7 @@
 """The layer diagnostics as pure functions on arrays (no model in sight; see ``probes.py``).
 
-Definitions (DepthBench, residuals.md "Layer diagnostics"; choices where the paper is silent):
+Definitions (DepthBench; the study's spec, ``residuals.md`` "Layer diagnostics", kept outside this
+repository; choices where the paper is silent):
 
 * **Late layers**: 0-based layer index ``l`` with ``l >= L/4`` (real division, so ``4 l >= L``):
   the last three quarters. A *late pair* has both indices late (causal: ``L/4 <= s < t``;
