@@ -13,8 +13,9 @@ Shapes: the paper gives the endpoints 16x1216 and 70x640 and the AR-42.7 optimum
 [I]); 20 and 32 layers appear in its results. The other depths (42, 56) are [I], chosen to
 space depth evenly in log between 16 and 70. The widths are what ``shapes.iso_param_width``
 picks for the Pre-LN backbone at the target total (``SHAPE_SETS["400m"].target``) on the grid
-d = 32 k (16 equal, even-sized heads); a target of 408M puts every shape, including all three paper shapes, within
-2% (``python -m depthbench_jax.shapes configs/suite_400m.py`` prints the table). With FFN
+d = 32 k (16 equal, even-sized heads); a target of 408M puts every shape, including all three
+paper shapes, within 2% (``python -m depthbench_jax.shapes configs/suite_400m.py`` prints the
+table). With FFN
 multiple 64 the endpoints count 407.4M and 411.4M; multiple 128 would put 70x640 at 420M.
 
 [I] (the paper does not give them): optimizer details and the LR grid. AdamW (0.9, 0.95),
