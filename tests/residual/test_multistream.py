@@ -219,6 +219,30 @@ def test_multistream_at_init_equals_preln(name, res_init):
   assert not np.allclose(run(cfg, moved, tokens)[0], want, atol=1e-3)
 
 
+@pytest.mark.parametrize("name", ["hc", "mhc"])
+def test_hidden_and_readout_read_the_sum_of_distinct_streams(name):
+  """``hidden`` (what every diagnostic measures) is sum_i H_i and the head reads N_f(sum_i H_i),
+  checked where the streams differ: at init they are n equal copies, and the final norm would
+  hide a readout of one stream."""
+  cfg = tiny_cfg(name)
+  h = jnp.asarray(np.random.default_rng(0).normal(size=(4, 2, 3, 32)), jnp.float32)
+  hidden, _ = wiring_call(cfg, {}, "hidden", h)
+  np.testing.assert_allclose(hidden, np.sum(np.asarray(h), 0), rtol=1e-6, atol=1e-6)
+  gain = np.linspace(0.5, 1.5, 32).astype(np.float32)
+  io = registry.get(name).io(cfg)
+  out = io.apply({"params": {"final_norm": {"scale": jnp.asarray(gain)}}}, h,
+                 method=type(io).readout)
+  total = np.sum(np.asarray(h, np.float64), 0)
+  np.testing.assert_allclose(out, total / rms(total) * gain, rtol=1e-5, atol=1e-6)
+  # End to end, off init: logits = N_f(hidden of the last layer) @ W_head.
+  params = perturb(init(cfg), scale=0.3)
+  logits, layers = run(cfg, params, jnp.asarray(text_batch(2, 12)))
+  last = np.asarray(layers["hidden"][-1], np.float64)
+  head = (last / rms(last) * np.asarray(params["residual_io"]["final_norm"]["scale"])
+          ) @ np.asarray(params["lm_head"]["kernel"])
+  np.testing.assert_allclose(logits, head, rtol=1e-4, atol=1e-4)
+
+
 def test_hc_static_init_is_onehot_identity_ones_and_moves_with_its_layer():
   cfg = tiny_cfg("hc")                                          # L=2, n=4: sublayers k = 0..3
   params = init(cfg)
