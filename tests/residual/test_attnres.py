@@ -224,6 +224,20 @@ def test_hidden_gate_and_permutation(kind):
                          atol=1e-4)
 
 
+def test_block_gate_zero_restores_both_slots_a_straddling_layer_wrote():
+  """Blocks of 3 sublayers (L=4, 3 blocks, 4 slots): layer 1's attention (k=2) ends block 1 and
+  its MLP (k=3) opens block 2. Gated out, it must leave both slots as layer 0 left them, the
+  window [1, 2] below the last slot (how the suite's L = 20, 28 and 42 place boundaries)."""
+  cfg = kit.tiny_cfg("attnres_block", n_layers=4,
+                     residual={"n_blocks": 3, "block_unit": "sublayer"})
+  assert attnres.block_schedule_of(cfg) == (3, 3)
+  params = params_for(cfg, 0.1)
+  _, layers, _ = run(cfg, params, jnp.array([1.0, 0.0, 1.0, 1.0]))
+  np.testing.assert_allclose(layers["hidden"][1], layers["hidden"][0], atol=1e-6)
+  _, ungated, _ = run(cfg, params)
+  np.testing.assert_allclose(layers["hidden"][0], ungated["hidden"][0], atol=1e-6)
+
+
 @pytest.mark.parametrize("name,residual", [("attnres_full", None),
                                            ("attnres_block", {"n_blocks": 3})])
 def test_gate_zero_is_the_layer_removed(name, residual):
