@@ -32,6 +32,10 @@ def test_moda_attention_hand_computed():
                              atol=1e-5)
   np.testing.assert_allclose(moda_attention(q, k, v, dk, dv, jnp.zeros(1)).ravel(), [1, 7 / 3],
                              atol=1e-5)
+  # A soft presence p weighs the slot by p e^z: t=0 (1, 1.5)/2.5 -> (1 + 7.5)/2.5 = 3.4;
+  # t=1 (1, 2, 0.5)/3.5 -> (1 + 6 + 3.5)/3.5 = 3.
+  np.testing.assert_allclose(moda_attention(q, k, v, dk, dv, jnp.full(1, 0.5)).ravel(), [3.4, 3],
+                             atol=1e-5)
 
 
 @pytest.mark.parametrize("t", [5, 64])  # 64 tokens run as two causal query blocks
@@ -75,6 +79,25 @@ def params_for(cfg, scale: float = 0.1):
 
 def run(cfg, params, gate=None):
   return forward(cfg)(params, jnp.ones((cfg.n_layers,)) if gate is None else gate)
+
+
+def test_qk_norm_normalises_the_depth_keys_too():
+  """With qk_norm (the 1.6B Qwen3 layout) every key is RMS-normalised, the depth keys of the
+  attention and FFN slots included: scaling all key projections by 10 leaves the model's output
+  as it was (RMSNorm is scale-invariant), while without the norm it moves."""
+  params = params_for(MODA3)
+  scaled = jax.tree.map(lambda a: a, params)
+  scaled["layers"]["self_attn"]["k_proj"]["kernel"] = 10 * params["layers"]["self_attn"][
+      "k_proj"]["kernel"]
+  scaled["layers"]["residual"]["ffn_depth_k_proj"]["kernel"] = 10 * params["layers"][
+      "residual"]["ffn_depth_k_proj"]["kernel"]
+  np.testing.assert_allclose(run(MODA3, scaled)[0], run(MODA3, params)[0], atol=2e-4, rtol=1e-4)
+  plain = kit.tiny_cfg("moda", n_layers=3, n_kv_heads=2)
+  plain_params = params_for(plain)
+  plain_scaled = jax.tree.map(lambda a: a, plain_params)
+  plain_scaled["layers"]["residual"]["ffn_depth_k_proj"]["kernel"] = 10 * plain_params[
+      "layers"]["residual"]["ffn_depth_k_proj"]["kernel"]
+  assert not np.allclose(run(plain, plain_scaled)[0], run(plain, plain_params)[0], atol=1e-3)
 
 
 def test_depth_kv_written_by_attention_and_ffn():
