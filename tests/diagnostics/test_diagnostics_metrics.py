@@ -18,6 +18,15 @@ def test_angular_distance_identical_is_zero_opposite_is_one_orthogonal_is_half()
   assert float(metrics.angular_distance(b, c)) == pytest.approx(0.5, abs=1e-5)
 
 
+def test_angular_distance_between_the_degenerate_points():
+  # arccos(cos)/pi at 60 and 45 degrees: 1/3 and 1/4 ((1 - cos)/2 would give 1/4 and 0.146).
+  a = np.array([1.0, 0.0], np.float32)
+  assert float(metrics.angular_distance(a, np.array([0.5, np.sqrt(3) / 2], np.float32))) == (
+      pytest.approx(1 / 3, abs=1e-6))
+  assert float(metrics.angular_distance(a, np.array([1.0, 1.0], np.float32))) == (
+      pytest.approx(0.25, abs=1e-6))
+
+
 def test_angular_zero_vector_counts_as_half():
   a = np.zeros((4, 8), np.float32)
   assert float(metrics.angular_distance(a, np.ones((4, 8)))) == pytest.approx(0.5)
@@ -102,6 +111,14 @@ def test_effective_rank_identity_rank_one_and_scale():
       pytest.approx(2.0, rel=1e-5))
 
 
+def test_effective_rank_of_an_uneven_spectrum():
+  # sigma (3, 1): p = (3/4, 1/4), erank = exp(H(p)) = 1.75476 (sigma^2 weights: 1.38415).
+  want = np.exp(-(0.75 * np.log(0.75) + 0.25 * np.log(0.25)))
+  assert float(metrics.effective_rank(jnp.diag(jnp.array([3.0, 1.0])))) == pytest.approx(
+      want, rel=1e-5)
+  assert want == pytest.approx(1.75476, rel=1e-5)
+
+
 def _tokens_of(m, layers, b=2, t=3):
   """[2L, B, T, n, n] from one matrix per sublayer."""
   return jnp.broadcast_to(jnp.asarray(m), (2 * layers, b, t) + m.shape[-2:])
@@ -124,6 +141,36 @@ def test_mixing_uniform_doubly_stochastic_product_has_rank_one():
   np.testing.assert_allclose(erank[:7], 1.0, atol=1e-4)   # spans that contain sublayer 13
   np.testing.assert_allclose(erank[7:], 4.0, rtol=1e-5)
   assert float(stats["erank_late"]) == pytest.approx(1.0, abs=1e-4)  # late span starts at 2
+
+
+def test_layer_starts_are_attention_sublayers():
+  # The uniform averaging at sublayer 12 (layer 6's attention) belongs to the span from layer 6.
+  n, layers = 4, 8
+  mix = np.tile(np.eye(n, dtype=np.float32), (2 * layers, 1, 1))
+  mix[12] = np.full((n, n), 1.0 / n)
+  erank = np.asarray(metrics.mixing_rank_stats(jnp.asarray(mix)[:, None, None],
+                                               layers)["erank_by_start"])
+  assert erank[6] == pytest.approx(1.0, abs=1e-4) and erank[7] == pytest.approx(4.0, rel=1e-5)
+
+
+def test_late_span_starts_at_ceil_quarter_depth():
+  # L = 70: late layers are l >= 17.5, so the span starts at layer 18 (the floor would be 17).
+  n, layers = 4, 70
+  mix = np.tile(np.eye(n, dtype=np.float32), (2 * layers, 1, 1))
+  mix[34] = np.full((n, n), 1.0 / n)              # layer 17's attention: before the late span
+  stats = metrics.mixing_rank_stats(jnp.asarray(mix)[:, None, None], layers)
+  assert float(stats["erank_by_start"][17]) == pytest.approx(1.0, abs=1e-4)
+  assert float(stats["erank_late"]) == pytest.approx(4.0, rel=1e-5)
+
+
+def test_amax_gains_are_max_row_and_column_sums():
+  # Q_late = [[1, -2], [3, 4]]: rows sum to 3 and 7 in absolute value, columns to 4 and 6.
+  n, layers = 2, 8
+  mix = np.tile(np.eye(n, dtype=np.float32), (2 * layers, 1, 1))
+  mix[-1] = np.array([[1.0, -2.0], [3.0, 4.0]], np.float32)
+  stats = metrics.mixing_rank_stats(jnp.asarray(mix)[:, None, None], layers)
+  assert float(stats["amax_forward"]) == pytest.approx(7.0)
+  assert float(stats["amax_backward"]) == pytest.approx(6.0)
 
 
 def test_suffix_products_order():
