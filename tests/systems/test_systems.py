@@ -113,6 +113,38 @@ def test_design_terms():
   assert design_costs.extra_flops_per_token(attention_only, causal=False) == hd4 * 2 * L * L
 
 
+def test_design_terms_of_mhc_block_attnres_and_moda_by_hand():
+  d, L, n = 64, 2, 4
+  mhc = model_cfg("mhc", n_streams=n)
+  # Per sublayer: phi on the flattened streams 2nd(n^2 + 2n), read 2nd, mix 2n^2 d, write 2nd.
+  per_sublayer = 2 * n * d * (n * n + 2 * n) + 2 * n * d + 2 * n * n * d + 2 * n * d
+  assert per_sublayer == 15360
+  assert flops.design_flops_per_token(mhc) == 2 * L * per_sublayer
+  # Block AttnRes, 2 blocks of 2 sublayers, slots b_0, b_1, b_2: sublayers read 1, 2, 2, 3
+  # sources (causal) or all 3 (buffer); the readout reads 3. 4d per source read.
+  block = model_cfg("attnres_block", n_blocks=2, block_unit="sublayer")
+  assert design_costs.extra_flops_per_token(block, causal=True) == 4 * d * (8 + 3)
+  assert design_costs.extra_flops_per_token(block, causal=False) == 4 * d * (12 + 3)
+  # MoDA at 3 layers: layers 0, 1, 2 read 0, 2, 4 depth slots, 4 H hd = 4d FLOPs each.
+  moda = model_cfg("moda", n_layers=3)
+  assert design_costs.extra_flops_per_token(moda, causal=True) == 4 * d * 6
+
+
+def test_matmul_params_follow_gqa():
+  """Every parameter but the input table and the norm gains takes part in a matmul, with K < H
+  KV heads too (the 1.6B Qwen3 layout): the count must match the model's own."""
+  from depthbench_jax.model.transformer import count_params
+  cfg = dataclasses.replace(model_cfg("preln", n_layers=3, d_model=64, n_heads=4), n_kv_heads=2)
+  gains = (2 * cfg.n_layers + 1) * cfg.d_model
+  assert flops.matmul_params(cfg) == (count_params(cfg)["total"] - cfg.vocab_size * cfg.d_model
+                                      - gains)
+
+
+def test_device_hours_by_hand():
+  # 3.6e18 FLOPs at 1e15 FLOP/s and MFU 0.5: 7200 s.
+  assert costs.device_hours(3.6e18, 1e15, 0.5) == pytest.approx(2.0)
+
+
 def test_kv_cache_and_state_bytes():
   for shape, per_token in (("16x1216", 38_912), ("70x640", 89_600)):
     cfg = paper_shape(shape)
