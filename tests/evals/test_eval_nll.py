@@ -71,6 +71,42 @@ def test_multiple_choice_matches_hand_log_likelihoods():
   assert got["acc"] == np.mean(acc)
 
 
+def test_acc_norm_divides_by_characters_not_tokens():
+  """acc_norm compares log-likelihood per character of each choice (lm-eval-harness's
+  ``acc_norm``), which differs from per token where a character is several bytes (tokens)."""
+  cfg, params, table = bigram_model()
+  tok = ByteTok()
+  rng = np.random.RandomState(3)
+  letters = list("abcdefgh") + ["\u00e9", "\u00fc", "\u4e2d"]    # 1, 2 and 3 UTF-8 bytes
+  word = lambda: "".join(rng.choice(letters, rng.randint(1, 6)))
+  examples = [datasets.Example(id=str(i), prompt=word(), answer="", label=int(rng.randint(3)),
+                               choices=tuple(" " + word() for _ in range(3))) for i in range(40)]
+  by_chars, by_tokens = [], []
+  for e in examples:
+    ctx = [tok.eos_id] + tok.encode(e.prompt)
+    ll = np.array([-hand_nll(table, cfg.d_model, ctx, tok.encode(c)) for c in e.choices])
+    for norm, out in (([len(c) for c in e.choices], by_chars),
+                      ([len(tok.encode(c)) for c in e.choices], by_tokens)):
+      per = ll / np.array(norm)
+      out.append(per[e.label] > np.delete(per, e.label).max())
+  assert by_chars != by_tokens   # the case tells the two normalisations apart
+  got = tasks.mc_metrics(cfg, params, tok, examples, batch_size=8)
+  assert got["acc_norm"] == pytest.approx(np.mean(by_chars))
+
+
+def test_a_continuation_longer_than_the_window_scores_its_last_tokens():
+  """max_len 32, context of 4, continuation of 40: the window keeps the last 32 tokens and
+  scores every one after its first (31 log-probs, the continuation's last 31)."""
+  from depthbench_jax.evals.scoring import continuation_logprobs
+  cfg, params, table = bigram_model()
+  rng = np.random.RandomState(4)
+  ctx, cont = [256, 5, 6, 7], [int(t) for t in rng.randint(0, 256, 40)]
+  (got,) = continuation_logprobs(cfg, params, [(ctx, cont)], max_len=32)
+  seq = (ctx + cont)[-32:]
+  want = [table[seq[j - 1] % cfg.d_model, seq[j]] for j in range(1, 32)]
+  np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
 def test_answer_extraction():
   assert tasks.gsm8k_extract("so 3+4=7.\n#### 1,000") == "1000"
   assert tasks.gsm8k_extract("The answer is 12.") == "12"
