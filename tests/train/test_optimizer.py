@@ -59,3 +59,14 @@ def test_make_optimizer_decays_hc_dynamic_weights_and_not_static_ones():
     np.testing.assert_allclose(np.asarray(u), want, rtol=1e-6, err_msg=jax.tree_util.keystr(path))
   assert {"dynamic_alpha", "dynamic_beta", "static_alpha"} <= names
 
+
+
+@pytest.mark.parametrize("warmup", [10, 0.1])   # steps, or a fraction of the 100 steps
+def test_lr_schedule_by_hand(warmup):
+  """Linear warmup to lr over W steps, then cosine to min_lr_ratio * lr at the last step."""
+  import ml_collections
+  config = ml_collections.ConfigDict({"lr": 1e-3, "warmup_steps": warmup, "min_lr_ratio": 0.1})
+  schedule = optimizer.lr_schedule(config, 100)
+  for step, want in ((0, 0.0), (5, 5e-4), (10, 1e-3), (55, 1e-4 + 9e-4 * 0.5),
+                     (70, 1e-4 + 9e-4 * 0.5 * (1 + np.cos(np.pi * 60 / 90))), (100, 1e-4)):
+    assert float(schedule(step)) == pytest.approx(want, rel=1e-5, abs=1e-9), step
