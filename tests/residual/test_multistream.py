@@ -254,7 +254,9 @@ def test_hc_static_init_is_onehot_identity_ones_and_moves_with_its_layer():
       np.testing.assert_array_equal(alpha[layer, :, 1:], np.eye(4))
     np.testing.assert_array_equal(conn[name]["static_beta"], np.ones((2, 4)))
     np.testing.assert_array_equal(conn[name]["dynamic_alpha"], 0)
-    np.testing.assert_allclose(conn[name]["dynamic_alpha_scale"], 0.01)
+    np.testing.assert_allclose(conn[name]["dynamic_alpha_scale"], 0.01)   # HC Sec. 4: s_alpha,
+    np.testing.assert_allclose(conn[name]["dynamic_beta_scale"], 0.01)    # s_beta init 0.01
+    np.testing.assert_array_equal(conn[name]["dynamic_beta"], 0)
   np.testing.assert_array_equal(home_stream(jnp.arange(6), 4), np.eye(4)[[0, 1, 2, 3, 0, 1]])
   swapped = permute_layers(params, jnp.array([1, 0]))["layers"]["residual"]["hc_attn"]
   np.testing.assert_array_equal(swapped["static_alpha"][0, :, 0], np.eye(4)[2])
@@ -277,6 +279,8 @@ def test_mhc_static_init():
     conn = nn.unbox(params["params"]["mhc_mlp"])
     np.testing.assert_allclose(conn["b_res"], b_res)
     np.testing.assert_allclose(conn["b_pre"], [-3, 3])          # k = 3: home stream 1
+    for gate in ("alpha_pre", "alpha_post", "alpha_res"):       # mHC App. A.1: gates init 0.01
+      np.testing.assert_allclose(conn[gate], 0.01, err_msg=gate)
 
 
 def test_mhc_mixing_is_doubly_stochastic_in_the_model():
