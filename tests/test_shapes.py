@@ -149,3 +149,14 @@ def test_paper_suites_train_every_design_on_the_same_tokens_at_a_shape(name):
   configs["moda"].budget_design = ""     # the design's own parameters: MoDA trains longer
   assert shapes.budget_params(configs["moda"]) == own["moda"]
   assert total_steps_of(configs["moda"], own["moda"]) > steps["preln"]
+
+
+def test_ffn_ratio_rule_rounds_up_to_the_multiple():
+  """ffn = m * ceil(r d / m): Qwen3's 3 d at d = 2048 is 6144; 3 x 1072 / 64 = 50.25 -> 51 x 64."""
+  import ml_collections
+  model = ml_collections.ConfigDict({"ffn_dim": None, "ffn_multiple_of": 0})
+  for d, want in ((2048, 6144), (1072, 3264)):
+    shapes.FFNRule(ratio=3, multiple_of=64).apply(model, d)
+    assert (model.ffn_dim, model.ffn_multiple_of) == (want, 64)
+  shapes.FFNRule().apply(model, 1072)
+  assert model.ffn_dim is None   # the model's own 8/3 rule
