@@ -1,0 +1,43 @@
+"""The train and eval losses: next-token targets, and sums that average exactly over batches."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from configs import smoke
+from depthbench_jax.model.config import model_config_from
+from depthbench_jax.model.transformer import Transformer
+from depthbench_jax.train.step import eval_step, lm_loss
+
+
+def _model_params_tokens():
+  cfg = model_config_from(smoke.get_config("arch=preln,shape=2x32").model)
+  model = Transformer(cfg)
+  tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 9), 0, cfg.vocab_size)
+  params = nn.unbox(model.init(jax.random.PRNGKey(0), tokens[:, :-1])["params"])
+  return model, params, tokens
+
+
+def test_lm_loss_predicts_the_next_token():
+  """Position t's logits (having read tokens 0..t) score token t+1."""
+  model, params, tokens = _model_params_tokens()
+  logp = np.asarray(jax.nn.log_softmax(model.apply({"params": params}, tokens[:, :-1]), -1))
+  b, t = np.indices(tokens[:, 1:].shape)
+  want = -logp[b, t, np.asarray(tokens[:, 1:])].mean()
+  np.testing.assert_allclose(lm_loss(params, model, tokens), want, rtol=1e-5)
+  same = -logp[b, t, np.asarray(tokens[:, :-1])].mean()   # the current token: another number
+  assert abs(want - same) > 1e-3
+
+
+def test_eval_step_sums_loss_and_counts_tokens():
+  model, params, tokens = _model_params_tokens()
+  out = eval_step(params, {"tokens": tokens}, model=model)
+  n = tokens.shape[0] * (tokens.shape[1] - 1)
+  assert float(out["count"]) == n
+  np.testing.assert_allclose(out["loss_sum"], n * lm_loss(params, model, tokens), rtol=1e-5)
+  # Two half batches sum to the whole: evaluation averages exactly over batches of any size.
+  halves = [eval_step(params, {"tokens": tokens[i:i + 1]}, model=model) for i in (0, 1)]
+  np.testing.assert_allclose(sum(float(h["loss_sum"]) for h in halves), out["loss_sum"],
+                             rtol=1e-5)
+  assert jnp.issubdtype(out["count"].dtype, jnp.floating)
