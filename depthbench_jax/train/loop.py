@@ -37,9 +37,9 @@ from depthbench_jax.model.transformer import Transformer, count_params
 from depthbench_jax.sweep import format_duration
 from depthbench_jax.systems.flops import train_flops_per_token
 from depthbench_jax.train import checkpoint, config_check, sharding, summary
-from depthbench_jax.train.throughput import StepClock
 from depthbench_jax.train.optimizer import lr_schedule, make_optimizer
 from depthbench_jax.train.step import TrainState, eval_step, init_state, train_step
+from depthbench_jax.train.throughput import StepClock
 
 # Dense bf16 matmul peak per device, FLOP/s, for MFU. ``config.peak_flops_per_device`` wins.
 # Matched in order against ``device_kind``: "TPU v5 lite" (v5e) before "TPU v5" (v5p).
