@@ -29,6 +29,9 @@ def test_trend_rule():
   assert report.depth_trend({16: 2.729, 24: 2.712, 32: 2.699}, ref) == "better when deeper"
   assert report.depth_trend({16: 2.741, 20: 2.715, 32: 2.730}, ref) == "peak in the middle (L=20)"
   assert report.depth_trend({16: 2.700, 32: 2.702}, ref) == "flat"
+  assert report.depth_trend({16: 2.700, 32: 2.698}, ref) == "flat"   # within the tolerance
+  # A middle depth that beats only the shallow end is no peak: the deep end is the trend.
+  assert report.depth_trend({16: 2.700, 24: 2.698, 32: 2.750}, ref) == "worse when deeper"
   assert report.depth_trend({16: 2.7}, ref) == "n/a"
 
 
@@ -70,6 +73,7 @@ def test_report_lists_runs_without_a_summary(tmp_path):
   results = tmp_path / "results"
   shutil.copytree(FIXTURE, results)
   live = results / "hc_24x1024_lr4e-3"
+  (live / "checkpoints" / "9").mkdir(parents=True)    # 9 < 10, though "9" > "10"
   (live / "checkpoints" / "10").mkdir(parents=True)
   (live / "metrics.jsonl").write_text('{"step": 10, "train/loss": 4.5}\n'
                                       '{"step": 12, "train/loss": 4.25}\n')
@@ -107,6 +111,39 @@ def test_multiscale_families_survive_a_missing_shape():
   text = scorecard.build_report(records)
   assert "val loss at 16 layers | a second depth (none run yet)" in text
   assert "## Against the paper (400M)" not in text
+
+
+def test_family_sizes_read_the_smallest_count_and_single_width_depths_do_not_merge_scales():
+  run = lambda design, L, d, p: {"name": f"{design}_{L}x{d}", "design": design, "n_layers": L,
+                                 "d_model": d, "params_total": p}
+  # MoDA's extra depth-K/V parameters must not move 16x800 out of the 200M family.
+  records = [run("preln", 16, 800, 200e6), run("moda", 16, 800, 250e6),
+             run("preln", 16, 1024, 300e6), run("preln", 32, 608, 205e6)]
+  scorecard.assign_families(records)
+  assert [r["family"] for r in records] == [0, 0, 1, 0]
+  # One depth at two widths, another at one: still two scales.
+  records = [run("preln", 16, 800, 205e6), run("preln", 16, 1344, 482e6),
+             run("preln", 32, 608, 205e6)]
+  scorecard.assign_families(records)
+  assert [r["family"] for r in records] == [0, 1, 0]
+
+
+def test_lr_untuned_counts_learning_rates_not_runs():
+  run = lambda loss, folder: {"name": "base", "design": "preln", "n_layers": 4, "d_model": 64,
+                              "lr": 1e-3, "aspect_ratio": 16.0, "status": "ok",
+                              "final_val_loss": loss, "workdir": folder}
+  (group,) = scorecard.select_best_lr([run(2.8, "/r/a"), run(2.9, "/r/b")]).values()
+  assert group["lr_untuned"] and not group["lr_at_edge"]
+
+
+def test_loss_curves_plot_each_shapes_best_lr_run():
+  from depthbench_jax.report import plots
+  run = lambda lr, loss: {"name": f"preln_8x64_lr{lr}", "design": "preln", "n_layers": 8,
+                          "d_model": 64, "lr": lr, "aspect_ratio": 8.0, "status": "ok",
+                          "final_val_loss": loss, "family": 0, "workdir": f"/r/{lr}"}
+  records = [run(1e-3, 3.0), run(2e-3, 2.8)]
+  curves = plots._best_curves(records, scorecard.select_best_lr(records), "preln")
+  assert curves == {0: [(8.0, 2.8, 8)]}
 
 
 def test_lr_table_shows_the_best_of_two_runs_at_one_lr_and_csv_marks_by_run(tmp_path):
