@@ -155,6 +155,17 @@ def test_resume_under_another_recipe_is_refused_naming_every_changed_field():
   assert "config.lr=0.01" in message and "config.model.residual.name='hc'" in message
   assert "0.003" in message and "'preln'" in message and "allowed" in message
   assert "log_every=" not in message
+  for field, value in (("data.seq_len", 64), ("data.seed", 1), ("data.global_batch_size", 16),
+                       ("data.tokenizer", "gpt2"), ("steps", 40), ("warmup_steps", 5)):
+    with pytest.raises(ConfigError, match=f"config.{field}="):
+      config_check.check_resume(saved, helpers.tiny_config(**{field: value}), "w")
+
+
+def test_sequence_as_long_as_the_model_context_is_valid():
+  config_check.validate(helpers.tiny_config(**{"data.seq_len": 64, "model.max_seq_len": 64}), 1, 1)
+  with pytest.raises(ConfigError, match="config.data.seq_len"):
+    config_check.validate(helpers.tiny_config(**{"data.seq_len": 65, "model.max_seq_len": 64}),
+                          1, 1)
 
 
 def test_cli_resume_with_a_changed_lr_exits_and_keeps_the_run(tmp_path):

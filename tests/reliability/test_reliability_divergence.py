@@ -121,6 +121,25 @@ def test_guard_spike_after_min_steps_only():
   assert guard.step == 4  # The first bad step wins.
 
 
+def test_guard_measures_against_the_best_loss_from_min_steps_on():
+  step = lambda s, loss: (s, {"loss": loss, "grad_norm": 1.0})
+  # A slow climb: 4.5 is 1.5x the last loss but 2.25x the best (2.0).
+  guard = _guard(spike_factor=2.0, min_steps=0)
+  assert guard.check_steps([step(1, 2.0), step(2, 3.0), step(3, 4.5)]).startswith("loss spike")
+  assert guard.step == 3
+  guard = _guard(spike_factor=2.0, min_steps=3)   # step 3 is the first one checked
+  assert guard.check_steps([step(1, 5.0), step(2, 5.0), step(3, 10.5)]).startswith("loss spike")
+  assert guard.step == 3
+
+
+def test_metrics_log_last_record_of_a_step_wins(tmp_path):
+  """A resumed run logs the steps after its checkpoint again: the later values are the run's."""
+  (tmp_path / "metrics.jsonl").write_text('{"step": 12, "train/loss": 4.30}\n'
+                                          '{"step": 11, "train/loss": 4.40}\n'
+                                          '{"step": 12, "train/loss": 4.25}\n')
+  assert summary.read_metrics(str(tmp_path)) == {11: 4.40, 12: 4.25}
+
+
 def test_guard_nonfinite_gradient_and_skip_limit():
   guard = _guard()
   assert "gradient" in guard.check(3, 5.0, float("inf")) and guard.step == 3
