@@ -82,6 +82,19 @@ def test_names_and_args():
     sweep.parse_run_arg("lr=fast", {"arch": "preln", "shape": "4x8", "lr": 1.0})
 
 
+def test_a_run_listed_twice_is_one_run(tmp_path):
+  """Duplicate entries (1e-3 and 0.001 name the same run) would train, plan and count twice."""
+  config = tmp_path / "dup_suite.py"
+  config.write_text(textwrap.dedent("""
+      from configs import smoke
+      get_config = smoke.get_config
+      sweep = [dict(arch="preln", shape="4x128", lr=1e-3)] * 2 + [
+          dict(arch="preln", shape="4x128", lr=0.001), dict(arch="hc", shape="4x128", lr=1e-3)]
+  """))
+  runs = sweep.list_runs(str(config), str(tmp_path / "results"))
+  assert [r.name for r in runs] == ["preln_4x128_lr1e-3", "hc_4x128_lr1e-3"]
+
+
 def test_format_duration():
   assert [sweep.format_duration(s) for s in (0, 52.9, 60, 3125, 45000, float("inf"))] == [
       "0s", "52s", "1m00s", "52m05s", "12h30m", "?"]

@@ -109,6 +109,27 @@ def test_parquet_without_text_column(tmp_path):
     list(sources.parquet_documents(str(f)))
 
 
+def test_every_process_returns_the_shards_in_shard_order(parquet_dir, tmp_path):
+  """Process p tokenizes from shard p * n / P on (to divide the work) but must return the metas
+  in shard order: each process's stream, hence its windows, must be the same concatenation."""
+  shards = sources.parquet_shards(str(parquet_dir))
+  assert len(shards) == 2
+  tok = tokenizer_lib.get_tokenizer("byte")
+  for p in (0, 1):
+    metas = token_cache.tokenize_shards(shards, tok, str(tmp_path / "cache"), p, 2)
+    assert [m["key"] for m in metas] == [s.key for s in shards], p
+
+
+def test_windows_fill_a_stream_whose_length_is_a_multiple_of_seq_len(tmp_path):
+  # 64 tokens, T = 16: windows need T + 1 tokens at stride T, so 3 fit (the 4th would be short).
+  path = tmp_path / "t.bin"
+  np.arange(64, dtype=np.uint16).tofile(path)
+  windows = pipeline.WindowSource(token_cache.TokenStream([str(path)], [64], "uint16"), 16)
+  assert len(windows) == 3
+  assert all(len(windows[i]) == 17 for i in range(3))
+  np.testing.assert_array_equal(windows[2], np.arange(32, 49))
+
+
 def test_token_stream_slices_across_files(tmp_path):
   paths = []
   for i, n in enumerate([5, 0, 3, 7]):
