@@ -51,6 +51,15 @@ def test_preln_result_shapes_ranges_and_strict_json(preln):
     assert all(a >= b for a, b in zip(curve["share"], curve["share"][1:]))  # non-increasing
   assert "mixing" not in r and "dead_prefix" not in r
   assert r["loss"] == pytest.approx(np.log(257), rel=0.05)   # init: near uniform
+  # The summaries read the late pairs only (L = 4: layers 1..3, pairs (1,2), (1,3), (2,3)).
+  cons = r["angular"]["consecutive"]
+  assert r["angular"]["late_consecutive_mean"] == pytest.approx((cons[1] + cons[2]) / 2)
+  late = [(1, 2), (1, 3), (2, 3)]
+  for key, m in (("causal", c), ("permutation", p)):
+    values = np.array([m[i, j] for i, j in late])
+    assert r[key]["late_mean"] == pytest.approx(values.mean(), rel=1e-6), key
+    assert r[key]["share"] == pytest.approx(np.mean(values > r[key]["threshold"])), key
+    assert r[key]["curve"]["share"][0] == pytest.approx(np.mean(values > 0.0)), key
 
 
 def test_vmapped_passes_match_direct_calls(preln):
