@@ -114,3 +114,16 @@ def test_overrides_parse_json_values():
   assert diagnose._parse_overrides(["permutation_chunk=4", "causal_reduction=max",
                                     "thresholds=[0.3,0.1]"]) == {
       "permutation_chunk": 4, "causal_reduction": "max", "thresholds": [0.3, 0.1]}
+
+
+def test_pivot_and_heatmaps_pick_the_lowest_loss_run_of_a_cell():
+  """Two runs at one (design, depth), e.g. two LRs: the pivot shows, and the heatmaps come from,
+  the one whose diagnostics loss is lower, in either order."""
+  worse = ({"name": "a", "status": "ok", "d_model": 64},
+           {"design": "preln", "n_layers": 8, "loss": 3.0, "causal": {"share": 0.10}})
+  better = ({"name": "b", "status": "ok", "d_model": 64},
+            {"design": "preln", "n_layers": 8, "loss": 2.5, "causal": {"share": 0.60}})
+  for runs in ([worse, better], [better, worse]):
+    pivot = report_section.share_pivot(runs)
+    assert "| preln | 60.0% |" in pivot and "10.0%" not in pivot
+    assert report_section.deepest_per_design(runs) == [better]
