@@ -108,6 +108,7 @@ def test_a_continuation_longer_than_the_window_scores_its_last_tokens():
 
 
 def test_answer_extraction():
+  assert tasks.gsm8k_extract("3 apples and 4 more make 7") == "7"   # no ####: the last number
   assert tasks.gsm8k_extract("so 3+4=7.\n#### 1,000") == "1000"
   assert tasks.gsm8k_extract("The answer is 12.") == "12"
   assert tasks.normalize_number("7.0") == "7"
@@ -166,6 +167,46 @@ def test_missing_sets_are_listed_not_fatal(tmp_path):
   assert set(out["sets"]) == {"gsm8k", "gpqa"}
   with pytest.raises(FileNotFoundError, match="gpqa_diamond.csv"):
     evaluate.evaluate(cfg, params, ByteTok(), sets=["gpqa"], data_dir=str(tmp_path))
+
+
+def _generating(monkeypatch, texts):
+  """``generation_metrics`` with the model's completions replaced by ``texts``."""
+  monkeypatch.setattr(tasks, "greedy_completions", lambda *a, **k: list(texts))
+
+
+def test_exact_match_and_pass_at_1_by_hand(monkeypatch):
+  gsm = datasets.load_set("gsm8k", FIXTURES)[:2]
+  _generating(monkeypatch, [f"so #### {e.target}" for e in gsm])
+  assert tasks.generation_metrics("gsm8k", None, None, None, gsm)["exact_match"] == 1.0
+  _generating(monkeypatch, [f"so #### {gsm[0].target}", "no number"])
+  assert tasks.generation_metrics("gsm8k", None, None, None, gsm)["exact_match"] == 0.5
+  blank = [datasets.Example(id="x", prompt="q", answer="", target="")]
+  _generating(monkeypatch, ["no number"])   # an empty reference never matches
+  assert tasks.generation_metrics("gsm8k", None, None, None, blank)["exact_match"] == 0.0
+  code = datasets.load_set("humaneval", FIXTURES)[:1]
+  _generating(monkeypatch, [code[0].answer])
+  out = tasks.generation_metrics("humaneval", None, None, None, code, timeout_s=10.0)
+  assert (out["pass@1"], out["timeouts"]) == (1.0, 0)
+  _generating(monkeypatch, ["    while True:\n        pass\n"])
+  out = tasks.generation_metrics("humaneval", None, None, None, code, timeout_s=1.0)
+  assert (out["pass@1"], out["timeouts"]) == (0.0, 1)   # a timeout is no pass
+
+
+def test_domain_means_average_the_sets_found():
+  assert evaluate.domain_means({"gsm8k": {"nll_per_token": 2.0}})["math"]["nll_per_token"] == 2.0
+  coding = evaluate.domain_means({"humaneval": {"nll_per_token": 1.0},
+                                  "mbpp": {"nll_per_token": 3.0}})["coding"]
+  assert coding["nll_per_token"] == 2.0 and set(coding["sets"]) == {"humaneval", "mbpp"}
+
+
+def test_depth_trend_keeps_scale_families_apart():
+  def run(family, depth, nll):
+    return ({"design": "preln", "n_layers": depth, "family": family, "name": f"f{family}L{depth}"},
+            {"domains": {"coding": {"nll_per_token": nll}}})
+  text = report_section.evals_table([run(0, 16, 2.0), run(0, 32, 1.9), run(1, 16, 1.5),
+                                     run(1, 32, 1.6)])
+  assert "| preln (family 0) | 16, 32 | -0.100 (deeper better) |" in text
+  assert "| preln (family 1) | 16, 32 | +0.100 (deeper worse) |" in text
 
 
 def test_report_section_depth_trend(tmp_path):
