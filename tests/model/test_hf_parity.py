@@ -94,6 +94,10 @@ def test_export_loads_with_auto_model(tmp_path, case):
   assert (tmp_path / "model.safetensors").exists() and (tmp_path / "config.json").exists()
   model = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path)).float().eval()
   assert model.config.rms_norm_eps == cfg.norm_eps
+  # The tokenizer's eos in both configs: tools that read either stop generating at it.
+  assert (model.config.eos_token_id, model.config.bos_token_id) == (100, 100)
+  generation = transformers.GenerationConfig.from_pretrained(str(tmp_path))
+  assert (generation.eos_token_id, generation.bos_token_id) == (100, 100)
   np.testing.assert_allclose(theirs(model), ours(cfg, params), atol=1e-4, rtol=0)
 
 
