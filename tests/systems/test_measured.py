@@ -67,6 +67,21 @@ def test_a_bench_of_another_model_is_left_out_and_the_first_file_wins(tmp_path, 
   assert first in skipped[0]
 
 
+def test_each_device_keeps_its_rows_and_the_ranking_orders_by_device_hours(tmp_path, cost_rows):
+  pre, hc = cost_rows["preln"], cost_rows["hc"]
+  rows_of = lambda tps: [("preln", pre["train_flops_per_token"], tps, 1.0)]
+  files = [bench_json(tmp_path / "a.json", rows_of(100.0), device="h100"),
+           bench_json(tmp_path / "b.json", rows_of(150.0), device="h200")]
+  rows, _ = measured.match(cost_rows.values(), measured.bench_rows(files), peak_flops=1e12)
+  assert [(r["device"], r["tokens_per_s"]) for r in rows] == [("h100", 100.0), ("h200", 150.0)]
+  # Ranked by device-hours, which differ from the step ratios when the budgets differ.
+  ranked = [{"device": "d", "shape": "s", "design": "preln", "device_hours_measured": 2.0,
+             "step_over_preln": 1.0},
+            {"device": "d", "shape": "s", "design": "moda", "device_hours_measured": 1.5,
+             "step_over_preln": 1.1}]
+  assert measured.ranking(ranked) == ["d s, most device-hours first: preln 1.00x > moda 1.10x"]
+
+
 def test_cli_adds_the_measured_table_and_refuses_a_file_that_is_not_a_bench_result(
     tmp_path, capsys, cost_rows):
   pre, hc = cost_rows["preln"], cost_rows["hc"]
@@ -107,7 +122,12 @@ def test_report_section_shows_the_measured_rows_of_the_runs_shapes(tmp_path):
   # A second systems.json, in one run's own directory, timing HC again: one HC row is shown.
   (runs / "hc_16x1216_lr1e-3" / "systems.json").write_text(json.dumps(
       {"seq_len": 4096, "rows": [], "measured": [{**row, "design": "hc", "step_over_preln": 1.7}]}))
+  # A systems.json of another prefill length is not this table's: it is never merged.
+  (runs / "preln_16x1216_lr1e-3" / "systems.json").write_text(json.dumps(
+      {"seq_len": 64, "rows": [],
+       "measured": [{**row, "design": "attnres_block", "step_over_preln": 9.9}]}))
   section = systems_table(scorecard.collect_runs(str(runs)))
+  assert "9.900" not in section and "| attnres_block | 16x1216 | fakedev |" not in section
   assert "Measured by the bench on the same models" in section
   assert section.count("| hc | 16x1216 | fakedev |") == 1
   assert "| hc | 16x1216 | fakedev | 100,000 | 1.500 (1.400-1.600) |" in section
