@@ -271,6 +271,69 @@ def test_paired_ratio_band_pairs_rounds():
   assert paired_ratio_band([3.0], [2.0]) == {"q1": 1.5, "median": 1.5, "q3": 1.5}
 
 
+def test_verdict_at_and_around_the_targets():
+  """A value equal to its target passes (MFU >=, ratios <=); a band wholly below a ratio's target
+  is decided (not within noise); MFU under its floor fails."""
+  from depthbench_jax.bench import TARGETS, verdict
+
+  def checks(mfu, hc, band, compile_ratio):
+    train = [{"design": "preln", "shape": "8x512", "mfu": mfu, "step_over_preln": 1.0},
+             {"design": "hc", "shape": "8x512", "step_over_preln": hc,
+              "step_over_preln_rounds": band}]
+    return {c["check"]: c for c in verdict({"train": train, "compile": {
+        "deep_layers": 70, "shallow_layers": 16, "deep_over_shallow": compile_ratio}})}
+  hc_target = TARGETS["hc_over_preln"]
+  at = checks(TARGETS["mfu"], hc_target, {"q1": hc_target - 0.05, "median": hc_target,
+                                          "q3": hc_target + 0.05},
+              TARGETS["compile_deep_over_shallow"])
+  assert all(c["pass"] for c in at.values()), at
+  assert at["MFU Pre-LN 8x512"]["op"] == ">=" and at["HC / Pre-LN step 8x512"]["op"] == "<="
+  below = checks(0.3, 0.95, {"q1": 0.9, "median": 0.95, "q3": 0.98}, 1.0)
+  assert below["HC / Pre-LN step 8x512"]["pass"]
+  assert not below["HC / Pre-LN step 8x512"]["within_noise"]
+  assert not below["MFU Pre-LN 8x512"]["pass"]
+
+
+def test_design_and_shape_specs_parse_strictly():
+  from depthbench_jax import bench
+  value = bench.design_spec("mhc:sinkhorn_iters=10")[1]["sinkhorn_iters"]
+  assert type(value) is int and value == 10
+  assert type(bench.design_spec("hc:rate=0.5")[1]["rate"]) is float
+  with pytest.raises(ValueError, match="key=value"):
+    bench.design_spec("mhc:=5")
+  with pytest.raises(ValueError, match="LxD"):
+    bench.shape_spec("8x0", 8)
+
+
+def test_xla_flops_are_per_sequence_at_any_batch():
+  cfg = model_cfg("preln", n_layers=2)
+  one = xla.prefill_analysis(cfg, 32, batch=1, dtype="float32")["xla_flops"]
+  two = xla.prefill_analysis(cfg, 32, batch=2, dtype="float32")["xla_flops"]
+  assert two == pytest.approx(one, rel=0.01)
+
+
+def test_cost_row_kv_cache_in_the_asked_dtype():
+  cfg = model_cfg("preln")
+  row = costs.cost_row(cfg, seq_len=64, train_seq_len=64, tokens_per_param=20, peak_flops=1e15,
+                       mfu=0.4, dtype="float32")
+  # K and V x 2 layers x 64 (4 heads of 16) x 64 tokens x 4 bytes.
+  assert row["kv_cache_bytes"] == costs.kv_cache_bytes(cfg, 64, dtype="float32") == 65536
+
+
+def test_curve_table_reads_shallow_to_deep():
+  from depthbench_jax.systems import table
+  curve = [{"design": "preln", "shape": s, "n_layers": L, "seq_len": t, "prefill_flops_causal": f}
+           for s, L, t, f in (("4x128", 4, 2048, 1e12), ("16x64", 16, 2048, 2e12),
+                              ("4x128", 4, 4096, 3e12), ("16x64", 16, 4096, 9e12))]
+  assert table.curve_markdown(curve).splitlines()[-1] == "| 16x64 / 4x128 | 2.00 | 3.00 |"
+  rows = [{"design": "preln", "shape": s, "n_layers": L, "prefill_flops_paper": f,
+           "prefill_flops_causal": f, "kv_cache_bytes": kv, "peak_bytes": None,
+           "device_hours": h} for s, L, f, kv, h in (("16x64", 16, 2e12, 4e6, 3.0),
+                                                     ("4x128", 4, 1e12, 2e6, 1.0))]
+  assert table.depth_cost_summary(rows).splitlines()[-1] == (
+      "| preln | 4x128 -> 16x64 | 1.00 -> 2.00 | 1.00 -> 2.00 (x2.00) | x2.00 | - | x3.00 |")
+
+
 def test_verdict_flags_a_target_inside_the_run_noise():
   """A ratio just over its target with the target inside the per-round IQR is still a FAIL,
   flagged as undecided by this run; a band clear of the target is not flagged."""
