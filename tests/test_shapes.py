@@ -103,8 +103,9 @@ def test_solver_backbone_count_and_design_option():
   assert backbone.counts["non_embedding"] == backbone.achieved
   assert backbone.shape.d_model >= total.shape.d_model  # The embedding no longer counts.
   hc = shapes.iso_param_width(5e5, 4, model, design="mhc")
-  assert hc.counts["total"] >= shapes.param_counts(
+  assert hc.counts["total"] > shapes.param_counts(        # mHC's phi and gates counted
       shapes.shaped_model(model, hc.shape, design="preln"))["total"]
+  assert total.rel_error == pytest.approx(total.achieved / 5e5 - 1)   # signed
   with pytest.raises(ConfigError, match="allowed"):
     shapes.iso_param_width(5e5, 4, model, count="embedding")
   with pytest.raises(ConfigError, match="multiple of n_heads"):
