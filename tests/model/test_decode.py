@@ -115,3 +115,17 @@ def test_an_attend_override_that_does_not_handle_the_cache_decodes_by_recompute(
   with pytest.raises(ValueError, match="overrides attend"):
     decode.greedy_generate(cfg, params, PROMPTS, 3, use_cache=True)
   assert len(decode.greedy_generate(cfg, params, PROMPTS, 3)[0]) == 3  # Recompute by default.
+
+
+def test_padding_rows_generate_nothing_and_one_token_prompts_decode():
+  """``n_real``: the rows after it pad a batch (evals' last batch) and stay empty; a one-token
+  prompt decodes the same with and without the cache; an empty prompt is one clear error."""
+  cfg = cfg_of()
+  params = random_params(cfg)
+  real = decode.greedy_generate(cfg, params, [[5, 9]], 3)
+  out = decode.greedy_generate(cfg, params, [[5, 9], [5, 9]], 3, n_real=1)
+  assert out == [real[0], []] and len(real[0]) == 3
+  one = decode.greedy_generate(cfg, params, [[5]], 2)
+  assert one == decode.greedy_generate(cfg, params, [[5]], 2, use_cache=False) and len(one[0]) == 2
+  with pytest.raises(ValueError, match="at least one token"):
+    decode.greedy_generate(cfg, params, [[]], 2)

@@ -161,6 +161,13 @@ def test_resume_under_another_recipe_is_refused_naming_every_changed_field():
       config_check.check_resume(saved, helpers.tiny_config(**{field: value}), "w")
 
 
+def test_mesh_resolves_one_wildcard_and_refuses_two():
+  from depthbench_jax.train import sharding
+  assert sharding.mesh_shape({"data": -1, "fsdp": 2, "tensor": 1}, 8) == (4, 2, 1)
+  with pytest.raises(ConfigError, match="at most one -1"):
+    sharding.mesh_shape({"data": -1, "fsdp": -1, "tensor": 1}, 8)
+
+
 def test_sequence_as_long_as_the_model_context_is_valid():
   config_check.validate(helpers.tiny_config(**{"data.seq_len": 64, "model.max_seq_len": 64}), 1, 1)
   with pytest.raises(ConfigError, match="config.data.seq_len"):

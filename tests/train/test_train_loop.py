@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 
+import jax
 import numpy as np
 import pytest
 
@@ -146,6 +147,25 @@ def test_bad_config_fails_before_compute_naming_the_field(tmp_path, flag, field)
   assert "allowed" in lines[0]
   assert json.load(open(marker)) == {"status": "ok", "keep": True}
   assert not os.path.exists(os.path.join(workdir, "checkpoints"))
+
+
+def test_restore_run_reads_the_step_asked_for(reference_run):
+  """The reference run keeps its checkpoints at 10 and 20: ``--step`` of evaluate/diagnose."""
+  from depthbench_jax.train import checkpoint
+  _, params10, step10 = checkpoint.restore_run(reference_run, 10)
+  _, params20, step20 = checkpoint.restore_run(reference_run)
+  assert (step10, step20) == (10, 20)
+  assert not all(np.array_equal(a, b) for a, b in zip(
+      jax.tree.leaves(params10), jax.tree.leaves(params20)))
+
+
+def test_has_checkpoint_ignores_orbax_temporary_directories(tmp_path):
+  from depthbench_jax.train import checkpoint
+  assert not checkpoint.has_checkpoint(str(tmp_path))
+  (tmp_path / "checkpoints" / "10.orbax-checkpoint-tmp-1234").mkdir(parents=True)
+  assert not checkpoint.has_checkpoint(str(tmp_path))   # a first save killed mid-write
+  (tmp_path / "checkpoints" / "10").mkdir()
+  assert checkpoint.has_checkpoint(str(tmp_path))
 
 
 def test_peak_flops_by_device_kind_and_override(monkeypatch):
