@@ -161,3 +161,13 @@ def test_ffn_ratio_rule_rounds_up_to_the_multiple():
     assert (model.ffn_dim, model.ffn_multiple_of) == (want, 64)
   shapes.FFNRule().apply(model, 1072)
   assert model.ffn_dim is None   # the model's own 8/3 rule
+
+
+def test_solver_breaks_an_exact_tie_towards_the_narrower_width(monkeypatch):
+  """Counts 100 at k = 1 and 300 at k = 2 are both 50% off a target of 200: the docstring's
+  rule picks the narrower width."""
+  model = suite("smoke").solver_model()
+  g = shapes.default_granularity(model)
+  monkeypatch.setattr(shapes, "param_counts", lambda m: {
+      "total": 100 * (2 * (m.d_model // g) - 1), "non_embedding": 0, "embedding": 0})
+  assert shapes.iso_param_width(200, 4, model).shape == shapes.Shape(4, g)
