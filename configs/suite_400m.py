@@ -15,8 +15,8 @@ space depth evenly in log between 16 and 70. The widths are what ``shapes.iso_pa
 picks for the Pre-LN backbone at the target total (``SHAPE_SETS["400m"].target``) on the grid
 d = 32 k (16 equal, even-sized heads); a target of 408M puts every shape, including all three
 paper shapes, within 2% (``python -m depthbench_jax.shapes configs/suite_400m.py`` prints the
-table). With FFN
-multiple 64 the endpoints count 407.4M and 411.4M; multiple 128 would put 70x640 at 420M.
+table). With FFN multiple 64 the endpoints count 407.4M and 411.4M; multiple 128 would put
+70x640 at 420M.
 
 [I] (the paper does not give them): optimizer details and the LR grid. AdamW (0.9, 0.95),
 weight decay 0.1, clip 1.0, 2% warmup, cosine to 10%; LR grid 5e-4..4e-3 (factor 2).

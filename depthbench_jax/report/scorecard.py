@@ -197,7 +197,7 @@ def scorecard_rows(records: Sequence[dict], groups: dict | None = None) -> list[
           "loss_hi": losses.get(ref[1]) if ref[1] != ref[0] else None,
           "trend": depth_trend(losses, ref), "best": winner,
           "best_lr_at_edge": bool(winner and groups[shape_key(winner)]["lr_at_edge"]),
-          "best_lr_untuned": bool(winner and groups[shape_key(winner)].get("lr_untuned")),
+          "best_lr_untuned": bool(winner and groups[shape_key(winner)]["lr_untuned"]),
           "n_shapes": len(shapes_run), "n_shapes_usable": len(best),
           "params_median": statistics.median(r["params_total"] for r in fam
                                              if r.get("params_total")) if any(

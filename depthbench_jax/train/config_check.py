@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import glob
+import json
 import os
 
 import ml_collections
@@ -203,7 +204,6 @@ def check_resume(saved: dict, config, workdir: str) -> None:
   ``RESUMABLE_FIELDS``: a resume under another recipe would silently mix two runs in one
   workdir (and ``config.json`` would no longer say how the checkpoints were made). Fields
   present on one side only (a config from an older version of the code) are not compared."""
-  import json  # pylint: disable=g-import-not-at-top
   old = _flatten(saved)
   new = _flatten(json.loads(json.dumps(config.to_dict())))
   changed = [f for f in sorted(old.keys() & new.keys())

@@ -28,7 +28,6 @@ class StepClock:
   def __init__(self, start_step: int, now: Callable[[], float] = time.monotonic):
     self._now = now
     self._started = now()
-    self._first_step_s: float | None = None
     self._steady_since: tuple[float, int] | None = None   # (time, step) after the first step
     self._window: tuple[float, int] = (self._started, start_step)
     self._paused_s = 0.0
@@ -36,12 +35,11 @@ class StepClock:
   @property
   def first_step_s(self) -> float | None:
     """Wall time of the first step after the (re)start: compile + one step."""
-    return self._first_step_s
+    return None if self._steady_since is None else self._steady_since[0] - self._started
 
   def first_step_done(self, step: int) -> None:
     """The first step's result is ready: start the steady clock here."""
     now = self._now()
-    self._first_step_s = now - self._started
     self._steady_since = (now, step)
     self._window, self._paused_s = (now, step), 0.0
 
@@ -61,7 +59,7 @@ class StepClock:
     steps, seconds = step - since_step, now - since - self._paused_s
     self._window, self._paused_s = (now, step), 0.0
     if steps <= 0:   # A line on the first step itself: its own time is all there is.
-      return 1.0 / self._first_step_s if self._first_step_s else 0.0
+      return 1.0 / self.first_step_s if self.first_step_s else 0.0
     return steps / max(seconds, 1e-9)
 
   def eta_s(self, step: int, total_steps: int) -> float:
@@ -70,6 +68,6 @@ class StepClock:
     if left <= 0:
       return 0.0
     if self._steady_since is None or step <= self._steady_since[1]:
-      return left * self._first_step_s if self._first_step_s else float("inf")
+      return left * self.first_step_s if self.first_step_s else float("inf")
     since, since_step = self._steady_since
     return left * (self._now() - since) / (step - since_step)
