@@ -86,14 +86,12 @@ def collect_unfinished(results_dir: str) -> list[dict]:
   """Run folders without a ``summary.json`` (training, interrupted, or crashed): ``{'name',
   'workdir', 'step', 'train_loss', 'checkpoint_step'}`` from ``metrics.jsonl`` and
   ``checkpoints/``; a folder with neither is not a run."""
-  from depthbench_jax.train.summary import read_metrics  # Local: pulls in nothing heavy.
+  from depthbench_jax.train.summary import checkpoint_steps, read_metrics  # Local, and light.
   out = []
   for root, files in _folders(results_dir):
     if "summary.json" in files:
       continue
-    ckpt_dir = os.path.join(root, "checkpoints")
-    saved = sorted(int(d) for d in os.listdir(ckpt_dir) if d.isdigit()) if os.path.isdir(
-        ckpt_dir) else []
+    saved = checkpoint_steps(root)
     losses = read_metrics(root) if "metrics.jsonl" in files else {}
     if not saved and not losses:
       continue

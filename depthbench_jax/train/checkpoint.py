@@ -18,9 +18,11 @@ import jax
 import ml_collections
 import orbax.checkpoint as ocp
 
+from depthbench_jax.train import summary
+
 
 def checkpoint_dir(workdir: str) -> str:
-  return os.path.join(os.path.abspath(workdir), "checkpoints")
+  return os.path.join(os.path.abspath(workdir), summary.CHECKPOINTS)
 
 
 def make_manager(workdir: str, keep: int, async_save: bool = True) -> ocp.CheckpointManager:
@@ -36,12 +38,8 @@ ITEMS = ("state", "data", "progress")
 
 
 def has_checkpoint(workdir: str) -> bool:
-  """Whether ``workdir`` holds a complete checkpoint (a step directory orbax has finalised; its
-  temporary directories carry a suffix), without opening a manager."""
-  try:
-    return any(name.isdigit() for name in os.listdir(checkpoint_dir(workdir)))
-  except FileNotFoundError:
-    return False
+  """Whether ``workdir`` holds a complete checkpoint, without opening a manager."""
+  return bool(summary.checkpoint_steps(workdir))
 
 
 def save(manager: ocp.CheckpointManager, step: int, state: Any, data_iter: Any,

@@ -1,4 +1,5 @@
-"""The run directory's records: ``config.json``, ``metrics.jsonl``, ``summary.json``.
+"""The run directory's records: ``config.json``, ``metrics.jsonl``, ``summary.json``, and which
+checkpoint steps ``checkpoints/`` holds.
 
 ``summary.json`` is the one results format training, diagnostics, evals, systems and reports
 read (keys in DEVELOPERS.md). Writes are atomic (temp file + rename) so a kill never leaves a
@@ -15,6 +16,7 @@ from typing import Any
 SUMMARY = "summary.json"
 CONFIG = "config.json"
 METRICS = "metrics.jsonl"
+CHECKPOINTS = "checkpoints"
 
 
 def atomic_write_json(path: str, obj: Any) -> None:
@@ -27,6 +29,17 @@ def atomic_write_json(path: str, obj: Any) -> None:
 def read_json(path: str) -> Any:
   with open(path) as f:
     return json.load(f)
+
+
+def checkpoint_steps(workdir: str) -> list[int]:
+  """The steps of ``workdir``'s complete checkpoints, ascending ([] with none). Orbax finalises a
+  step by renaming its temporary directory (which carries a suffix) to the bare step number, so
+  only all-digit names count. Reads the directory alone: no orbax, no jax."""
+  try:
+    names = os.listdir(os.path.join(workdir, CHECKPOINTS))
+  except FileNotFoundError:
+    return []
+  return sorted(int(name) for name in names if name.isdigit())
 
 
 def write_config(workdir: str, config) -> None:

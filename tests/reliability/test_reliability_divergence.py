@@ -27,10 +27,6 @@ def train_in_process():
   signal.signal(signal.SIGTERM, handler)
 
 
-def _steps(workdir):
-  return sorted(int(d) for d in os.listdir(checkpoint.checkpoint_dir(workdir)) if d.isdigit())
-
-
 def test_nan_step_marks_diverged_and_keeps_last_good_checkpoint(train_in_process, tmp_path):
   workdir = str(tmp_path / "nan")
   # Step 7 is neither a log nor a checkpoint step: the guard must still see it, and stop
@@ -41,7 +37,7 @@ def test_nan_step_marks_diverged_and_keeps_last_good_checkpoint(train_in_process
   s = helpers.summary(workdir)
   assert s["status"] == result["status"] == "diverged"
   assert s["diverged_step"] == 7 and "non-finite loss" in s["diverged_reason"], s
-  assert s["last_checkpoint_step"] == 6 and _steps(workdir) == [3, 6]
+  assert s["last_checkpoint_step"] == 6 and summary.checkpoint_steps(workdir) == [3, 6]
   assert summary.read_json(os.path.join(workdir, "status.json"))["step"] == 7
   _, params = checkpoint.restore_params(workdir)
   assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(params))
