@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import logging
-from clu import metric_writers, periodic_actions
+from clu import metric_writers
 
 from depthbench_jax import shapes
 from depthbench_jax.data import pipeline
@@ -193,8 +193,6 @@ def train_and_evaluate(config, workdir: str) -> dict:
     writer.write_hparams({"design": model_cfg.design, "n_layers": model_cfg.n_layers,
                           "d_model": model_cfg.d_model, "lr": config.lr,
                           "params_total": counts["total"]})
-  progress = periodic_actions.ReportProgress(num_train_steps=steps, writer=writer,
-                                             every_steps=config.log_every)
   flops_per_token = train_flops_per_token(model_cfg, seq_len)
   peak = peak_flops_per_device(config)
   tokens_per_step = config.data.global_batch_size * seq_len
@@ -227,7 +225,6 @@ def train_and_evaluate(config, workdir: str) -> dict:
         if process_index == 0:
           print(f"step {step}/{steps}: {clock.first_step_s:.1f}s with the jit compile (steps/s "
                 f"below leave out the compile, evals and checkpoint saves)", flush=True)
-      progress(step)
       log_now = step % config.log_every == 0 or step == steps
       eval_now = (config.eval_every > 0 and bool(val_batches)
                   and (step % config.eval_every == 0 or step == steps))

@@ -61,6 +61,27 @@ def test_steps_per_s_leaves_out_the_eval_and_save_at_step_10(reference_run):
   assert rate[11] > 0.25 * steady, (rate[11], steady)
 
 
+def test_tensorboard_has_one_steps_per_s_curve_the_metrics_log_has(reference_run):
+  """TensorBoard carries the trainer's own scalars, and its steps/s are the clean ones of
+  ``metrics.jsonl`` (no second, pause-inclusive curve such as clu's ``ReportProgress``)."""
+  from tensorboard.backend.event_processing import event_accumulator
+  from tensorboard.util import tensor_util
+  from depthbench_jax.train.summary import read_metrics
+  events = event_accumulator.EventAccumulator(os.path.join(reference_run, "tensorboard"),
+                                              size_guidance={"tensors": 0})
+  events.Reload()
+  tags = set(events.Tags()["tensors"]) | set(events.Tags()["scalars"])
+  assert {"train/loss", "train/lr", "train/grad_norm", "perf/steps_per_s", "perf/tokens_per_s",
+          "val/loss"} <= tags
+  assert not {t for t in tags if "per_sec" in t or "uptime" in t}, tags
+  logged = read_metrics(reference_run, "perf/steps_per_s")
+  written = {e.step: float(tensor_util.make_ndarray(e.tensor_proto))
+             for e in events.Tensors("perf/steps_per_s")}
+  assert written.keys() == logged.keys()
+  np.testing.assert_allclose([written[s] for s in sorted(logged)],
+                             [logged[s] for s in sorted(logged)], rtol=1e-5)
+
+
 def test_kill_9_then_resume_matches_uninterrupted(reference_run, tmp_path):
   workdir = str(tmp_path / "killed")
   proc = start_then_signal(workdir, checkpoint_every=3, step=11, signum=signal.SIGKILL)
