@@ -143,6 +143,58 @@ def test_token_stream_slices_across_files(tmp_path):
     assert np.array_equal(stream[a:b], full[a:b]), (a, b)
 
 
+
+def _counting_shard(docs, val_every, key="synthetic"):
+  """A Shard over ``docs`` that counts how often it is read."""
+  reads = []
+  def read():
+    reads.append(1)
+    return iter(docs)
+  return token_cache.Shard(key=key, description=key, read=read, val_every=val_every), reads
+
+
+def test_held_out_documents_follow_the_shard_index_across_chunks(tmp_path, monkeypatch):
+  """Document d goes to val iff d % val_every == val_every - 1, counted over the whole shard,
+  not restarted in each chunk of DOCS_PER_CHUNK documents."""
+  monkeypatch.setattr(token_cache, "DOCS_PER_CHUNK", 4)
+  docs = [f"d{i}" for i in range(10)]
+  shard, _ = _counting_shard(docs, val_every=3)
+  tok = tokenizer_lib.get_tokenizer("byte")
+  meta = token_cache.tokenize_shard(shard, tok, str(tmp_path))
+  assert meta["n_docs"] == {"train": 7, "val": 3}
+  assert meta["n_tokens"] == {"train": 7 * 3, "val": 3 * 3}   # "dK" + eos
+  val = token_cache.TokenStream.from_metas([meta], "val")
+  assert tok.decode(val[0:len(val)]).split("<|endoftext|>")[:-1] == ["d2", "d5", "d8"]
+
+
+def test_a_cached_shard_is_not_read_again(tmp_path):
+  """The second tokenize_shard of the same key finds the meta file and returns it unread."""
+  shard, reads = _counting_shard(["alpha", "beta"], val_every=100)
+  tok = tokenizer_lib.get_tokenizer("byte")
+  first = token_cache.tokenize_shard(shard, tok, str(tmp_path))
+  second = token_cache.tokenize_shard(shard, tok, str(tmp_path))
+  assert len(reads) == 1 and second == first
+  assert first["paths"]["train"] == str(tmp_path / "byte" / "synthetic.train.bin")
+
+
+def test_token_dtype_fits_the_vocabulary():
+  """uint16 holds ids up to 65535, so a vocabulary of exactly 2**16 still fits it."""
+  assert token_cache.token_dtype(257) == np.uint16
+  assert token_cache.token_dtype(2**16) == np.uint16
+  assert token_cache.token_dtype(2**16 + 1) == np.uint32
+
+
+def test_token_stream_refuses_strides_and_mixed_dtypes(tmp_path):
+  path = tmp_path / "t.bin"
+  np.arange(10, dtype=np.uint16).tofile(path)
+  stream = token_cache.TokenStream([str(path)], [10], "uint16")
+  with pytest.raises(ValueError, match="contiguous"):
+    stream[0:10:2]
+  meta = lambda dtype: {"dtype": dtype, "paths": {"train": str(path)}, "n_tokens": {"train": 10}}
+  with pytest.raises(ValueError, match="mixed dtypes"):
+    token_cache.TokenStream.from_metas([meta("uint16"), meta("uint32")], "train")
+
+
 # ------------------------------------------------------------------------------------ TFDS
 
 
