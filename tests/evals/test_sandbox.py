@@ -39,3 +39,68 @@ def test_reference_solutions_pass_and_wrong_ones_fail():
       completion = e.answer if name == "humaneval" else e.answer
       assert sandbox.run_program(tasks.code_program(name, e, completion)).passed, e.id
       assert not sandbox.run_program(tasks.code_program(name, e, "    return None\n")).passed
+
+
+def test_a_sleeping_program_is_killed_at_the_wall_clock_timeout():
+  """No CPU use, so RLIMIT_CPU never fires: only the wall-clock timeout (and the kill of the
+  child's process group) ends it."""
+  t0 = time.time()
+  r = sandbox.run_program("import time\ntime.sleep(30)\n", timeout_s=1.0)
+  assert r.status == "timeout" and not r.passed and time.time() - t0 < 5
+
+
+def test_limits_are_the_ones_asked_for():
+  """CPU seconds = timeout + 1, address space and file size in MiB, no core dumps; a larger
+  allocation than the memory limit fails."""
+  code = ("import resource as r\n"
+          "print([r.getrlimit(k)[0] for k in (r.RLIMIT_CPU, r.RLIMIT_AS, r.RLIMIT_FSIZE,"
+          " r.RLIMIT_CORE)])\n")
+  r = sandbox.run_program(code, timeout_s=3.0, memory_mb=256, file_mb=2)
+  assert r.passed and f"[4, {256 << 20}, {2 << 20}, 0]" in r.output, r.output
+  r = sandbox.run_program("x = bytearray(1 << 30)\n", memory_mb=256)
+  assert r.status == "failed" and "MemoryError" in r.output
+
+
+def test_every_way_of_writing_outside_is_blocked(tmp_path):
+  """Append, exclusive-create and read-write modes, os.open write flags, a sibling path that only
+  shares the temp dir's name as a prefix, and a rename out of the temp dir."""
+  existing = tmp_path / "existing.txt"
+  existing.write_text("keep")
+  new = tmp_path / "new.txt"
+  code = f"""import os
+blocked = []
+def attempt(f):
+  try:
+    f()
+  except PermissionError:
+    blocked.append(True)
+  else:
+    blocked.append(False)
+attempt(lambda: open({str(existing)!r}, 'a'))
+attempt(lambda: open({str(existing)!r}, 'r+'))
+attempt(lambda: open({str(new)!r}, 'x'))
+attempt(lambda: os.open({str(new)!r}, os.O_WRONLY | os.O_CREAT))
+attempt(lambda: open(os.getcwd() + '-sibling', 'w'))
+open('inside.txt', 'w').close()
+attempt(lambda: os.rename('inside.txt', {str(tmp_path / 'moved.txt')!r}))
+print(blocked)
+"""
+  r = sandbox.run_program(code)
+  assert r.passed and "[True, True, True, True, True, True]" in r.output, r.output
+  assert existing.read_text() == "keep" and not new.exists()
+  assert not (tmp_path / "moved.txt").exists()
+
+
+def test_output_keeps_the_tail_and_the_temp_dir_is_removed():
+  r = sandbox.run_program("import os\nprint(os.getcwd())\nprint('x' * 5000 + 'END')\n")
+  assert r.passed and r.output.rstrip().endswith("END") and len(r.output) <= 2000
+  r = sandbox.run_program("import os\nprint(os.getcwd(), os.environ['HOME'])\n")
+  cwd, home = r.output.split()
+  assert cwd == home and os.path.basename(cwd).startswith("depthbench_sandbox_")
+  assert not os.path.exists(cwd)
+
+
+def test_signals_and_ctypes_are_blocked():
+  for code in ("import os\nos.kill(os.getpid(), 0)\n", "import ctypes\n"):
+    r = sandbox.run_program(code)
+    assert r.status == "failed" and "PermissionError" in r.output, code

@@ -1,0 +1,42 @@
+"""``python -m depthbench_jax.data.prepare`` fills the cache a run reads and prints its counts."""
+
+import os
+
+from absl.testing import flagsaver
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from depthbench_jax.data import pipeline, prepare, sources
+
+
+def test_prepare_fills_the_runs_cache_and_prints_its_counts(tmp_path, make_config, capsys,
+                                                            monkeypatch):
+  """Two parquet files, of 100 documents and of 2, byte tokenizer: tokens are UTF-8 bytes plus
+  one eos per document and document 99 of each file is held out, so the printed counts are
+  computable by hand."""
+  data = tmp_path / "parquet"
+  data.mkdir()
+  texts = [[f"doc {i}" for i in range(100)], ["four", "héllo"]]
+  for i, t in enumerate(texts):
+    pq.write_table(pa.table({"text": t}), data / f"{i:03d}.parquet")
+  cache = tmp_path / "cache"
+  monkeypatch.chdir(tmp_path)
+  with flagsaver.as_parsed(source="parquet", path=str(data), tfds_name="", tokenizer="byte",
+                           cache_dir=str(cache), process_index="1", process_count="2"):
+    prepare.main([])
+  out = capsys.readouterr().out
+  n_train = sum(len(t.encode("utf-8")) + 1 for f in texts for t in f) - len("doc 99 ")
+  assert f"train: {n_train:,} tokens, 101 documents, 2 shards" in out, out
+  assert "val: 7 tokens, 1 documents, 2 shards" in out, out   # "doc 99" + eos
+  # A run with the same source, tokenizer and cache dir finds every shard already there.
+  config = make_config(source="parquet", path=str(data), tokenizer="byte", cache_dir=str(cache))
+  for shard in sources.shards_for(config.data):
+    assert os.path.exists(cache / "byte" / f"{shard.key}.json"), shard.key
+  assert len(pipeline.token_stream(config, "train")) == n_train
+  # Without --cache_dir, $DEPTHBENCH_CACHE_DIR, as a run without config.data.cache_dir.
+  monkeypatch.setenv("DEPTHBENCH_CACHE_DIR", str(tmp_path / "env_cache"))
+  with flagsaver.as_parsed(source="parquet", path=str(data), tfds_name="", tokenizer="byte",
+                           cache_dir="", process_index="0", process_count="1"):
+    prepare.main([])
+  assert len(os.listdir(tmp_path / "env_cache" / "byte")) == 2 * 3   # .json, .train/.val.bin
+  assert sorted(os.listdir(tmp_path)) == ["cache", "env_cache", "parquet"]   # nothing elsewhere
