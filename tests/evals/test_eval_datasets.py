@@ -72,3 +72,50 @@ def test_parquet_and_original_mbpp_split(tmp_path):
     for tid in (3, 11, 510, 600):  # Original release: only 11..510 are the test split.
       f.write(json.dumps(dict(base, task_id=tid)) + "\n")
   assert [e.id for e in datasets.load_set("mbpp", str(tmp_path))] == ["mbpp/11", "mbpp/510"]
+
+
+def test_answers_start_with_a_space_and_empty_support_adds_no_line():
+  """The reference continuation follows 'Answer:' after one space; SciQ without support text
+  starts at 'Question:' (no blank first line)."""
+  gsm = datasets.load_set("gsm8k", FIXTURES)
+  assert gsm[0].answer == " Tom has 3 + 4 = <<3+4=7>>7 apples.\n#### 7" and gsm[0].target == "7"
+  sciq = datasets.load_set("sciq", FIXTURES)
+  assert sciq[1].prompt == "Question: What is the charge of an electron?\nAnswer:"
+  assert sciq[1].choices == (" negative", " positive", " variable", " neutral")
+
+
+def test_mbpp_setup_code_and_json_string_test_lists(tmp_path):
+  """test_setup_code runs before the asserts; a test_list stored as a JSON string (as some
+  exports do) is the same list of asserts."""
+  base = datasets.read_records(os.path.join(FIXTURES, "mbpp", "test.jsonl"))[0]
+  tests = base["test_list"]
+  (tmp_path / "mbpp").mkdir()
+  with open(tmp_path / "mbpp" / "test.jsonl", "w") as f:
+    f.write(json.dumps(dict(base, test_setup_code="import math")) + "\n")
+    f.write(json.dumps(dict(base, test_list=json.dumps(tests))) + "\n")
+  with_setup, from_string = datasets.load_set("mbpp", str(tmp_path))
+  assert with_setup.test == "import math\n" + "\n".join(tests) + "\n"
+  assert from_string.test == "\n".join(tests) + "\n"
+  assert from_string.prompt == with_setup.prompt
+
+
+def test_first_listed_file_wins_and_max_examples_and_unknown_sets(tmp_path):
+  """gpqa_diamond.csv is read before gpqa_main.csv when both are there."""
+  (tmp_path / "gpqa").mkdir()
+  fixture = os.path.join(FIXTURES, "gpqa", "gpqa_diamond.csv")
+  for name in ("gpqa_main.csv", "gpqa_diamond.csv"):
+    (tmp_path / "gpqa" / name).write_text(open(fixture).read())
+  assert datasets.find_file("gpqa", str(tmp_path)).endswith("gpqa_diamond.csv")
+  assert [e.id for e in datasets.load_set("gsm8k", FIXTURES, max_examples=1)] == ["gsm8k/0"]
+  with pytest.raises(ValueError, match=r"eval set 'arc'; allowed: mbpp, humaneval"):
+    datasets.load_set("arc", FIXTURES)
+
+
+def test_gzipped_csv_and_json_lists_read_like_plain_ones(tmp_path):
+  import gzip
+  for name in ("gpqa/gpqa_diamond.csv", "sciq/test.json"):
+    plain = os.path.join(FIXTURES, name)
+    packed = str(tmp_path / (os.path.basename(name) + ".gz"))
+    with gzip.open(packed, "wt", encoding="utf-8") as f:
+      f.write(open(plain, encoding="utf-8").read())
+    assert datasets.read_records(packed) == datasets.read_records(plain), name

@@ -238,3 +238,35 @@ def test_report_section_depth_trend(tmp_path):
   table = report_section.evals_table(records)
   assert trend in table and "5.500" not in table
   assert "| preln | 16x64 | 0.001 | 1.900 | - | 2.900 | 0.250 |" in table
+
+
+def test_greedy_completions_keep_the_prompt_tail_and_cut_at_eos_and_the_earliest_stop(
+    monkeypatch):
+  """Each prompt keeps its last max_len - max_new_tokens tokens (eos prepended first); a short
+  last batch is padded to batch_size rows with only its real rows counted; the generated eos is
+  dropped and the text cut at the earliest stop, whatever the order of ``stops``."""
+  from depthbench_jax.evals import scoring
+
+  class EosTok(ByteTok):
+    def decode(self, ids):
+      return "".join("<eos>" if i == self.eos_id else chr(i) for i in ids)
+
+  calls = []
+  def fake_generate(cfg, params, prompts, max_new_tokens, *, eos_id, pad_to, n_real):
+    calls.append(([list(p) for p in prompts], max_new_tokens, n_real))
+    return [list(b"A\nB|C") + [eos_id] for _ in prompts]
+  monkeypatch.setattr(scoring, "greedy_generate", fake_generate)
+  cfg, tok = tiny_model_cfg(), EosTok()
+  texts = scoring.greedy_completions(cfg, None, tok, ["abcdefgh", "hi", "zz"], max_new_tokens=4,
+                                     batch_size=2, max_len=8)
+  assert texts == ["A\nB|C"] * 3
+  assert calls[0] == ([list(b"efgh"), [256] + list(b"hi")], 4, 2)
+  assert calls[1] == ([[256] + list(b"zz"), [256]], 4, 1)
+  assert scoring.greedy_completions(cfg, None, tok, ["q"], max_new_tokens=4, max_len=8,
+                                    stops=["\n", "|"]) == ["A"]
+
+
+def test_score_rows_pad_to_a_power_of_two_within_the_window():
+  from depthbench_jax.evals.scoring import _bucket
+  assert [_bucket(n, 512) for n in (1, 32, 33, 64, 65, 300)] == [32, 32, 64, 64, 128, 512]
+  assert _bucket(100, 96) == 96   # never wider than max_len
