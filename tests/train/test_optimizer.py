@@ -70,3 +70,39 @@ def test_lr_schedule_by_hand(warmup):
   for step, want in ((0, 0.0), (5, 5e-4), (10, 1e-3), (55, 1e-4 + 9e-4 * 0.5),
                      (70, 1e-4 + 9e-4 * 0.5 * (1 + np.cos(np.pi * 60 / 90))), (100, 1e-4)):
     assert float(schedule(step)) == pytest.approx(want, rel=1e-5, abs=1e-9), step
+
+
+def test_two_adamw_steps_by_hand_with_clipping():
+  """Step 1 (lr 0 in warmup) sees a gradient of global norm 50, clipped to norm 1; step 2 sees
+  one of norm 0.5, left alone. The second update is Adam's bias-corrected m / (sqrt(v) + eps)
+  with (b1, b2) = (0.9, 0.99), plus weight decay on the kernel only, times -lr."""
+  import ml_collections
+  config = ml_collections.ConfigDict({
+      "lr": 0.1, "warmup_steps": 1, "min_lr_ratio": 1.0, "b1": 0.9, "b2": 0.99,
+      "weight_decay": 0.5, "grad_clip": 1.0, "model": {"residual": {"name": "preln"}}})
+  params = {"dense": {"kernel": jnp.array([1.0, -2.0])}, "norm": {"scale": jnp.array([0.5, 3.0])}}
+  g1 = {"dense": {"kernel": jnp.array([30.0, 40.0])}, "norm": {"scale": jnp.zeros(2)}}
+  g2 = {"dense": {"kernel": jnp.array([0.3, 0.0])}, "norm": {"scale": jnp.array([0.0, 0.4])}}
+  opt = optimizer.make_optimizer(config, total_steps=10)
+  u1, state = opt.update(g1, opt.init(params), params)
+  assert all(float(jnp.abs(u).max()) == 0.0 for u in jax.tree.leaves(u1))   # lr(0) = 0
+  u2, _ = opt.update(g2, state, params)
+  for group, name, decay in (("dense", "kernel", 0.5), ("norm", "scale", 0.0)):
+    c1 = np.asarray(g1[group][name]) / 50.0          # clipped to global norm 1
+    c2 = np.asarray(g2[group][name])                 # norm 0.5 < 1: untouched
+    m = 0.9 * 0.1 * c1 + 0.1 * c2
+    v = 0.99 * 0.01 * c1**2 + 0.01 * c2**2
+    adam = (m / (1 - 0.9**2)) / (np.sqrt(v / (1 - 0.99**2)) + 1e-8)
+    want = -0.1 * (adam + decay * np.asarray(params[group][name]))
+    np.testing.assert_allclose(np.asarray(u2[group][name]), want, rtol=1e-5, err_msg=name)
+
+
+def test_warmup_of_zero_or_one_is_one_step_and_a_float_one_is_not_a_fraction():
+  """warmup_steps=0 still starts at lr 0 (one warmup step); 1.0 is one step, not all of them
+  (only values in (0, 1) are fractions)."""
+  import ml_collections
+  for warmup in (0, 1, 1.0):
+    config = ml_collections.ConfigDict({"lr": 1e-3, "warmup_steps": warmup, "min_lr_ratio": 1.0})
+    assert optimizer.warmup_steps_of(config, 100) == int(warmup)
+    schedule = optimizer.lr_schedule(config, 100)
+    assert (float(schedule(0)), float(schedule(1))) == pytest.approx((0.0, 1e-3)), warmup

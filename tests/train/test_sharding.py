@@ -1,0 +1,54 @@
+"""Where the logical-axis rules put params and batches on a (data, fsdp, tensor) mesh, and how
+config.mesh resolves against the device count. An AbstractMesh stands in for 16 devices."""
+
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+from jax.sharding import AbstractMesh, PartitionSpec as P
+
+from depthbench_jax.errors import ConfigError
+from depthbench_jax.train import sharding
+
+MESH = AbstractMesh((2, 2, 4), sharding.MESH_AXES)
+
+
+def _boxed(shape, names):
+  return nn.LogicallyPartitioned(np.zeros(shape, np.float32), names)
+
+
+def test_logical_rules_place_weights_fsdp_on_embed_and_tensor_on_heads_mlp_vocab():
+  """An axis that does not divide its mesh axis (6 heads over tensor=4) is replicated; plain
+  params and rule-less axes (layers, head_dim) are replicated."""
+  tree = {"mlp_in": _boxed((64, 256), ("embed", "mlp")),
+          "unembed": _boxed((64, 1024), ("embed", "vocab")),
+          "q": _boxed((64, 8, 16), ("embed", "heads", "head_dim")),
+          "q6": _boxed((64, 6, 16), ("embed", "heads", "head_dim")),
+          "scales": _boxed((3, 64), ("layers", "embed")),
+          "odd": _boxed((63, 256), ("embed", "mlp")),
+          "plain": np.zeros((64, 64), np.float32)}
+  specs = {k: s.spec for k, s in sharding.logical_shardings(tree, MESH).items()}
+  assert specs == {"mlp_in": P("fsdp", "tensor"), "unembed": P("fsdp", "tensor"),
+                   "q": P("fsdp", "tensor", None), "q6": P("fsdp", None, None),
+                   "scales": P(None, "fsdp"), "odd": P(None, "tensor"), "plain": P()}
+
+
+def test_batch_rows_split_over_data_and_fsdp_only():
+  assert sharding.data_parallel_size(MESH) == 4
+  assert sharding.batch_sharding(MESH).spec == P(("data", "fsdp"))
+  assert sharding.replicated(MESH).spec == P()
+
+
+@pytest.mark.parametrize("mesh,pattern", [
+    ({"data": 0, "fsdp": 1, "tensor": 1}, "positive sizes with at most one -1"),
+    ({"data": -1, "fsdp": 3, "tensor": 1}, "does not fit 8 devices"),
+    ({"data": 2, "fsdp": 2, "tensor": 1}, "has 4 devices but 8 are present"),
+])
+def test_mesh_shapes_that_do_not_fit_are_config_errors(mesh, pattern):
+  with pytest.raises(ConfigError, match=pattern):
+    sharding.mesh_shape(mesh, 8)
+
+
+def test_make_mesh_on_the_devices_here():
+  mesh = sharding.make_mesh({"data": -1, "fsdp": 1, "tensor": 1})
+  assert dict(mesh.shape) == {"data": jax.device_count(), "fsdp": 1, "tensor": 1}
