@@ -97,8 +97,10 @@ def test_hook_writes_scalars_and_uint8_images(run):
   hook = periodic.DiagnosticsHook(config, cfg, batch)
   assert hook.tokens.shape == (2, 9)
   writer = FakeWriter()
-  hook(5, params, writer)
+  result = hook(5, params, writer)
+  assert result["step"] == 5 and hook.last_result is result
   scalars = writer.scalars[5]
+  assert scalars == periodic.scalars_of(result)
   for key in ("diagnostics/causal_share", "diagnostics/permutation_share",
               "diagnostics/angular_late_consecutive", "diagnostics/loss"):
     assert np.isfinite(scalars[key]), key
@@ -108,6 +110,23 @@ def test_hook_writes_scalars_and_uint8_images(run):
   for image in images.values():
     assert image.dtype == np.uint8 and image.ndim == 4 and image.shape[0] == 1
     assert image.shape[-1] == 3 and image.std() > 0
+
+
+def test_scalars_of_names_each_value_and_skips_what_is_missing():
+  result = {"loss": 2.5, "angular": {"late_consecutive_mean": 0.1},
+            "causal": {"share": 0.6, "late_mean": 0.2},
+            "permutation": {"share": 0.4, "late_mean": 0.3},
+            "mixing": {"erank_late": 3.0, "amax_forward": 0.7},
+            "dead_prefix": {"dead_prefix": 2}}
+  assert periodic.scalars_of(result) == {
+      "diagnostics/loss": 2.5, "diagnostics/angular_late_consecutive": 0.1,
+      "diagnostics/causal_share": 0.6, "diagnostics/causal_late_mean": 0.2,
+      "diagnostics/permutation_share": 0.4, "diagnostics/permutation_late_mean": 0.3,
+      "diagnostics/erank_late": 3.0, "diagnostics/amax_forward": 0.7,
+      "diagnostics/dead_prefix": 2.0}
+  # No loss (diagnose on params alone), no optional probes: only the angular scalar.
+  assert periodic.scalars_of({"loss": None, "angular": {"late_consecutive_mean": 0.1}}) == {
+      "diagnostics/angular_late_consecutive": 0.1}
 
 
 def test_overrides_parse_json_values():
