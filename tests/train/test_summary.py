@@ -1,0 +1,83 @@
+"""The run directory's records: atomic JSON writes, the finished marker, the summary's fields,
+and metrics.jsonl as a resumed (or killed) run leaves it."""
+
+import json
+import os
+import types
+
+import ml_collections
+import numpy as np
+import pytest
+
+from depthbench_jax.train import summary
+
+MODEL = types.SimpleNamespace(design="hc", n_layers=4, d_model=64)
+
+
+def _config(name=""):
+  return ml_collections.ConfigDict({"name": name, "lr": 3e-4, "steps": 10})
+
+
+class _Unprintable:
+  def __str__(self):
+    raise RuntimeError("killed mid-write")
+
+
+def test_atomic_write_replaces_whole_files_only(tmp_path):
+  """A write that fails half way leaves the previous file as it was; a good one leaves no temp
+  file behind and stores what JSON cannot hold (numpy scalars) as strings."""
+  path = str(tmp_path / "summary.json")
+  summary.atomic_write_json(path, {"b": 1, "a": np.float32(1.5)})
+  assert json.load(open(path)) == {"a": "1.5", "b": 1} and os.listdir(tmp_path) == ["summary.json"]
+  with pytest.raises(RuntimeError):
+    summary.atomic_write_json(path, {"a": 2, "z": _Unprintable()})
+  assert json.load(open(path)) == {"a": "1.5", "b": 1}
+
+
+def test_a_run_is_finished_only_once_its_summary_exists(tmp_path):
+  workdir = str(tmp_path)
+  assert not summary.is_finished(workdir)
+  summary.write_config(workdir, _config())
+  summary.MetricsLog(workdir).append(1, {"train/loss": 5.0})
+  assert not summary.is_finished(workdir)
+  summary.write(workdir, {"status": "ok"})
+  assert summary.is_finished(workdir)
+
+
+def test_run_name_is_the_configs_or_design_depth_width():
+  assert summary.run_name(_config(), MODEL) == "hc_4x64"
+  assert summary.run_name(_config("hc_4x64_lr3e-4"), MODEL) == "hc_4x64_lr3e-4"
+
+
+def test_build_fills_the_summary_and_a_guard_with_a_reason_marks_it_diverged():
+  counts = {"total": 1000, "non_embedding": 400}
+  kw = dict(steps=10, tokens=640, final_train_loss=3.0, final_val_loss=3.5, wall_time_s=2.0,
+            status="ok", last_checkpoint_step=10)
+  out = summary.build(_config(), MODEL, counts, **kw)
+  assert (out["name"], out["aspect_ratio"], out["params_total"], out["params_non_embedding"],
+          out["tokens"], out["skipped_steps"]) == ("hc_4x64", 16.0, 1000, 400, 640, 0)
+  assert (out["status"], out["diverged_step"], out["diverged_reason"]) == ("ok", None, None)
+  assert out["config"] == _config().to_dict() and out["last_checkpoint_step"] == 10
+  calm = types.SimpleNamespace(skipped=3, reason=None, step=None)
+  out = summary.build(_config(), MODEL, counts, guard=calm, **kw)
+  assert (out["status"], out["skipped_steps"], out["diverged_step"]) == ("ok", 3, None)
+  bad = types.SimpleNamespace(skipped=0, reason="non-finite loss (nan)", step=7)
+  out = summary.build(_config(), MODEL, counts, guard=bad, **kw)
+  assert (out["status"], out["diverged_step"], out["diverged_reason"]) == (
+      "diverged", 7, "non-finite loss (nan)")
+
+
+def test_metrics_log_appends_and_read_metrics_skips_what_it_cannot_use(tmp_path):
+  """Every append adds a line (resumed runs add to the old file); a disabled log (not process
+  0) writes nothing; a torn last line (a kill mid-write) and lines without the key are skipped."""
+  workdir = str(tmp_path)
+  assert summary.read_metrics(workdir) == {}
+  summary.MetricsLog(workdir, enabled=False).append(1, {"train/loss": 9.0})
+  assert not os.path.exists(tmp_path / "metrics.jsonl")
+  summary.MetricsLog(workdir).append(1, {"train/loss": np.float32(5.5), "train/lr": 1e-3})
+  summary.MetricsLog(workdir).append(2, {"eval/loss": 6.0})
+  summary.MetricsLog(workdir).append(3, {"train/loss": 4.5})
+  with open(tmp_path / "metrics.jsonl", "a") as f:
+    f.write('{"step": 4, "train/lo')
+  assert summary.read_metrics(workdir) == {1: 5.5, 3: 4.5}
+  assert summary.read_metrics(workdir, "eval/loss") == {2: 6.0}
