@@ -40,8 +40,8 @@ import ml_collections
 
 from depthbench_jax.errors import ConfigError
 from depthbench_jax.shapes import FFNRule, Shape, parse_shape, shaped_model
+from depthbench_jax.train.summary import SUMMARY
 
-SUMMARY = "summary.json"
 FINAL_STATUSES = ("ok", "diverged")
 DEFAULT_MFU = 0.4
 DEFAULT_PEAK_FLOPS = 989e12  # H100 SXM dense bf16 FLOP/s.

@@ -38,17 +38,14 @@ class DiagnosticsHook:
 
   def __init__(self, config: Any, model_cfg: Any, batch: Any):
     diag = config.get("diagnostics", None) if hasattr(config, "get") else None
-    self.every = int(diag.get("every", 0)) if diag is not None else 0
     batch_size = int(diag.get("batch_size", 2)) if diag is not None else 2
     self.tokens = probes.heldout_tokens(jax.device_get(batch), batch_size)
     self.probes = probes.Probes(model_cfg, probes.Options.from_config(diag))
-    self.last_result: dict | None = None
 
   def __call__(self, step: int, params: Any, writer: Any) -> dict:
     t0 = time.perf_counter()
     result = self.probes.run(params, self.tokens)
     result["step"] = int(step)
-    self.last_result = result
     if jax.process_index() == 0:
       writer.write_scalars(step, scalars_of(result))
       writer.write_images(step, {f"diagnostics/{k}": v for k, v in plots.images(result).items()})

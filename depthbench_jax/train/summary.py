@@ -89,10 +89,6 @@ def write_status(workdir: str, status: str, step: int, reason: str) -> None:
                     {"status": status, "step": step, "reason": reason})
 
 
-def is_finished(workdir: str) -> bool:
-  return os.path.exists(os.path.join(workdir, SUMMARY))
-
-
 class DivergenceGuard:
   """Marks a run diverged on a non-finite loss or gradient, or a loss spike.
 

@@ -34,16 +34,6 @@ def test_atomic_write_replaces_whole_files_only(tmp_path):
   assert json.load(open(path)) == {"a": "1.5", "b": 1}
 
 
-def test_a_run_is_finished_only_once_its_summary_exists(tmp_path):
-  workdir = str(tmp_path)
-  assert not summary.is_finished(workdir)
-  summary.write_config(workdir, _config())
-  summary.MetricsLog(workdir).append(1, {"train/loss": 5.0})
-  assert not summary.is_finished(workdir)
-  summary.write(workdir, {"status": "ok"})
-  assert summary.is_finished(workdir)
-
-
 def test_run_name_is_the_configs_or_design_depth_width():
   assert summary.run_name(_config(), MODEL) == "hc_4x64"
   assert summary.run_name(_config("hc_4x64_lr3e-4"), MODEL) == "hc_4x64_lr3e-4"
