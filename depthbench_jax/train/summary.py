@@ -21,9 +21,13 @@ CHECKPOINTS = "checkpoints"
 
 def atomic_write_json(path: str, obj: Any) -> None:
   tmp = f"{path}.tmp.{os.getpid()}"
-  with open(tmp, "w") as f:
-    json.dump(obj, f, indent=2, sort_keys=True, default=str)
-  os.replace(tmp, path)
+  try:
+    with open(tmp, "w") as f:
+      json.dump(obj, f, indent=2, sort_keys=True, default=str)
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):  # A write that raised: no half-written file left beside the record.
+      os.remove(tmp)
 
 
 def read_json(path: str) -> Any:

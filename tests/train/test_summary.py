@@ -1,4 +1,4 @@
-"""The run directory's records: atomic JSON writes, the finished marker, the summary's fields,
+"""The run directory's records: atomic JSON writes, the checkpoint steps, the summary's fields,
 and metrics.jsonl as a resumed (or killed) run leaves it."""
 
 import json
@@ -24,14 +24,14 @@ class _Unprintable:
 
 
 def test_atomic_write_replaces_whole_files_only(tmp_path):
-  """A write that fails half way leaves the previous file as it was; a good one leaves no temp
-  file behind and stores what JSON cannot hold (numpy scalars) as strings."""
+  """A write that fails half way leaves the previous file as it was; neither a good nor a failed
+  one leaves a temp file behind; what JSON cannot hold (numpy scalars) is stored as strings."""
   path = str(tmp_path / "summary.json")
   summary.atomic_write_json(path, {"b": 1, "a": np.float32(1.5)})
   assert json.load(open(path)) == {"a": "1.5", "b": 1} and os.listdir(tmp_path) == ["summary.json"]
   with pytest.raises(RuntimeError):
     summary.atomic_write_json(path, {"a": 2, "z": _Unprintable()})
-  assert json.load(open(path)) == {"a": "1.5", "b": 1}
+  assert json.load(open(path)) == {"a": "1.5", "b": 1} and os.listdir(tmp_path) == ["summary.json"]
 
 
 def test_run_name_is_the_configs_or_design_depth_width():
@@ -71,3 +71,14 @@ def test_metrics_log_appends_and_read_metrics_skips_what_it_cannot_use(tmp_path)
     f.write('{"step": 4, "train/lo')
   assert summary.read_metrics(workdir) == {1: 5.5, 3: 4.5}
   assert summary.read_metrics(workdir, "eval/loss") == {2: 6.0}
+
+
+def test_checkpoint_steps_ignore_orbax_temporary_directories_and_sort_numerically(tmp_path):
+  from depthbench_jax.train import checkpoint  # orbax: only this test needs it.
+  workdir = str(tmp_path)
+  assert summary.checkpoint_steps(workdir) == [] and not checkpoint.has_checkpoint(workdir)
+  (tmp_path / "checkpoints" / "10.orbax-checkpoint-tmp-1234").mkdir(parents=True)
+  assert not checkpoint.has_checkpoint(workdir)   # a first save killed mid-write
+  for step in ("10", "9", "100"):
+    (tmp_path / "checkpoints" / step).mkdir()
+  assert summary.checkpoint_steps(workdir) == [9, 10, 100] and checkpoint.has_checkpoint(workdir)

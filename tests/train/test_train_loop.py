@@ -180,17 +180,6 @@ def test_restore_run_reads_the_step_asked_for(reference_run):
       jax.tree.leaves(params10), jax.tree.leaves(params20)))
 
 
-def test_checkpoint_steps_ignore_orbax_temporary_directories_and_sort_numerically(tmp_path):
-  from depthbench_jax.train import checkpoint, summary
-  workdir = str(tmp_path)
-  assert summary.checkpoint_steps(workdir) == [] and not checkpoint.has_checkpoint(workdir)
-  (tmp_path / "checkpoints" / "10.orbax-checkpoint-tmp-1234").mkdir(parents=True)
-  assert not checkpoint.has_checkpoint(workdir)   # a first save killed mid-write
-  for step in ("10", "9", "100"):
-    (tmp_path / "checkpoints" / step).mkdir()
-  assert summary.checkpoint_steps(workdir) == [9, 10, 100] and checkpoint.has_checkpoint(workdir)
-
-
 def test_peak_flops_by_device_kind_and_override(monkeypatch):
   # v5e reports "TPU v5 lite": its own peak, not v5p's; the config field overrides any kind.
   import types
