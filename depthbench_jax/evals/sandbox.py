@@ -13,14 +13,15 @@
   root, which Linux exempts; forks are refused by the hook below anyway);
 * a ``sys.addaudithook`` installed before the code runs that raises ``PermissionError`` on:
   opening a file for writing (any of w/a/x/+ or O_WRONLY/O_RDWR/O_CREAT/O_APPEND/O_TRUNC)
-  outside the temp dir; remove/rename/mkdir/rmdir/chmod/chown/symlink/link/truncate/utime and
-  shutil copy/move/rmtree outside it; any socket; subprocess/exec/spawn/fork/system/kill;
+  outside the temp dir; remove/rename/mkdir/rmdir/chmod/chown/symlink/link/truncate/utime/
+  setxattr/removexattr and shutil copy/move/rmtree outside it; any socket; subprocess/exec/spawn/fork/system/kill;
   ``resource.setrlimit`` (root could raise its own limits); importing ``ctypes``.
 
 Honest limits: an audit hook is not a security boundary. It stops the accidents generated code
 makes (writing files, ``os.system``, network calls, fork loops, runaway loops and memory) but
 a determined adversary can get around CPython-level hooks (e.g. native code in an already
-loaded extension module). Reading files is not restricted. There is no network namespace or
+loaded extension module). Reading files is not restricted. ``os.mkfifo`` and ``os.mknod`` raise
+no audit event, so the hook cannot see them. There is no network namespace or
 seccomp filter; for real isolation run untrusted model output inside a container without
 network.
 """
@@ -48,7 +49,8 @@ for _limit, _value in ((resource.RLIMIT_CPU, {cpu_s}), (resource.RLIMIT_AS, {mem
 _ROOT = os.path.realpath({root!r})
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 _PATH_EVENTS = {{"os.remove", "os.rename", "os.mkdir", "os.rmdir", "os.chmod", "os.chown",
-                "os.symlink", "os.link", "os.truncate", "os.utime", "shutil.rmtree",
+                "os.symlink", "os.link", "os.truncate", "os.utime", "os.setxattr",
+                "os.removexattr", "shutil.rmtree",
                 "shutil.copyfile", "shutil.copytree", "shutil.move"}}
 _DENY = ("socket.", "subprocess.", "os.exec", "os.spawn", "os.posix_spawn", "os.fork",
          "os.forkpty", "os.system", "os.kill", "os.killpg", "pty.", "ctypes.", "_ctypes.",

@@ -63,7 +63,8 @@ def test_limits_are_the_ones_asked_for():
 
 def test_every_way_of_writing_outside_is_blocked(tmp_path):
   """Append, exclusive-create and read-write modes, os.open write flags, a sibling path that only
-  shares the temp dir's name as a prefix, and a rename out of the temp dir."""
+  shares the temp dir's name as a prefix, a rename out of the temp dir, and extended attributes
+  set or removed outside it."""
   existing = tmp_path / "existing.txt"
   existing.write_text("keep")
   new = tmp_path / "new.txt"
@@ -83,10 +84,12 @@ attempt(lambda: os.open({str(new)!r}, os.O_WRONLY | os.O_CREAT))
 attempt(lambda: open(os.getcwd() + '-sibling', 'w'))
 open('inside.txt', 'w').close()
 attempt(lambda: os.rename('inside.txt', {str(tmp_path / 'moved.txt')!r}))
+attempt(lambda: os.setxattr({str(existing)!r}, 'user.depthbench', b'1'))
+attempt(lambda: os.removexattr({str(existing)!r}, 'user.depthbench'))
 print(blocked)
 """
   r = sandbox.run_program(code)
-  assert r.passed and "[True, True, True, True, True, True]" in r.output, r.output
+  assert r.passed and "[True, True, True, True, True, True, True, True]" in r.output, r.output
   assert existing.read_text() == "keep" and not new.exists()
   assert not (tmp_path / "moved.txt").exists()
 
