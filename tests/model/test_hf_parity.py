@@ -125,3 +125,51 @@ def test_gpt2_tokenizer_files_encode_like_ours(tmp_path):
   assert theirs_tok.encode(text) == ours_tok.encode(text)
   assert theirs_tok.eos_token_id == ours_tok.eos_id == 50256
   assert theirs_tok.decode(ours_tok.encode(text)) == text
+
+
+def test_hf_config_carries_our_constants():
+  """hf_config copies every shape and constant from ours, including the ones no logit shows
+  (position limit, init std), and refuses Qwen3 without QK-norm (Qwen3 always normalises)."""
+  cfg = tiny_cfg(n_kv_heads=2, head_dim=24, max_seq_len=77, init_std=0.037)
+  config = hf.hf_config(cfg)
+  assert type(config).__name__ == "LlamaConfig"
+  assert (config.vocab_size, config.hidden_size, config.intermediate_size) == (
+      101, 64, cfg.ffn_dim)
+  assert (config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads,
+          config.head_dim) == (2, 4, 2, 24)
+  assert config.max_position_embeddings == 77
+  assert config.initializer_range == 0.037
+  assert config.rms_norm_eps == 1e-5 and config.tie_word_embeddings is False
+  with pytest.raises(ConfigError, match="qk_norm=False is not expressible in Qwen3ForCausalLM"):
+    hf.hf_config(cfg, "qwen3")
+  with pytest.raises(ConfigError, match="hf arch='gpt2'; allowed: llama, qwen3"):
+    hf.check_exportable(cfg, "gpt2")
+
+
+def test_bfloat16_export_stores_bfloat16_and_other_dtypes_are_refused(tmp_path):
+  """dtype='bfloat16' writes bf16 tensors (our fp32 weights rounded); the generation config pads
+  with eos and depthbench_export.json names the arch and dtype; 'float16' is one clear error."""
+  import json
+  from safetensors import safe_open
+  cfg = tiny_cfg(**CASES["qwen3_gqa_qknorm_tied"])
+  params = random_params(cfg)
+
+  class Tok:
+    name, vocab_size, eos_id = "byte", 101, 100
+
+  hf.export_hf(params, cfg, str(tmp_path), tokenizer=Tok(), dtype="bfloat16")
+  want = hf.to_hf_state_dict(params, cfg)
+  with safe_open(str(tmp_path / "model.safetensors"), framework="pt") as f:
+    assert sorted(f.keys()) == sorted(want)
+    for name in ("model.embed_tokens.weight", "model.layers.1.self_attn.q_norm.weight"):
+      got = f.get_tensor(name)
+      assert got.dtype == torch.bfloat16, name
+      np.testing.assert_array_equal(
+          got.float().numpy(), torch.from_numpy(want[name]).to(torch.bfloat16).float().numpy())
+  assert transformers.GenerationConfig.from_pretrained(str(tmp_path)).pad_token_id == 100
+  with open(tmp_path / "depthbench_export.json") as f:
+    assert json.load(f) == {"design": "preln", "arch": "qwen3", "dtype": "bfloat16",
+                            "tokenizer": "byte"}
+  with pytest.raises(ConfigError, match="export dtype='float16'; allowed: float32, bfloat16"):
+    hf.export_hf(params, cfg, str(tmp_path / "f16"), dtype="float16")
+  assert not (tmp_path / "f16").exists()
