@@ -87,3 +87,33 @@ def test_reexec_restarts_the_module_once_with_the_tunables():
   assert run(_clean_env()) == OURS
   assert run(_clean_env(GLIBC_TUNABLES=OURS)) == ""
   assert run(_clean_env(**{hostmem.OPT_OUT: "1"})) == ""
+
+
+def test_thp_is_available_in_mode_always_or_madvise_on_linux_only(tmp_path, monkeypatch):
+  """The kernel brackets the active THP mode: ``always`` and ``madvise`` let malloc ask for huge
+  pages, ``never`` does not; no mode file, or not Linux, means no huge pages."""
+  mode = tmp_path / "enabled"
+  monkeypatch.setattr(hostmem, "_THP_MODE", str(mode))
+  monkeypatch.setattr(hostmem.sys, "platform", "linux")
+  for text, want in (("[always] madvise never", True), ("always [madvise] never", True),
+                     ("always madvise [never]", False)):
+    mode.write_text(text + "\n")
+    assert hostmem.thp_available() is want, text
+  monkeypatch.setattr(hostmem.sys, "platform", "darwin")
+  assert not hostmem.thp_available()
+  monkeypatch.setattr(hostmem.sys, "platform", "linux")
+  mode.unlink()
+  assert not hostmem.thp_available()
+
+
+def test_active_needs_every_tunable_and_thp(monkeypatch):
+  """``active``/``describe``: all of TUNABLES in GLIBC_TUNABLES (others may sit beside them) and
+  THP available; one of them alone, or no THP, is the default allocator."""
+  monkeypatch.setattr(hostmem, "thp_available", lambda: True)
+  monkeypatch.setenv("GLIBC_TUNABLES", "glibc.mem.tagging=0:" + OURS)
+  assert hostmem.active() and hostmem.describe() == f"glibc heap kept, THP ({OURS})"
+  monkeypatch.setenv("GLIBC_TUNABLES", hostmem.TUNABLES[0])
+  assert not hostmem.active() and hostmem.describe() == "default"
+  monkeypatch.setenv("GLIBC_TUNABLES", OURS)
+  monkeypatch.setattr(hostmem, "thp_available", lambda: False)
+  assert not hostmem.active()
