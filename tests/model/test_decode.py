@@ -129,3 +129,19 @@ def test_padding_rows_generate_nothing_and_one_token_prompts_decode():
   assert one == decode.greedy_generate(cfg, params, [[5]], 2, use_cache=False) and len(one[0]) == 2
   with pytest.raises(ValueError, match="at least one token"):
     decode.greedy_generate(cfg, params, [[]], 2)
+
+
+def test_return_logits_has_one_row_per_step_taken():
+  """Logits are [steps, B, V]: no rows for zero new tokens, and once every row has emitted eos
+  decoding stops, so a prompt whose first token is eos takes one step (on both paths)."""
+  cfg = cfg_of()
+  params = random_params(cfg)
+  for use_cache in (True, False):
+    out, logits = decode.greedy_generate(cfg, params, PROMPTS, 0, use_cache=use_cache,
+                                         return_logits=True)
+    assert out == [[], [], []] and logits.shape == (0, 3, 61), use_cache
+    eos = decode.greedy_generate(cfg, params, [[5, 9]], 4, use_cache=use_cache)[0][0]
+    out, logits = decode.greedy_generate(cfg, params, [[5, 9]], 4, eos_id=eos,
+                                         use_cache=use_cache, return_logits=True)
+    assert out == [[eos]] and logits.shape == (1, 1, 61), use_cache
+    assert int(np.argmax(logits[0, 0])) == eos
