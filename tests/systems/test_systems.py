@@ -614,6 +614,41 @@ def test_hlo_text_names_shapes_and_bytes_of_ops():
   assert moved["loop_dynamic_update_slice_fusion"] == 8 * 32 * 4 * 2 + 4
 
 
+_HLO_MORE = """\
+%fused_two (stack: f32[4,8], i: s32[]) -> f32[8] {
+  %stack = f32[4,8]{1,0} parameter(0)
+  %i = s32[] parameter(1)
+  %ds = f32[1,8]{1,0} dynamic-slice(%stack, %i, %z), dynamic_slice_sizes={1,8}
+  %neg = f32[4,8]{1,0} negate(%stack), metadata={op_name="jit(f)/first/neg"}
+  ROOT %add = f32[8]{0} add(%ds, %neg), metadata={op_name="jit(f)/second/add"}
+}
+
+ENTRY %main (s: f32[4,8], i: s32[], h: f16[2,3], u: f32[1,8]) -> f16[2,3] {
+  %s = f32[4,8]{1,0} parameter(0)
+  %i = s32[] parameter(1)
+  %h = f16[2,3]{1,0} parameter(2)
+  %u = f32[1,8]{1,0} parameter(3)
+  %two_fusion = f32[8]{0} fusion(%s, %i), kind=kLoop, calls=%fused_two
+  %dus = f32[4,8]{1,0} dynamic-update-slice(%s, %u, %i, %i)
+  ROOT %cv = f32[2,3]{1,0} convert(%h)
+}
+"""
+
+
+def test_hlo_text_whole_operands_unfused_updates_and_the_root_most_name():
+  """A stacked operand that the fusion also reads whole counts whole; an unfused
+  dynamic-update-slice writes (and reads) only its update; a fusion without metadata takes the
+  op_name of the *last* named op of its computation; every dtype has its own width."""
+  from depthbench_jax.systems import hlo_text
+  assert hlo_text.op_names(_HLO_MORE)["two_fusion"] == "jit(f)/second/add"
+  moved = hlo_text.op_bytes(_HLO_MORE)
+  assert moved["two_fusion"] == 8 * 4 + 4 * 8 * 4 + 4        # result, the whole stack, i
+  assert moved["dus"] == 8 * 4 + 8 * 4 + 4                   # update written and read, i once
+  assert moved["cv"] == 2 * 3 * 4 + 2 * 3 * 2                # f32 out, f16 in
+  assert hlo_text.type_bytes("(pred[8], s8[2], u16[3], f16[2], f64[1], s64[], u64[2])") == (
+      8 + 2 + 6 + 4 + 8 + 8 + 16)
+
+
 def test_profile_step_part_difference_orders_by_added_time():
   from depthbench_jax.systems import profile_step
   fwd = "jit(step)/jvp(T)/layers/"
@@ -624,6 +659,28 @@ def test_profile_step_part_difference_orders_by_added_time():
   assert [(p, round(a * 1e3, 3), round(b * 1e3, 3)) for p, a, b in rows] == [
       ("fwd residual.maps", 10.0, 0.0), ("fwd residual.skip", 1.5, 0.0),
       ("fwd mlp", 4.0, 3.0), ("fwd residual.read", 0.0, 2.0)]
+
+
+def test_profile_step_unmapped_ops_top_level_bandwidth_and_gpu_kernel_names():
+  """An unmapped kernel keeps its label; an op of no module is '(top level)'; bandwidth is
+  bytes per call x calls over the time (0 for an op of no time); a GPU event is named by its
+  ``hlo_op`` stat, else by itself."""
+  from depthbench_jax.systems import profile_step
+  assert profile_step.model_part(profile_step.UNMAPPED, 2) == profile_step.UNMAPPED
+  assert profile_step.model_part("jit(train_step)/jvp(Transformer)/while/body", 2) == (
+      "fwd (top level)")
+  result = {"ops": {"f": (0.002, "x"), "idle": (0.0, "x")}, "bytes": {"f": 1e6, "idle": 1e6},
+            "calls": {"f": 4, "idle": 1}}
+  assert profile_step.bandwidth(result, "f") == pytest.approx(2.0)   # 4 x 1 MB in 2 ms
+  assert profile_step.bandwidth(result, "idle") == 0.0
+
+  class Event:
+    name, stats = "sm90_xmma_gemm_bf16", [("correlation_id", 7), ("hlo_op", "dot.3")]
+
+  event_name = profile_step._event_name  # pylint: disable=protected-access
+  assert event_name(Event) == "dot.3"
+  Event.stats = [("correlation_id", 7)]
+  assert event_name(Event) == "sm90_xmma_gemm_bf16"
 
 
 def test_profile_step_quick_run():
