@@ -70,6 +70,39 @@ def test_each_case_is_read_against_preln_at_the_first_shape_with_its_context_and
   assert set(decode_bench.anchors(without_preln).values()) == {_case("hc", "2x32")}
 
 
+def test_without_preln_at_the_first_shape_the_first_case_is_the_anchor():
+  """A Pre-LN at another shape is no anchor: ratios are to the first shape's first design."""
+  cases = [_case("hc", "2x32"), _case("preln", "4x16"), _case("hc", "4x16")]
+  assert set(decode_bench.anchors(cases).values()) == {_case("hc", "2x32")}
+
+
+def test_decode_config_is_the_cases_shape_loop_and_context():
+  """Scanned or unrolled layers by the case's loop, positions for the context and one token."""
+  for loop, scanned in (("scan", True), ("unrolled", False)):
+    cfg = decode_bench.decode_config(QUICK, Case("hc", "4x32", 12, loop))
+    assert (cfg.n_layers, cfg.d_model, cfg.design) == (4, 32, "hc")
+    assert cfg.scan_layers is scanned and cfg.max_seq_len == 13
+
+
+def test_cases_are_context_major_then_loop_shape_design():
+  names = [c.name for c in decode_bench.parse_cases(QUICK, "preln,hc", "2x32,4x16", "8,16",
+                                                    "scan,unrolled")]
+  assert len(names) == 16 and names[:5] == [
+      "preln@2x32@ctx8@scan", "hc@2x32@ctx8@scan", "preln@4x16@ctx8@scan", "hc@4x16@ctx8@scan",
+      "preln@2x32@ctx8@unrolled"]
+  assert names[8] == "preln@2x32@ctx16@scan"
+
+
+def test_the_map_check_keeps_one_and_a_half_cases_free_until_the_last_compile():
+  """Before each further compile, held + 1.5 x the largest case must fit under the limit; after
+  the last case nothing is left to compile, so nothing stops."""
+  check = decode_bench._check_maps  # pylint: disable=protected-access
+  check(2, 3, 1_999, 3_500, 1_000)            # 1,999 + 1,500 fits
+  with pytest.raises(decode_bench.TooManyMaps, match="after compiling 2 of 3 cases"):
+    check(2, 3, 2_001, 3_500, 1_000)
+  check(3, 3, 3_400, 3_500, 1_000)            # all compiled
+
+
 def test_rows_are_ratios_of_medians_with_round_paired_bands():
   a, b = _case("preln", "2x32"), _case("preln", "4x16")
   prepared = [decode_bench.Prepared(case=c, cfg=decode_bench.decode_config(QUICK, c),
@@ -96,8 +129,11 @@ def test_rows_are_ratios_of_medians_with_round_paired_bands():
     ("--contexts", "16,0", "--contexts entry '0': allowed: positive integers"),
     ("--loops", "scan,unroll", "--loops entry 'unroll': allowed: scan, unrolled"),
     ("--contexts", ",", "--contexts: empty"),
+    ("--batch", "0", "--batch 0 / --rounds 15: allowed: positive integers"),
 ])
-def test_bad_flags_fail_before_anything_compiles(tmp_path, capsys, flag, value, message):
+def test_bad_flags_fail_before_anything_compiles(tmp_path, capsys, monkeypatch, flag, value,
+                                                 message):
+  monkeypatch.setattr(decode_bench, "run", lambda *a, **k: pytest.fail("a bad flag reached run"))
   with pytest.raises(SystemExit):
     decode_bench.main(["--preset=quick", flag, value, "--out", str(tmp_path)])
   assert message in capsys.readouterr().err
