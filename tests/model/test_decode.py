@@ -145,3 +145,11 @@ def test_return_logits_has_one_row_per_step_taken():
                                          use_cache=use_cache, return_logits=True)
     assert out == [[eos]] and logits.shape == (1, 1, 61), use_cache
     assert int(np.argmax(logits[0, 0])) == eos
+
+
+def test_prompts_pad_to_a_power_of_two_of_at_least_pad_to():
+  """The prompt bucket: pad_to itself for prompts up to pad_to tokens (not the next size up),
+  then doubling; so a whole eval set compiles a handful of shapes."""
+  bucket = decode._pow2_at_least  # pylint: disable=protected-access
+  assert [bucket(n, 16) for n in (1, 16, 17, 32, 33)] == [16, 16, 32, 32, 64]
+  assert bucket(5, 4) == 8 and bucket(4, 4) == 4
