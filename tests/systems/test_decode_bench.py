@@ -23,15 +23,20 @@ QUICK = bench.PRESETS["quick"]   # d 32, 2 heads, vocab 64, float32
 
 
 @pytest.mark.parametrize("design", ["hc", "moda"])
-def test_the_timed_step_is_greedy_decoding_at_the_context_and_repeats_itself(design):
+def test_the_timed_step_is_greedy_decoding_at_the_context_and_repeats_itself(design,
+                                                                              monkeypatch):
   """Each ``token()`` call decodes the position after the prompt's greedy token, from the same
   cache: the ids equal ``greedy_generate``'s second token, call after call; ``prefill()`` gives
-  its first. (MoDA: its own cached attention over sequence and depth keys.)"""
+  its first. (MoDA: its own cached attention over sequence and depth keys.) The weights are
+  the init's x 30: sharp enough that decoding at the wrong position changes the ids."""
+  from depthbench_jax.model import transformer
+  sharp = lambda cfg, key: jax.tree.map(lambda a: 30.0 * a, init_params(cfg, key))
+  monkeypatch.setattr(transformer, "init_params", sharp)
   batch, context = 2, 12
   case = Case(design, "2x32", context, "unrolled")  # Scanned decoding: test_decode.py.
   prepared = decode_bench.prepare(QUICK, case, batch)
   cfg = decode_bench.decode_config(QUICK, case)
-  params = nn.unbox(init_params(cfg, jax.random.PRNGKey(0)))
+  params = nn.unbox(sharp(cfg, jax.random.PRNGKey(0)))
   prompt = np.asarray(jax.random.randint(jax.random.PRNGKey(1), (batch, context), 0,
                                          cfg.vocab_size))
   generated = decode.greedy_generate(cfg, params, prompt.tolist(), 2, pad_to=4)
