@@ -54,3 +54,18 @@ def test_both_kernels_lower_to_triton_for_a_cuda_target(monkeypatch):
   text = exported.mlir_module()
   assert text.count(f"@{triton}") == 2
   assert 'name = "_forward_kernel"' in text and 'name = "_backward_kernel"' in text
+
+
+def test_a_bfloat16_input_gives_fp32_values_and_a_bfloat16_gradient():
+  """The kernel computes and returns fp32 whatever the input; its VJP hands the cotangent back
+  in the input's dtype (base's XLA rounds on the fp32 input as reference)."""
+  keys = jax.random.split(jax.random.PRNGKey(3), 2)
+  logits = (2.0 * jax.random.normal(keys[0], (3, 4, 4))).astype(jnp.bfloat16)
+  g = jax.random.normal(keys[1], (3, 4, 4))
+  got, got_vjp = jax.vjp(lambda x: sinkhorn_pallas(x, 5), logits)
+  want, want_vjp = jax.vjp(lambda x: sinkhorn_knopp(x, 5), logits.astype(jnp.float32))
+  assert got.dtype == jnp.float32
+  np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+  (dx,) = got_vjp(g)
+  assert dx.dtype == jnp.bfloat16
+  np.testing.assert_allclose(dx.astype(jnp.float32), want_vjp(g)[0], rtol=1e-2, atol=1e-2)
