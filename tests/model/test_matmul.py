@@ -57,11 +57,48 @@ def test_weight_gradient_is_one_2d_dot_and_other_forms_fall_back():
   assert [e.primitive.name for e in swapped.jaxpr.eqns] == ["dot_general"]
 
 
+def test_batch_axes_and_a_weight_contracted_on_a_later_axis_are_lax_dot_general():
+  """Forms the 2-D weight gradient does not cover (batch axes; W contracted on its last axis)
+  give lax.dot_general's values and gradients through lax.dot_general itself."""
+  k = jax.random.split(jax.random.PRNGKey(2), 4)
+  cases = [(jax.random.normal(k[0], (2, 5, 6)), jax.random.normal(k[1], (7, 6)),
+            (((2,), (1,)), ((), ()))),                       # x W^T
+           (jax.random.normal(k[2], (3, 5, 6)), jax.random.normal(k[3], (6, 3, 7)),
+            (((2,), (0,)), ((0,), (1,))))]                   # a batch axis
+  for x, w, dims in cases:
+    jaxpr = jax.make_jaxpr(lambda x, w: projection_dot_general(x, w, dims))(x, w)
+    assert [e.primitive.name for e in jaxpr.jaxpr.eqns] == ["dot_general"]
+    (v_ref, g_ref), (v, g) = (jax.jit(lambda x, w, f=f: _grads(f, x, w, dims))(x, w)
+                              for f in (lax.dot_general, projection_dot_general))
+    np.testing.assert_allclose(v, v_ref, rtol=1e-5)
+    for a, b in zip(g, g_ref):
+      np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_bfloat16_operands_with_a_float32_result_keep_their_dtypes():
+  """``preferred_element_type`` sets the result's dtype; each gradient comes back in its
+  operand's dtype (bf16), with lax.dot_general's values."""
+  k = jax.random.split(jax.random.PRNGKey(3), 2)
+  x = jax.random.normal(k[0], (2, 5, 6)).astype(jnp.bfloat16)
+  w = jax.random.normal(k[1], (6, 7)).astype(jnp.bfloat16)
+  dims = (((2,), (0,)), ((), ()))
+  dot = lambda f: lambda x, w, dims: f(x, w, dims, preferred_element_type=jnp.float32)
+  assert projection_dot_general(x, w, dims, preferred_element_type=jnp.float32).dtype == (
+      jnp.float32)
+  (v_ref, g_ref), (v, g) = (jax.jit(lambda x, w, f=f: _grads(dot(f), x, w, dims))(x, w)
+                            for f in (lax.dot_general, projection_dot_general))
+  np.testing.assert_allclose(v, v_ref, rtol=1e-5)
+  for a, b in zip(g, g_ref):
+    assert a.dtype == jnp.bfloat16
+    np.testing.assert_allclose(a.astype(jnp.float32), b.astype(jnp.float32), rtol=2e-2,
+                               atol=2e-2)
+
+
 def test_weight_gradient_of_a_narrow_output_is_a_dot_writing_its_transpose():
   """``X^T G`` either way; for M <= NARROW the compiled dot (after XLA's simplifier, which folds
   a plain transpose back into the dot) writes [M, K], the form XLA:CPU runs as a GEMM."""
   k = jax.random.split(jax.random.PRNGKey(1), 2)
-  for m in (6, matmul.NARROW + 1):
+  for m in (6, matmul.NARROW, matmul.NARROW + 1):   # NARROW itself is narrow
     x, g = jax.random.normal(k[0], (256, 48)), jax.random.normal(k[1], (256, m))
     fn = jax.jit(matmul.weight_gradient)
     np.testing.assert_allclose(fn(x, g), x.T @ g, rtol=1e-5, atol=1e-4)
