@@ -56,6 +56,55 @@ def test_loss_and_gradients_equal_the_plain_scan(policy, residual, layout, monke
                                err_msg=jax.tree_util.keystr(path))
 
 
+WIDTH, SLOTS = 2, 2 * 5 + 3      # 5 layers write 2 slots each; 3 slots nothing writes
+
+
+def _toy_layer(p, x, buffers, l):
+  """x [B,d]; reads the slots before ``WIDTH * l`` of buffers['kv'] [B,S,d]; writes 2 slots."""
+  buf = buffers["kv"]
+  seen = (jnp.arange(buf.shape[1]) < WIDTH * l)[None, :, None]
+  h = jnp.tanh(x @ p["w"] + jnp.sum(jnp.where(seen, buf, 0.0) * p["r"], axis=1))
+  return x + h, {"kv": jnp.stack([h * p["a"], jnp.sin(h)], axis=1)}
+
+
+def _toy_plain(params, x, buffers):
+  """The same layers as a Python loop over the whole buffer (autodiff's reference)."""
+  for l in range(5):
+    x, writes = _toy_layer(jax.tree.map(lambda t, l=l: t[l], params), x, buffers, l)
+    buffers = {"kv": jax.lax.dynamic_update_slice_in_dim(buffers["kv"], writes["kv"], WIDTH * l,
+                                                         1)}
+  return x, buffers
+
+
+def test_a_toy_stack_equals_the_plain_loop_with_every_gradient():
+  """Over 5 layers (segments 1, 1, 2, 1): the output, and the gradients of params, x and the
+  input buffer; the input's slots that layers overwrite get none, the 3 unwritten ones pass
+  their cotangent through. A bf16 buffer keeps its dtype (writes are cast)."""
+  k = jax.random.split(jax.random.PRNGKey(0), 7)
+  d = 3
+  params = {"w": jax.random.normal(k[0], (5, d, d)), "r": jax.random.normal(k[1], (5, d)),
+            "a": jax.random.normal(k[2], (5, d))}
+  x = jax.random.normal(k[3], (2, d))
+  buffers = {"kv": jax.random.normal(k[4], (2, SLOTS, d))}
+  cx, cb = jax.random.normal(k[5], (2, d)), jax.random.normal(k[6], (2, SLOTS, d))
+
+  def loss(run):
+    def f(params, x, buffers):
+      y, out = run(params, x, buffers)
+      return jnp.sum(y * cx) + jnp.sum(out["kv"] * cb)
+    return jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2)))(params, x, buffers)
+
+  stack = functools.partial(append_stack.append_buffer_stack, _toy_layer, 1, WIDTH)
+  (got, got_g), (want, want_g) = loss(stack), loss(_toy_plain)
+  np.testing.assert_allclose(got, want, rtol=1e-6)
+  for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(got_g), jax.tree.leaves(want_g)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=jax.tree_util.keystr(path))
+  g_buffer = got_g[2]["kv"]
+  assert not np.any(g_buffer[:, :10]) and np.array_equal(g_buffer[:, 10:], cb[:, 10:])
+  _, out = stack(params, x, {"kv": buffers["kv"].astype(jnp.bfloat16)})
+  assert out["kv"].dtype == jnp.bfloat16
+
+
 def test_segments_cover_the_layers_in_order_with_near_equal_lengths():
   assert append_stack.segments(5, 4) == [(0, 1), (1, 2), (2, 4), (4, 5)]
   assert append_stack.segments(64, 4) == [(0, 16), (16, 32), (32, 48), (48, 64)]
