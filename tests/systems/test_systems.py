@@ -200,6 +200,30 @@ def test_cli_default_out_is_the_sweeps_results_dir(tmp_path, monkeypatch):
   assert (tmp_path / os.path.dirname(run_dir) / "systems.json").exists()
 
 
+def test_cli_flags_reach_every_row_and_bad_input_keeps_the_last_result(tmp_path, capsys):
+  """--mfu, --peak_flops and --dtype reach each row, training FLOPs read the suite's own
+  sequence length, --xla=false compiles nothing, the curve is Pre-LN's whatever the order of
+  --designs; a bad --designs is one error naming the allowed designs, exit 2, files kept."""
+  from depthbench_jax.systems import __main__ as cli
+  out = tmp_path / "sys"
+  argv = ["--config", os.path.join(ROOT, "configs", "smoke.py"), "--seq_len", "64",
+          "--shapes", "4x128", "--xla", "false", "--out", str(out)]
+  assert cli.main(argv + ["--designs", "hc,preln", "--mfu", "0.25", "--peak_flops", "2e15",
+                          "--dtype", "float32"]) == 0
+  data = json.loads((out / "systems.json").read_text())
+  for row in data["rows"]:
+    assert (row["mfu"], row["peak_flops"], row["dtype"]) == (0.25, 2e15, "float32")
+    assert row["param_bytes"] == 4 * row["params_total"] and "xla_flops" not in row
+    assert row["train_seq_len"] == 128   # configs/smoke.py's data.seq_len, not --seq_len
+  assert data["curve_design"] == "preln"
+  before = {p.name: p.read_bytes() for p in out.iterdir()}
+  capsys.readouterr()
+  assert cli.main(argv + ["--designs", "nope"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "arch='nope'" in err[0] and "allowed: preln" in err[0]
+  assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
 def test_systems_table_budgets_every_design_like_the_trainer():
   # suite_400m budgets N = Pre-LN's at the shape (config.budget_design): MoDA's row has more
   # parameters but the tokens (and so the device-hours per FLOP) of Pre-LN's row; the trainer's
@@ -226,6 +250,40 @@ def test_report_section_reads_a_runs_budget_design():
   from depthbench_jax.model.transformer import count_params
   assert report_section._budget_params(record("preln")) == count_params(preln)["total"]
   assert report_section._budget_params(record("")) is None
+
+
+def test_report_section_rows_read_each_runs_recipe_and_the_nearest_systems_json(
+    tmp_path, monkeypatch):
+  """Rows sorted by depth as a number, from the run's own data.seq_len, tokens_per_param and
+  budget design; XLA FLOPs and peak bytes merged from the nearest 4096-token systems.json."""
+  from depthbench_jax.model.transformer import count_params
+  from depthbench_jax.systems import report_section, table
+  model = {"vocab_size": 64, "n_heads": 4, "max_seq_len": 128,
+           "residual": {"name": "moda"}}
+  config = {"model": model, "data": {"seq_len": 256}, "tokens_per_param": 10.0,
+            "budget_design": "preln"}
+  records = []
+  for L in (4, 16):
+    workdir = tmp_path / "suite" / f"moda_{L}x64"
+    workdir.mkdir(parents=True)
+    records.append({"design": "moda", "n_layers": L, "d_model": 64, "config": config,
+                    "workdir": str(workdir)})
+  xla_row = lambda f: {"design": "moda", "shape": "4x64", "xla_flops": f, "peak_bytes": 7 * f}
+  (tmp_path / "suite" / "systems.json").write_text(
+      json.dumps({"seq_len": 4096, "rows": [xla_row(2.0)]}))
+  (tmp_path / "suite" / "moda_4x64" / "systems.json").write_text(
+      json.dumps({"seq_len": 4096, "rows": [xla_row(1.0)]}))
+  seen = []
+  monkeypatch.setattr(table, "markdown_table", lambda rows: seen.extend(rows) or "")
+  assert report_section.systems_table(records) is not None
+  assert [r["shape"] for r in seen] == ["4x64", "16x64"]
+  four = seen[0]
+  assert (four["xla_flops"], four["peak_bytes"]) == (1.0, 7.0)   # the run's own file first
+  assert "xla_flops" not in seen[1] and four["train_seq_len"] == 256
+  preln = report_section.run_model_config({**records[0], "design": "preln", "n_layers": 4,
+                                           "config": {**config, "model": {**model, "residual": {
+                                               "name": "preln"}}}})
+  assert four["train_tokens"] == 10.0 * count_params(preln)["total"] < 10.0 * four["params_total"]
 
 
 def test_table_shows_a_small_model_in_significant_figures():
@@ -318,6 +376,26 @@ def test_cost_row_kv_cache_in_the_asked_dtype():
                        mfu=0.4, dtype="float32")
   # K and V x 2 layers x 64 (4 heads of 16) x 64 tokens x 4 bytes.
   assert row["kv_cache_bytes"] == costs.kv_cache_bytes(cfg, 64, dtype="float32") == 65536
+
+
+def test_cost_row_numbers_by_hand():
+  """Every byte count in the asked dtype, AR = d / L, Chinchilla tokens = 20 N of the budget N,
+  FLOPs and device-hours of those tokens; a design's matmul params count twice per token."""
+  cfg = model_cfg("preln")
+  row = costs.cost_row(cfg, seq_len=16, train_seq_len=64, tokens_per_param=20, peak_flops=1e15,
+                       mfu=0.5, dtype="float32", budget_params=1000)
+  assert row["param_bytes"] == 4 * row["params_total"]
+  assert row["residual_state_bytes"] == 16 * 64 * 4          # T d fp32 bytes (Pre-LN)
+  assert row["aspect_ratio"] == 32.0                         # 64 / 2
+  assert row["train_tokens"] == 20 * 1000
+  assert row["train_flops"] == row["train_flops_per_token"] * 20_000
+  assert row["device_hours"] == pytest.approx(row["train_flops"] / (1e15 * 0.5) / 3600)
+  moda = model_cfg("moda")
+  extra = flops.matmul_params(moda) - flops.backbone_matmul_params(moda)
+  assert extra > 0
+  assert costs.cost_row(moda, seq_len=16, train_seq_len=64, tokens_per_param=20,
+                        peak_flops=1e15, mfu=0.4)["design_flops_per_token"] == (
+                            flops.design_flops_per_token(moda) + 2 * extra)
 
 
 def test_curve_table_reads_shallow_to_deep():
@@ -453,6 +531,36 @@ def test_depth_cost_table_reads_each_design_against_the_first_shapes_preln():
   assert bench.depth_cost_table([r for r in rows if r["shape"] == "8x512"]) == []
 
 
+def test_bench_plot_draws_each_ratio_its_round_median_and_the_target_at_the_first_shape(
+    tmp_path, monkeypatch):
+  """Panel 1 bars the step ratio and puts the dot at the per-round median (the bar itself when no
+  rounds were kept), panel 2 bars peak memory, panel 3 the step over the first shape's Pre-LN;
+  a design's target is one dashed tick over its bar at the first shape only."""
+  import matplotlib.figure
+  from depthbench_jax import bench_plot
+  saved = []
+  monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, path, **kw: saved.append(fig))
+  band = lambda m: {"q1": m - 0.1, "median": m, "q3": m + 0.1}
+  rows = []
+  for shape, step, peak, first in (("4x64", 1.3, 1.5, 1.0), ("8x32", 1.4, 1.6, 1.1)):
+    rows += [{"design": "preln", "shape": shape, "step_over_preln": 1.0, "peak_over_preln": 1.0,
+              "step_over_first_preln": first, "step_over_first_preln_rounds": band(first)},
+             {"design": "hc", "shape": shape, "step_over_preln": step, "peak_over_preln": peak,
+              "step_over_preln_rounds": band(step - 0.05),
+              "step_over_first_preln": step * first,
+              "step_over_first_preln_rounds": band(step * first)}]
+  path = str(tmp_path / "bench.png")
+  assert bench_plot.plot_bench(rows, path, {"hc": 1.2}, "t") == path
+  step_ax, peak_ax, depth_ax = saved[0].axes
+  heights = lambda ax: [pytest.approx(p.get_height()) for p in ax.patches]
+  assert heights(step_ax) == [1.0, 1.3, 1.0, 1.4]              # shape by shape: preln, hc
+  assert heights(peak_ax) == [1.0, 1.5, 1.0, 1.6]
+  assert heights(depth_ax) == [1.0, 1.3, 1.1, 1.54]
+  assert list(step_ax.lines[0].get_ydata()) == [1.0, pytest.approx(1.25)]  # 4x64's medians
+  ticks = [c.get_segments()[0] for c in step_ax.collections if c.get_label() != "_nolegend_"]
+  assert len(ticks) == 1 and ticks[0].tolist() == [[pytest.approx(0.6), 1.2], [1.0, 1.2]]
+
+
 def test_bench_design_specs_carry_residual_overrides(capsys):
   """``--designs=mhc:sinkhorn_kernel=pallas`` times a design with changed residual fields;
   a malformed entry or an unknown design is one clear error naming the entry."""
@@ -513,6 +621,25 @@ def test_cudnn_check_fails_where_cudnn_cannot_run_and_passes_the_padded_path(cap
   assert cudnn_check.main(small + ["--implementation=xla"]) == 0
   row = json.loads(capsys.readouterr().out)
   assert row["ok"] and max(row["max_rel_error"].values()) < 0.05 and row["cudnn_ms"] > 0
+
+
+def test_cudnn_check_measures_a_wrong_kernel_against_the_blocked_reference(monkeypatch, capsys):
+  """A kernel 10% off reads max_rel_error 0.1 in the output and every gradient, and the ratio is
+  cuDNN's time over the blocked one's; such an error fails the default --tol (0.05, exit 1)
+  and passes --tol=0.2."""
+  from depthbench_jax.model.layers import causal_attention
+  from depthbench_jax.systems import cudnn_check
+  monkeypatch.setattr(cudnn_check, "padded_dot_product_attention",
+                      lambda q, k, v, impl: causal_attention(q, k, v) * 1.1)
+  row = cudnn_check.compare(8, batch=1, seq_len=16, heads=2, rounds=1)
+  assert set(row["max_rel_error"]) == {"out", "dq", "dk", "dv"}
+  for err in row["max_rel_error"].values():
+    assert err == pytest.approx(0.1, abs=0.02)
+  assert row["cudnn_over_blocked"] == pytest.approx(row["cudnn_ms"] / row["blocked_ms"])
+  monkeypatch.setattr(cudnn_check, "compare", lambda *a: {"max_rel_error": {"out": 0.1}})
+  assert cudnn_check.main(["--head_dims=8,12"]) == 1
+  assert [json.loads(l)["ok"] for l in capsys.readouterr().out.splitlines()] == [False, False]
+  assert cudnn_check.main(["--head_dims=8", "--tol=0.2"]) == 0
 
 
 @pytest.mark.slow  # ~8 small compiles: ~30 s on 2 cores.
