@@ -47,6 +47,19 @@ def suite_configs(config_path: str, designs: Sequence[str] | None = None,
   return module, out
 
 
+def check_numbers(*, seq_len: int, batch: int, mfu: float, peak_flops: float) -> None:
+  """One ``ConfigError`` naming the flag and its allowed values, before any compile: a zero MFU
+  or peak would divide by zero, an MFU over 1 or an empty sequence gives a table of nonsense."""
+  from depthbench_jax.errors import ConfigError
+  for name, value, ok, allowed in (
+      ("seq_len", seq_len, seq_len >= 1, "an integer >= 1"),
+      ("batch", batch, batch >= 1, "an integer >= 1"),
+      ("mfu", mfu, 0 < mfu <= 1, "a fraction in (0, 1]"),
+      ("peak_flops", peak_flops, peak_flops > 0, "FLOP/s per device > 0")):
+    if not ok:
+      raise ConfigError(f"--{name}={value}; allowed: {allowed}")
+
+
 def build(config_path: str, seq_len: int, *, designs=None, shapes=None, with_xla: bool = True,
           mfu: float | None = None, peak_flops: float | None = None, dtype: str = "bfloat16",
           batch: int = 1, measured_paths: Sequence[str] = (), log=print) -> dict:
@@ -56,6 +69,7 @@ def build(config_path: str, seq_len: int, *, designs=None, shapes=None, with_xla
   from depthbench_jax.systems import costs, measured, table, xla
   mfu = sweep.DEFAULT_MFU if mfu is None else mfu
   peak_flops = sweep.DEFAULT_PEAK_FLOPS if peak_flops is None else peak_flops
+  check_numbers(seq_len=seq_len, batch=batch, mfu=mfu, peak_flops=peak_flops)
   module, entries = suite_configs(config_path, designs, shapes)
   timed = measured.bench_rows(measured_paths)  # Read first: a wrong path fails before compiles.
   rows, cfgs = [], {}

@@ -224,6 +224,29 @@ def test_cli_flags_reach_every_row_and_bad_input_keeps_the_last_result(tmp_path,
   assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
+@pytest.mark.parametrize("flag, value, allowed", [
+    ("--mfu", "0", "a fraction in (0, 1]"), ("--mfu", "1.5", "a fraction in (0, 1]"),
+    ("--peak_flops", "0", "FLOP/s per device > 0"), ("--seq_len", "0", "an integer >= 1"),
+    ("--batch", "0", "an integer >= 1")])
+def test_cli_bad_number_is_one_error_and_keeps_the_last_result(tmp_path, capsys, flag, value,
+                                                               allowed):
+  """A zero MFU or peak (once a ZeroDivisionError traceback), an MFU over 1 or an empty sequence
+  or batch (once a table of nonsense written over the last one): one error line naming the flag
+  and what is allowed, exit 2, the earlier files untouched."""
+  from depthbench_jax.systems import __main__ as cli
+  out = tmp_path / "sys"
+  out.mkdir()
+  (out / "systems.json").write_text("previous result")
+  argv = ["--config", os.path.join(ROOT, "configs", "smoke.py"), "--designs", "preln",
+          "--shapes", "4x128", "--xla", "false", "--out", str(out), flag, value]
+  assert cli.main(argv) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err == [f"error: {flag}={float(value) if flag in ('--mfu', '--peak_flops') else value}; "
+                 f"allowed: {allowed}"]
+  assert [p.name for p in out.iterdir()] == ["systems.json"]
+  assert (out / "systems.json").read_text() == "previous result"
+
+
 def test_systems_table_budgets_every_design_like_the_trainer():
   # suite_400m budgets N = Pre-LN's at the shape (config.budget_design): MoDA's row has more
   # parameters but the tokens (and so the device-hours per FLOP) of Pre-LN's row; the trainer's
