@@ -199,6 +199,44 @@ def test_domain_means_average_the_sets_found():
   assert coding["nll_per_token"] == 2.0 and set(coding["sets"]) == {"humaneval", "mbpp"}
 
 
+def test_evaluate_refuses_unknown_sets_and_reports_missing_ones(tmp_path):
+  """An unknown set is one error naming the allowed sets; a missing file raises under --strict,
+  else is skipped, and with nothing found at all the error lists every missing set."""
+  with pytest.raises(ValueError, match="--sets: unknown \\['nope'\\]; allowed: .*gsm8k"):
+    evaluate.evaluate(None, None, None, sets=["gsm8k", "nope"], data_dir=str(tmp_path))
+  with pytest.raises(datasets.MissingEvalSet):
+    evaluate.evaluate(None, None, None, sets=["gsm8k"], data_dir=str(tmp_path), strict=True)
+  with pytest.raises(FileNotFoundError, match="no eval set found:\n.*gsm8k"):
+    evaluate.evaluate(None, None, None, sets=["gsm8k"], data_dir=str(tmp_path))
+
+
+def test_scalars_name_every_number_but_the_time_and_flags():
+  """``evals/<set>/<metric>`` for each number of a set (not time_s, not booleans, not lists) and
+  ``evals/<domain>/nll_per_token``."""
+  evals = {"sets": {"gsm8k": {"nll_per_token": 1.5, "n": 3, "exact_match": 0.25, "time_s": 9.0,
+                              "truncated": True, "per_example": [{"nll": 1.0}]}},
+           "domains": {"math": {"nll_per_token": 1.5, "sets": ["gsm8k"]}}}
+  assert evaluate.scalars(evals) == {"evals/gsm8k/nll_per_token": 1.5, "evals/gsm8k/n": 3.0,
+                                     "evals/gsm8k/exact_match": 0.25,
+                                     "evals/math/nll_per_token": 1.5}
+
+
+def test_evals_table_rows_and_trend_words_by_hand():
+  """Rows in depth order (not name order), the depth from evals.json before the summary's, a NaN
+  NLL shown as '-' and left out of the slope; |slope| 0.004 reads flat, 0.010 deeper worse."""
+  def run(name, depth, coding, stem):
+    return ({"design": "preln", "n_layers": 99, "name": name},
+            {"n_layers": depth, "domains": {"coding": {"nll_per_token": coding},
+                                            "stem": {"nll_per_token": stem}}})
+  text = report_section.evals_table([run("a", 16, 2.010, 1.004), run("b", 8, 2.0, 1.0),
+                                     run("c", 32, float("nan"), float("nan"))])
+  rows = [l for l in text.splitlines() if l.startswith("| preln |")]
+  assert rows[:3] == ["| preln | 8 | - | 2.000 | 1.000 | - |",
+                      "| preln | 16 | - | 2.010 | 1.004 | - |",
+                      "| preln | 32 | - | - | - | - |"]
+  assert rows[3] == "| preln | 8, 16, 32 | +0.010 (deeper worse) | +0.004 (flat) | - |"
+
+
 def test_depth_trend_keeps_scale_families_apart():
   def run(family, depth, nll):
     return ({"design": "preln", "n_layers": depth, "family": family, "name": f"f{family}L{depth}"},
