@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from typing import Any, Sequence
 
@@ -135,6 +136,11 @@ def main(argv):
   from depthbench_jax.train import checkpoint  # pylint: disable=g-import-not-at-top
 
   workdir = _WORKDIR.value
+  unknown = [s for s in _SETS.value if s not in datasets.SETS]
+  if unknown:  # Before the checkpoint loads, as one line (evaluate() raises the same).
+    print(f"error: --sets: unknown {unknown}; allowed: {', '.join(datasets.SETS)}",
+          file=sys.stderr, flush=True)
+    sys.exit(2)
   config, params, step = checkpoint.restore_run(workdir, _STEP.value)
   model_cfg = model_config_from(config.model)
   if _EXPORT.value:

@@ -52,3 +52,18 @@ def test_cli_writes_evals_json_and_a_loadable_hf_export(tmp_path):
     theirs = model(torch.from_numpy(tokens.astype(np.int64))).logits.float().numpy()
   ours = np.asarray(Transformer(cfg).apply({"params": params}, tokens))
   np.testing.assert_allclose(theirs, ours, atol=1e-4, rtol=0)
+
+
+def test_cli_unknown_set_is_one_error_before_the_checkpoint_loads(tmp_path):
+  """--sets=nope (once a traceback after the checkpoint and tokenizer loaded): one error line
+  naming the allowed sets, exit 2, the run dir untouched."""
+  from depthbench_jax.evals import datasets
+  (tmp_path / "summary.json").write_text('{"status": "ok"}')
+  proc = subprocess.run([sys.executable, "-m", "depthbench_jax.evaluate",
+                         f"--workdir={tmp_path}", "--sets=gsm8k,nope"], cwd=helpers.ROOT,
+                        env=helpers.subprocess_env(), capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert proc.stderr.strip().splitlines() == [
+      "error: --sets: unknown ['nope']; allowed: " + ", ".join(datasets.SETS)]
+  assert os.listdir(tmp_path) == ["summary.json"]
+
