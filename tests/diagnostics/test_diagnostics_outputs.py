@@ -146,3 +146,58 @@ def test_pivot_and_heatmaps_pick_the_lowest_loss_run_of_a_cell():
     pivot = report_section.share_pivot(runs)
     assert "| preln | 60.0% |" in pivot and "10.0%" not in pivot
     assert report_section.deepest_per_design(runs) == [better]
+
+
+def _canned_result():
+  """The smallest diagnostics result the plots read (2 layers, no probes but angular)."""
+  return {"design": "preln", "n_layers": 2, "late_start": 1, "timing": {},
+          "angular": {"matrix": [[None, 0.5], [None, None]], "consecutive": [0.5]},
+          "dead_prefix": {"per_sublayer": [0.4, 0.3, 0.2, 0.1]}}
+
+
+def test_diagnose_reads_overrides_over_the_config_and_writes_relative_plot_paths(
+    tmp_path, monkeypatch):
+  """Overrides win over config.diagnostics and reach the probes; without a diagnostics section
+  the run's first 2 held-out rows are read; diagnostics.json names its PNGs relative to the run."""
+  from depthbench_jax.diagnostics import probes
+  seen = {}
+
+  class FakeProbes:
+    def __init__(self, cfg, options):
+      seen["options"] = options
+
+    def run(self, params, tokens):
+      seen["rows"] = tokens.shape[0]
+      return _canned_result()
+
+  monkeypatch.setattr(probes, "Probes", FakeProbes)
+  config = tiny_config()
+  batch = {"tokens": np.zeros((8, 9), np.int32)}
+  diagnose.diagnose(str(tmp_path), config, None, batch,
+                    overrides={"batch_size": 3, "permutation_chunk": 5})
+  assert seen["rows"] == 3 and seen["options"].permutation_chunk == 5
+  with open(tmp_path / "diagnostics.json") as f:
+    assert json.load(f)["plots"]["angular"] == os.path.join("plots", "diag_angular.png")
+  assert (tmp_path / "plots" / "diag_angular.png").exists()
+  with config.unlocked():
+    del config["diagnostics"]
+  diagnose.diagnose(str(tmp_path), config, None, batch)
+  assert seen["rows"] == 2
+
+
+def test_plots_put_sublayers_at_half_layers_and_images_keep_only_the_asked_figures():
+  """The depth-weight curve's x is sublayer / 2 (two sublayers per layer); ``images`` returns
+  only the named figures, as uint8 [1, H, W, 3]."""
+  from depthbench_jax.diagnostics import plots
+  import matplotlib.pyplot as plt
+  figs = plots.figures(_canned_result())
+  assert set(figs) == {"angular", "angular_consecutive", "dead_prefix"}
+  line = figs["dead_prefix"].axes[0].lines[0]
+  assert list(line.get_xdata()) == [0.0, 0.5, 1.0, 1.5]
+  assert list(line.get_ydata()) == [0.4, 0.3, 0.2, 0.1]
+  for fig in figs.values():
+    plt.close(fig)
+  images = plots.images(_canned_result())
+  assert set(images) == {"angular"}
+  assert images["angular"].dtype == np.uint8 and images["angular"].shape[0] == 1
+  assert images["angular"].shape[-1] == 3
