@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from typing import Any
 
@@ -56,9 +57,18 @@ def diagnose(workdir: str, config: Any, params: Any, batch: Any, step: int | Non
 
 
 def _parse_overrides(items: list[str]) -> dict:
+  """``--set=KEY=VALUE`` items -> ``{KEY: VALUE}`` (JSON values, else the string); a key the
+  diagnostics do not read (a typo would be silently ignored) is one ``ConfigError``."""
+  import dataclasses
+  from depthbench_jax.diagnostics.probes import Options
+  from depthbench_jax.errors import ConfigError
+  allowed = sorted({f.name for f in dataclasses.fields(Options)} | {"batch_size", "thresholds"})
   out = {}
   for item in items:
-    key, _, value = item.partition("=")
+    key, eq, value = item.partition("=")
+    if not eq or key not in allowed:
+      raise ConfigError(f"--set={item}: not KEY=VALUE of a diagnostics option; allowed keys: "
+                        f"{', '.join(allowed)}")
     try:
       out[key] = json.loads(value)
     except json.JSONDecodeError:
@@ -71,9 +81,14 @@ def main(argv):
   from depthbench_jax.data import pipeline
   from depthbench_jax.train import checkpoint
 
+  from depthbench_jax.errors import ConfigError
   workdir = _WORKDIR.value
+  try:
+    overrides = _parse_overrides(_SET.value)  # Bad input fails before the checkpoint loads.
+  except ConfigError as err:
+    print(f"error: {err}", file=sys.stderr, flush=True)
+    sys.exit(2)
   config, params, step = checkpoint.restore_run(workdir, _STEP.value)
-  overrides = _parse_overrides(_SET.value)
   if _BATCH_SIZE.value:
     overrides["batch_size"] = _BATCH_SIZE.value
   val = pipeline.make_val_batches(config, process_index=0, process_count=1)

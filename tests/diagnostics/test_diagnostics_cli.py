@@ -34,3 +34,17 @@ def test_training_hook_and_posthoc_cli(tmp_path):
   assert result["causal"]["reduction"] == "max"
   for rel in result["plots"].values():
     assert os.path.exists(os.path.join(workdir, rel))
+
+
+def test_cli_misspelt_set_key_is_one_error_before_the_checkpoint_loads(tmp_path):
+  """--set=permutaton_chunk=4 (once silently ignored): one error line naming the allowed keys,
+  exit 2, the run dir untouched."""
+  (tmp_path / "summary.json").write_text('{"status": "ok"}')
+  proc = subprocess.run([sys.executable, "-m", "depthbench_jax.diagnose", f"--workdir={tmp_path}",
+                         "--set=permutaton_chunk=4"], cwd=ROOT, env=subprocess_env(),
+                        capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  lines = proc.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith("error: --set=permutaton_chunk=4: ")
+  assert "allowed keys: batch_size" in lines[0]
+  assert os.listdir(tmp_path) == ["summary.json"]

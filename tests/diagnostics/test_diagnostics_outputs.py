@@ -135,6 +135,16 @@ def test_overrides_parse_json_values():
       "permutation_chunk": 4, "causal_reduction": "max", "thresholds": [0.3, 0.1]}
 
 
+def test_overrides_refuse_a_key_the_diagnostics_do_not_read():
+  """A misspelt --set key (once silently ignored: the run used the default) or an item without
+  '=' is one error naming the allowed keys."""
+  from depthbench_jax.errors import ConfigError
+  for item in ("permutaton_chunk=4", "causal_reduction"):
+    with pytest.raises(ConfigError, match=f"--set={item}: .*allowed keys: batch_size, "
+                                          "causal_chunk, .*permutation_chunk"):
+      diagnose._parse_overrides([item])
+
+
 def test_pivot_and_heatmaps_pick_the_lowest_loss_run_of_a_cell():
   """Two runs at one (design, depth), e.g. two LRs: the pivot shows, and the heatmaps come from,
   the one whose diagnostics loss is lower, in either order."""
