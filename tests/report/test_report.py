@@ -181,3 +181,27 @@ def test_hook_sections(tmp_path, monkeypatch):
   broken.systems_table = lambda runs: 1 / 0
   monkeypatch.setitem(sys.modules, "depthbench_jax.systems", broken)
   assert "failed: ZeroDivisionError" in dict(scorecard.hook_sections(records))["Systems"]
+
+
+def test_loss_vs_aspect_draws_the_best_lr_curve_other_lrs_and_diverged_runs(tmp_path, monkeypatch):
+  """Per design: the line is each shape's best-LR loss (shallow-wide to deep-narrow), the grey
+  dots the other usable LRs, the crosses the diverged runs at their aspect ratio; the 'all' figure
+  has one line per design."""
+  import matplotlib.figure
+  from depthbench_jax.report import plots
+  records = scorecard.collect_runs(FIXTURE)
+  scorecard.assign_families(records)
+  saved = {}
+  monkeypatch.setattr(matplotlib.figure.Figure, "savefig",
+                      lambda fig, path, **kw: saved.__setitem__(os.path.basename(path), fig.axes[0]))
+  plots.loss_vs_aspect(records, scorecard.select_best_lr(records), str(tmp_path))
+  ar = [76.0, pytest.approx(1024 / 24), 28.0]
+  line = lambda ax: (list(ax.lines[0].get_xdata()), list(ax.lines[0].get_ydata()))
+  dots = lambda ax: {c.get_label(): c.get_offsets().tolist() for c in ax.collections}
+  assert line(saved["loss_vs_aspect_preln.png"]) == (ar, [2.759, 2.763, 2.782])  # 2e-3 at 16L
+  hc = saved["loss_vs_aspect_hc.png"]
+  assert line(hc) == (ar, [2.729, 2.712, 2.699])
+  assert dots(hc) == {"other LRs": [[pytest.approx(1024 / 24), 2.72]],
+                      "diverged": [[76.0, 0.02], [28.0, 0.02]]}
+  assert [l.get_label() for l in saved["loss_vs_aspect_all.png"].lines] == [
+      "attnres_block", "hc", "preln"]
