@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 
 from depthbench_jax.data import corpus
 from depthbench_jax.data import pipeline
@@ -36,3 +37,13 @@ def test_embedded_token_counts_and_cache(make_config):
   # Second call reads the cache (same files, same content).
   again = pipeline.token_stream(config, "train")
   assert again.paths == train.paths and np.array_equal(again[0:1000], train[0:1000])
+
+
+def test_held_out_rule_and_split_names_by_hand():
+  """Document i is held out iff i % 20 == 19 (the last of every 20); a split other than train or
+  val is one error naming both; runs of blank lines collapse to one and line ends are stripped."""
+  assert [i for i in range(45) if corpus.is_val_document(i)] == [19, 39]
+  assert [i for i in range(9) if corpus.is_val_document(i, val_every=4)] == [3, 7]
+  with pytest.raises(ValueError, match="split='validation'; allowed: train, val"):
+    corpus.embedded_split("validation")
+  assert corpus._clean("  Title \n\n\n\n body  \n\n\n") == "Title\n\nbody"
