@@ -189,3 +189,43 @@ def test_cli_resume_with_a_changed_lr_exits_and_keeps_the_run(tmp_path):
   lines = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
   assert len(lines) == 1 and "config.lr=0.01" in lines[0], proc.stderr[-2000:]
   assert _snapshot(workdir) == before
+
+
+def test_distributed_start_only_for_several_processes_and_an_explicit_process_id_wins(
+    monkeypatch):
+  """jax.distributed starts for a coordinator with more than one process, or a SLURM job of more
+  than one task; --process_id=0 is kept over JAX_PROCESS_ID; the timeouts default to 300 s to
+  join and 100 s without a heartbeat, each read from its environment variable."""
+  import jax
+  from depthbench_jax import main
+  calls = []
+  monkeypatch.setattr(jax.distributed, "initialize", lambda **kw: calls.append(kw))
+  monkeypatch.setattr(jax.config, "update", lambda *a: None)
+  for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_INIT_TIMEOUT_S",
+               "JAX_HEARTBEAT_TIMEOUT_S", "SLURM_JOB_ID", "SLURM_NTASKS"):
+    monkeypatch.delenv(name, raising=False)
+  monkeypatch.setenv("JAX_PROCESS_ID", "1")
+  main.initialize_distributed("host:1234", 1, 0)
+  assert calls == []
+  main.initialize_distributed("host:1234", 2, 0)
+  assert calls == [{"coordinator_address": "host:1234", "num_processes": 2, "process_id": 0,
+                    "initialization_timeout": 300, "heartbeat_timeout_seconds": 100}]
+  monkeypatch.setenv("JAX_HEARTBEAT_TIMEOUT_S", "7")
+  assert main._timeouts()["heartbeat_timeout_seconds"] == 7
+  monkeypatch.setenv("SLURM_JOB_ID", "9")
+  monkeypatch.setenv("SLURM_NTASKS", "1")
+  main.initialize_distributed(None, None, None)
+  assert len(calls) == 1
+  monkeypatch.setenv("SLURM_NTASKS", "2")
+  main.initialize_distributed(None, None, None)
+  assert len(calls) == 2
+
+
+def test_flag_error_keeps_the_config_errors_own_last_line():
+  """config_flags wraps a get_config ConfigError (a chained one names it twice): the message is
+  the innermost error's text, the last one."""
+  from depthbench_jax import main
+  text = ("Traceback ...\nConfigError: outer wrapper\nduring handling...\n"
+          "ConfigError: config argument arch='x'; allowed: preln, hc")
+  assert main.flag_error_message(ValueError(text), ["prog", "--config=configs/smoke.py:arch=x"]) == (
+      "config argument arch='x'; allowed: preln, hc")
