@@ -7,6 +7,7 @@ Restores the latest (or ``--step``) checkpoint's params, takes the first
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -15,6 +16,8 @@ from typing import Any
 
 # allow_override: diagnose.py and evaluate.py share flag names and may be imported together.
 from absl import app, flags, logging
+
+from depthbench_jax.errors import ConfigError
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory with config.json and checkpoints/.",
                                allow_override=True)
@@ -59,9 +62,7 @@ def diagnose(workdir: str, config: Any, params: Any, batch: Any, step: int | Non
 def _parse_overrides(items: list[str]) -> dict:
   """``--set=KEY=VALUE`` items -> ``{KEY: VALUE}`` (JSON values, else the string); a key the
   diagnostics do not read (a typo would be silently ignored) is one ``ConfigError``."""
-  import dataclasses
-  from depthbench_jax.diagnostics.probes import Options
-  from depthbench_jax.errors import ConfigError
+  from depthbench_jax.diagnostics.probes import Options  # Local: pulls in jax.
   allowed = sorted({f.name for f in dataclasses.fields(Options)} | {"batch_size", "thresholds"})
   out = {}
   for item in items:
@@ -81,7 +82,6 @@ def main(argv):
   from depthbench_jax.data import pipeline
   from depthbench_jax.train import checkpoint
 
-  from depthbench_jax.errors import ConfigError
   workdir = _WORKDIR.value
   try:
     overrides = _parse_overrides(_SET.value)  # Bad input fails before the checkpoint loads.
