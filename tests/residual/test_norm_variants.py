@@ -60,6 +60,15 @@ def test_deepnorm_update_by_hand():
   np.testing.assert_allclose(new, z / np.sqrt(35.8125 + EPS) * G2, rtol=1e-6)
 
 
+
+def test_deepnorm_attention_sublayer_uses_its_own_post_norm():
+  """Sublayer 0 normalises ``alpha x + y`` with ``post_attention_layernorm``'s gain (the test
+  above checks the MLP's ``post_feedforward_layernorm`` only)."""
+  cfg = small("deepnorm", n_layers=8)                          # alpha = 2
+  params = scales(post_attention_layernorm=G1, post_feedforward_layernorm=G2)
+  new, _ = wiring_call(cfg, params, "write", X, Y, 0, jnp.int32(3))
+  np.testing.assert_allclose(new, (2.0 * X + Y) / np.sqrt(35.8125 + EPS) * G1, rtol=1e-6)
+
 @pytest.mark.parametrize("n_layers, alpha, beta", [(8, 2.0, 0.125 ** 0.5),
                                                    (32, 64 ** 0.25, 0.25),
                                                    (16, 32 ** 0.25, 128 ** -0.25)])
@@ -113,6 +122,28 @@ def test_keel_update_by_hand():
   new, _ = wiring_call(plain_off, params, "write", X, Y, 0, jnp.int32(0))
   np.testing.assert_allclose(new, (3 * X + Y) / rms(3 * X + Y) * G2, rtol=1e-6)
 
+
+
+def test_keel_without_plain_first_layer_scales_every_sublayer_by_alpha():
+  """``first_layer_plain=False``: layer 0 as any other, ``N_out(alpha x + y)`` with alpha = 2L
+  and each sublayer's own post-norm (attention: post_attention_layernorm, MLP:
+  post_feedforward_layernorm)."""
+  cfg = small("keel", n_layers=2, first_layer_plain=False)      # alpha = 4
+  params = scales(input_layernorm=G1, pre_feedforward_layernorm=G2,
+                  post_attention_layernorm=G2, post_feedforward_layernorm=G1)
+  z = 4.0 * X + Y
+  for layer in (0, 1):
+    for sub, gain in ((0, G2), (1, G1)):
+      new, _ = wiring_call(cfg, params, "write", X, Y, sub, jnp.int32(layer))
+      np.testing.assert_allclose(new, z / rms(z) * gain, rtol=1e-6, err_msg=f"{layer} {sub}")
+
+
+def test_keel_alpha_must_be_a_positive_number():
+  """alpha = 0 (the skip dropped) and a bool are refused, naming the field; 0.5 is allowed."""
+  for bad in (0, 0.0, True):
+    with pytest.raises(ConfigError, match=r"config\.model\.residual\.alpha=.*allowed"):
+      tiny_cfg("keel", residual={"alpha": bad})
+  assert tiny_cfg("keel", residual={"alpha": 0.5}).residual["alpha"] == 0.5
 
 # ----- invariants ----------------------------------------------------------------------------
 
