@@ -6,8 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from depthbench_jax.model.layers import (causal_attention, causal_query_blocks, cudnn_head_dim,
-                                         padded_dot_product_attention, uses_cudnn_attention)
+from depthbench_jax.model.layers import (causal_attention, causal_blocks, causal_query_blocks,
+                                         cudnn_head_dim, padded_dot_product_attention,
+                                         uses_cudnn_attention)
 
 
 def reference_attention(q, k, v):
@@ -62,6 +63,16 @@ def test_causal_attention_rejects_unequal_lengths():
   with pytest.raises(ValueError, match="as many keys as queries"):
     causal_attention(jnp.asarray(q), jnp.asarray(k[:, :4]), jnp.asarray(v[:, :4]))
 
+
+def test_query_blocks_that_do_not_divide_t_are_refused():
+  """3 blocks of 10 tokens would cover rows 0..8 only and drop the last query: refused."""
+  with pytest.raises(ValueError, match="n_blocks=3 must divide the sequence length 10"):
+    causal_blocks(10, 3)
+  q, k, v = map(jnp.asarray, qkv(10))
+  with pytest.raises(ValueError, match="must divide"):
+    causal_attention(q, k, v, n_blocks=4)
+  rows = [(r.start, r.stop, keys) for r, keys, _ in causal_blocks(10, 2)]
+  assert rows == [(0, 5, 5), (5, 10, 10)]
 
 def test_head_dim_padding_leaves_attention_unchanged():
   # The cuDNN path pads hd=12 to 16 with zeros and keeps the 1/sqrt(12) scale; run through
