@@ -121,6 +121,36 @@ def test_gqa_and_qk_norm_shapes():
   assert tr.Transformer(cfg).apply({"params": params}, TOKENS).shape == (2, 10, 61)
 
 
+def test_tied_embeddings_read_the_logits_off_the_input_table():
+  """tie_embeddings=True: logits = N_final(x_L) @ E^T with E the embedding table (no lm_head)."""
+  cfg = model_cfg(tie_embeddings=True, n_layers=1, remat_policy="none")
+  rng = np.random.RandomState(0)                   # random leaves: no init to compile
+  params = jax.tree.map(lambda a: rng.normal(0.0, 0.5, a.shape).astype(a.dtype),
+                        __import__("flax").linen.unbox(tr.abstract_params(cfg)))
+  assert "lm_head" not in params
+  logits, layers = apply(cfg, params, return_layers=True)
+  x = layers["hidden"][-1]
+  h = x / jnp.sqrt(jnp.mean(x * x, -1, keepdims=True) + cfg.norm_eps)
+  h = h * params["residual_io"]["final_norm"]["scale"]
+  np.testing.assert_allclose(logits, h @ params["embed"]["embedding"].T, rtol=1e-4, atol=1e-5)
+
+
+def test_bf16_compute_returns_fp32_logits():
+  """dtype='bfloat16': the logits leave the model in fp32 (the loss's logsumexp runs in fp32)."""
+  cfg = model_cfg(dtype="bfloat16", n_layers=1)
+  params = __import__("flax").linen.unbox(tr.abstract_params(cfg))     # shapes only: no compute
+  logits = jax.eval_shape(lambda p: tr.Transformer(cfg).apply({"params": p}, TOKENS), params)
+  assert logits.dtype == jnp.float32 and logits.shape == (2, 10, 61)
+
+
+def test_model_config_refuses_a_zero_context():
+  """max_seq_len must be positive: model_config_from names the field (the train-config check
+  would only report data.seq_len exceeding it, and diagnostics/evals skip that check)."""
+  from depthbench_jax.errors import ConfigError
+  with pytest.raises(ConfigError, match=r"^config\.model\.max_seq_len=0; allowed: > 0$"):
+    model_cfg(max_seq_len=0)
+  assert model_cfg(max_seq_len=1).max_seq_len == 1
+
 @pytest.mark.parametrize("layout", [dict(), dict(n_kv_heads=2, qk_norm=True)])  # MHA, Qwen3 GQA
 def test_padded_dot_product_attention_in_the_model_equals_the_blocked_attention(layout,
                                                                                monkeypatch):
