@@ -98,6 +98,24 @@ def test_full_update_equation_hand_computed():
   np.testing.assert_array_equal(new["presence"], [1, 1, 1, 1, 0])
 
 
+def test_full_readout_hand_computed():
+  """readout = N_final(sum_i softmax_i((w * g) . N0(v_i)) v_i) over the present slots, with the
+  readout's own query w, key gain g and the final norm's gain."""
+  cfg = kit.tiny_cfg("attnres_full", n_layers=1, d_model=8)   # 3 slots
+  rng = np.random.RandomState(2)
+  w, g, gain = (rng.randn(8).astype(np.float32), (1 + 0.5 * rng.randn(8)).astype(np.float32),
+                (1 + 0.1 * rng.randn(8)).astype(np.float32))
+  values = rng.randn(3, 1, 2, 8).astype(np.float32)
+  state = attnres.depth_state(jnp.asarray(values), jnp.array([1.0, 1, 0]), jnp.array(1),
+                              cfg.norm_eps)                    # slot 2 not written: masked
+  params = {"readout_query": w, "readout_key_norm": g, "final_norm": {"scale": gain}}
+  out = attnres.FullAttnResIO(cfg).apply({"params": params}, state,
+                                         method=attnres.FullAttnResIO.readout)
+  logits = np.einsum("d,sbtd->sbt", w * g, values[:2] / kit.rms(values[:2]))
+  alpha = np.exp(logits) / np.exp(logits).sum(0)
+  h = np.einsum("sbt,sbtd->btd", alpha, values[:2])
+  np.testing.assert_allclose(out, h / kit.rms(h) * gain, atol=1e-5)
+
 def test_block_update_equation_hand_computed():
   """Eq. 6 with 2-sublayer blocks: first sublayer of block 2 sees [b0, b1], then b2 = y."""
   cfg = kit.tiny_cfg("attnres_block", n_layers=2, d_model=8, residual={"n_blocks": 2})
@@ -252,6 +270,18 @@ def test_gate_zero_is_the_layer_removed(name, residual):
   gated = run(cfg3, params, jnp.array([1.0, 0.0, 1.0]))[0]
   np.testing.assert_allclose(gated, run(cfg2, params2)[0], atol=1e-5)
 
+
+def test_a_gated_call_does_not_take_the_gateless_buffer_stack():
+  """Scan + remat without per-layer outputs trains through model/buffer_stack.py, which has no
+  gate; a call with a gate (the diagnostics' loss) must stay on the scan, where gate 0 removes
+  the layer, and give the logits of the same gated call that asks for per-layer outputs."""
+  cfg = kit.tiny_cfg("attnres_full", n_layers=2, d_model=16)
+  assert cfg.scan_layers and cfg.remat_policy != "none"
+  params, gate = kit.perturb(kit.init(cfg), 0.3), jnp.array([0.0, 1.0])
+  logits = kit.jit(lambda p, g: Transformer(cfg).apply({"params": p}, TOKENS, gate=g))(
+      params, gate)
+  np.testing.assert_allclose(logits, kit.run(cfg, params, TOKENS, gate)[0], atol=1e-5)
+  assert not np.allclose(logits, kit.run(cfg, params, TOKENS)[0], atol=1e-4)
 
 @pytest.mark.parametrize("residual", [None, {"n_blocks": 12, "block_unit": "sublayer"}])
 def test_scan_matches_unrolled(residual):
