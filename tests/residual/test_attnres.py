@@ -283,6 +283,23 @@ def test_a_gated_call_does_not_take_the_gateless_buffer_stack():
   np.testing.assert_allclose(logits, kit.run(cfg, params, TOKENS, gate)[0], atol=1e-5)
   assert not np.allclose(logits, kit.run(cfg, params, TOKENS)[0], atol=1e-4)
 
+
+def test_per_layer_outputs_or_sown_weights_keep_full_attnres_on_the_scan():
+  """With no gate, a call asking for per-layer outputs, or one collecting ``intermediates``,
+  must still take the scan (model/buffer_stack.py returns neither): the outputs equal the
+  gate-of-ones run's, and every sublayer's sown depth weights sum to 1 over the slots."""
+  cfg = kit.tiny_cfg("attnres_full", n_layers=2, d_model=16)
+  params = kit.perturb(kit.init(cfg), 0.3)
+  _, layers = kit.jit(lambda p: Transformer(cfg).apply({"params": p}, TOKENS,
+                                                       return_layers=True))(params)
+  np.testing.assert_allclose(layers["hidden"], kit.run(cfg, params, TOKENS)[1]["hidden"],
+                             atol=1e-5)
+  _, sown = kit.jit(lambda p: Transformer(cfg).apply({"params": p}, TOKENS,
+                                                     mutable=["intermediates"]))(params)
+  for weights in sown["intermediates"]["layers"]["residual"]["depth_weights"]:   # attn, mlp
+    assert weights.shape == (2, 5, 2, 12)                                        # [L,S,B,T]
+    np.testing.assert_allclose(weights.sum(1), 1.0, atol=1e-5)
+
 @pytest.mark.parametrize("residual", [None, {"n_blocks": 12, "block_unit": "sublayer"}])
 def test_scan_matches_unrolled(residual):
   """The unrolled loop reads only the first ``static_prefix`` slots (8 here, of 13: a static
