@@ -6,9 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from depthbench_jax.model.layers import (causal_attention, causal_blocks, causal_query_blocks,
-                                         cudnn_head_dim, padded_dot_product_attention,
-                                         uses_cudnn_attention)
+from depthbench_jax.model.layers import (KVCache, causal_attention, causal_blocks,
+                                         causal_query_blocks, cudnn_head_dim,
+                                         padded_dot_product_attention, uses_cudnn_attention)
 
 
 def reference_attention(q, k, v):
@@ -73,6 +73,26 @@ def test_query_blocks_that_do_not_divide_t_are_refused():
     causal_attention(q, k, v, n_blocks=4)
   rows = [(r.start, r.stop, keys) for r, keys, _ in causal_blocks(10, 2)]
   assert rows == [(0, 5, 5), (5, 10, 10)]
+
+def test_kv_cache_appends_t_tokens_and_advances_its_index_by_t():
+  """Appends of 3 then 2 tokens land in slots 0..2 and 3..4, the index moves 0 -> 3 -> 5, and
+  query i of an append at index n sees slots <= n + i (the decode driver only appends one
+  token at a time after its prefill, so it cannot tell +T from +1)."""
+  k = jnp.arange(2 * 6 * 2, dtype=jnp.float32).reshape(2, 6, 1, 2)        # [B=2, S=6, K=1, hd=2]
+  cache = KVCache()
+  state = cache.init(jax.random.PRNGKey(0), k, k)["cache"]                  # sized S=6, empty
+  seen = []
+  for new in (k[:, :3], k[:, 3:5]):
+    (k_all, v_all, mask), state = cache.apply({"cache": state}, new, -new, mutable=["cache"])
+    state = state["cache"]
+    seen.append(mask)
+    np.testing.assert_array_equal(v_all, -k_all)
+  np.testing.assert_array_equal(state["cache_index"], [5, 5])
+  np.testing.assert_array_equal(state["cached_key"][:, :5], k[:, :5])
+  np.testing.assert_array_equal(state["cached_key"][:, 5], 0)
+  s = np.arange(6)
+  np.testing.assert_array_equal(seen[0][0], s[None, :] <= np.arange(3)[:, None])
+  np.testing.assert_array_equal(seen[1][1], s[None, :] <= 3 + np.arange(2)[:, None])
 
 def test_head_dim_padding_leaves_attention_unchanged():
   # The cuDNN path pads hd=12 to 16 with zeros and keeps the 1/sqrt(12) scale; run through
