@@ -61,6 +61,15 @@ def test_depth_softmax_gradients_match_autodiff_of_the_formula():
   assert float(jnp.max(jnp.abs(dv[1]))) == 0.0
 
 
+def test_depth_softmax_presence_gradient_is_finite_at_an_absent_slot():
+  """Presence 0 (a gated-out layer's slots) gives a gradient of exactly 0 for that presence,
+  not the NaN of ``0 * d log(p)/dp`` at p = 0, and finite gradients for the others."""
+  rng = np.random.RandomState(1)
+  q, v = jnp.asarray(rng.randn(4)), jnp.asarray(rng.randn(3, 1, 2, 4))
+  p = jnp.array([1.0, 0.0, 0.5])
+  dp = jax.grad(lambda p: jnp.sum(depth_softmax(q, v, p)[0] ** 2))(p)
+  assert bool(jnp.all(jnp.isfinite(dp))) and float(dp[1]) == 0.0 and float(dp[2]) != 0.0
+
 def wiring_params(d):
   """One layer's AttnRes params at init: zero queries, unit gains."""
   ones = lambda: {"scale": np.ones(d, np.float32)}
