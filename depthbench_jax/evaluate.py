@@ -31,6 +31,7 @@ from typing import Any, Sequence
 # allow_override: diagnose.py and evaluate.py share flag names and may be imported together.
 from absl import app, flags, logging
 
+from depthbench_jax.errors import ConfigError
 from depthbench_jax.evals import datasets
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory with config.json and checkpoints/.",
@@ -62,6 +63,13 @@ def domain_means(sets: dict) -> dict:
   return out
 
 
+def check_sets(sets: Sequence[str]) -> None:
+  """One ``ConfigError`` naming every requested set that is not an eval set, and the allowed."""
+  unknown = [s for s in sets if s not in datasets.SETS]
+  if unknown:
+    raise ConfigError(f"--sets: unknown {unknown}; allowed: {', '.join(datasets.SETS)}")
+
+
 def evaluate(model_cfg, params, tokenizer, *, sets: Sequence[str] = tuple(datasets.SETS),
              data_dir: str | None = None, max_examples: int | None = None,
              generate: bool = True, max_new_tokens: int = 256, batch_size: int = 8,
@@ -76,9 +84,7 @@ def evaluate(model_cfg, params, tokenizer, *, sets: Sequence[str] = tuple(datase
   """
   from depthbench_jax.evals import tasks  # pylint: disable=g-import-not-at-top
 
-  unknown = [s for s in sets if s not in datasets.SETS]
-  if unknown:
-    raise ValueError(f"--sets: unknown {unknown}; allowed: {', '.join(datasets.SETS)}")
+  check_sets(sets)
   results, missing = {}, {}
   for name in sets:
     try:
@@ -136,10 +142,10 @@ def main(argv):
   from depthbench_jax.train import checkpoint  # pylint: disable=g-import-not-at-top
 
   workdir = _WORKDIR.value
-  unknown = [s for s in _SETS.value if s not in datasets.SETS]
-  if unknown:  # Before the checkpoint loads, as one line (evaluate() raises the same).
-    print(f"error: --sets: unknown {unknown}; allowed: {', '.join(datasets.SETS)}",
-          file=sys.stderr, flush=True)
+  try:
+    check_sets(_SETS.value)  # Before the checkpoint loads.
+  except ConfigError as err:
+    print(f"error: {err}", file=sys.stderr, flush=True)
     sys.exit(2)
   config, params, step = checkpoint.restore_run(workdir, _STEP.value)
   model_cfg = model_config_from(config.model)
