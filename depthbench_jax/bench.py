@@ -762,7 +762,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         design_spec(spec)
       except ValueError as e:
         ap.error(str(e))
-  if args.rounds:
+  if args.rounds is not None:
+    if args.rounds < 1:  # 0 once fell through to the preset's rounds.
+      ap.error(f"--rounds={args.rounds}; allowed: an integer >= 1")
     p = dataclasses.replace(p, rounds=args.rounds)
   if args.no_hf:
     p = dataclasses.replace(p, hf=False)

@@ -85,10 +85,10 @@ def main(argv):
   workdir = _WORKDIR.value
   try:
     overrides = _parse_overrides(_SET.value)  # Bad input fails before the checkpoint loads.
+    config, params, step = checkpoint.restore_run(workdir, _STEP.value)
   except ConfigError as err:
     print(f"error: {err}", file=sys.stderr, flush=True)
     sys.exit(2)
-  config, params, step = checkpoint.restore_run(workdir, _STEP.value)
   if _BATCH_SIZE.value:
     overrides["batch_size"] = _BATCH_SIZE.value
   val = pipeline.make_val_batches(config, process_index=0, process_count=1)

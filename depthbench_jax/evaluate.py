@@ -144,10 +144,10 @@ def main(argv):
   workdir = _WORKDIR.value
   try:
     check_sets(_SETS.value)  # Before the checkpoint loads.
+    config, params, step = checkpoint.restore_run(workdir, _STEP.value)
   except ConfigError as err:
     print(f"error: {err}", file=sys.stderr, flush=True)
     sys.exit(2)
-  config, params, step = checkpoint.restore_run(workdir, _STEP.value)
   model_cfg = model_config_from(config.model)
   if _EXPORT.value:
     hf.check_exportable(model_cfg)  # Before any compute: a clear error for non-Pre-LN designs.

@@ -18,6 +18,7 @@ import jax
 import ml_collections
 import orbax.checkpoint as ocp
 
+from depthbench_jax.errors import ConfigError
 from depthbench_jax.train import summary
 
 
@@ -84,13 +85,22 @@ def restore_run(workdir: str, step: int | None = None
   For post-hoc tools (diagnose, evaluate, export): only the params are read, onto one device
   whatever the mesh that trained them; the optimizer state is not materialised;
   ``step`` is the checkpoint step that was restored (the latest when ``step`` is None).
+  A directory that is not a run, one without a complete checkpoint, or a ``step`` it did not
+  save is one ``ConfigError`` naming the flag and what is there, before orbax opens anything.
   """
+  if not os.path.exists(os.path.join(workdir, summary.CONFIG)):
+    raise ConfigError(f"--workdir={workdir}: no {summary.CONFIG}; allowed: a run directory "
+                      "written by python -m depthbench_jax.main")
+  saved = summary.checkpoint_steps(workdir)
+  if not saved:
+    raise ConfigError(f"--workdir={workdir}: no complete checkpoint under "
+                      f"{checkpoint_dir(workdir)}; allowed: a run that saved one")
+  step = saved[-1] if step is None else step
+  if step not in saved:
+    raise ConfigError(f"--step={step}; allowed: {', '.join(map(str, saved))} (the checkpoints "
+                      f"of {workdir})")
   config = load_run_config(workdir)
   manager = ocp.CheckpointManager(checkpoint_dir(workdir), item_names=ITEMS)
-  step = manager.latest_step() if step is None else step
-  if step is None:
-    raise FileNotFoundError(f"--workdir={workdir}: no complete checkpoint under "
-                            f"{checkpoint_dir(workdir)}")
   # The params only, onto this process's first device whatever mesh wrote them (a pod's
   # checkpoint on one GPU): without a target orbax asks for the saving topology.
   device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])

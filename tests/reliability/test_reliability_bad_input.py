@@ -8,6 +8,7 @@ end through ``main.py`` (flag parsing, the config file's argument, exit status, 
 import json
 import os
 import subprocess
+import sys
 
 import pytest
 
@@ -229,3 +230,35 @@ def test_flag_error_keeps_the_config_errors_own_last_line():
           "ConfigError: config argument arch='x'; allowed: preln, hc")
   assert main.flag_error_message(ValueError(text), ["prog", "--config=configs/smoke.py:arch=x"]) == (
       "config argument arch='x'; allowed: preln, hc")
+
+
+def test_restore_run_names_what_the_run_dir_lacks_before_orbax_opens_it(tmp_path):
+  """Not a run, a run without a complete checkpoint, and a --step it never saved: each one
+  ConfigError naming the flag and what is there (once a FileNotFoundError or orbax's own)."""
+  from depthbench_jax.train import checkpoint
+  workdir = str(tmp_path)
+  with pytest.raises(ConfigError, match=r"--workdir=.*: no config\.json; allowed: a run dir"):
+    checkpoint.restore_run(workdir)
+  (tmp_path / "config.json").write_text("{}")
+  (tmp_path / "checkpoints" / "20.orbax-checkpoint-tmp-1").mkdir(parents=True)
+  with pytest.raises(ConfigError, match="no complete checkpoint under .*; allowed: a run that"):
+    checkpoint.restore_run(workdir)
+  for step in ("10", "20"):
+    (tmp_path / "checkpoints" / step).mkdir(exist_ok=True)
+  with pytest.raises(ConfigError, match=r"--step=15; allowed: 10, 20 \(the checkpoints of "):
+    checkpoint.restore_run(workdir, 15)
+
+
+@pytest.mark.parametrize("module", ["diagnose", "evaluate"])
+def test_post_hoc_cli_on_a_directory_that_is_not_a_run_is_one_error_line(tmp_path, module):
+  """``diagnose``/``evaluate --workdir`` of a mistyped path: one ``error:`` line, exit 2 (once a
+  FileNotFoundError traceback), and nothing written there."""
+  proc = subprocess.run(
+      [sys.executable, "-m", f"depthbench_jax.{module}", f"--workdir={tmp_path}"],
+      cwd=helpers.ROOT, env=helpers.subprocess_env(), capture_output=True, text=True,
+      timeout=120)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert proc.stderr.strip().splitlines() == [
+      f"error: --workdir={tmp_path}: no config.json; allowed: a run directory written by "
+      "python -m depthbench_jax.main"]
+  assert not os.listdir(tmp_path)

@@ -386,6 +386,18 @@ def test_design_and_shape_specs_parse_strictly():
     bench.shape_spec("8x0", 8)
 
 
+@pytest.mark.parametrize("rounds", ["0", "-3"])
+def test_bench_refuses_rounds_below_one_before_anything_compiles(tmp_path, capsys, monkeypatch,
+                                                                 rounds):
+  """--rounds=0 once fell through to the preset's 7 rounds and ran the whole bench."""
+  from depthbench_jax import bench
+  monkeypatch.setattr(bench, "run_bench", lambda *a, **k: pytest.fail("a bad flag reached run"))
+  with pytest.raises(SystemExit):
+    bench.main(["--preset=quick", f"--rounds={rounds}", "--out", str(tmp_path)])
+  assert f"--rounds={rounds}; allowed: an integer >= 1" in capsys.readouterr().err
+  assert not os.listdir(tmp_path)
+
+
 def test_xla_flops_are_per_sequence_at_any_batch():
   cfg = model_cfg("preln", n_layers=2)
   one = xla.prefill_analysis(cfg, 32, batch=1, dtype="float32")["xla_flops"]
