@@ -262,7 +262,11 @@ def main(argv: Sequence[str]) -> int:
     return 2
   # Through the package (not __main__), so Shape/ShapeSet are the classes the configs use.
   from depthbench_jax import shapes, sweep
-  print(shapes.suite_tables(sweep.load_config_module(argv[0])))
+  try:
+    print(shapes.suite_tables(sweep.load_config_module(argv[0])))
+  except ConfigError as err:  # A mistyped path or a bad suite: one line, as the other CLIs.
+    print(f"error: {err}", file=sys.stderr)
+    return 2
   return 0
 
 

@@ -171,3 +171,12 @@ def test_solver_breaks_an_exact_tie_towards_the_narrower_width(monkeypatch):
   monkeypatch.setattr(shapes, "param_counts", lambda m: {
       "total": 100 * (2 * (m.d_model // g) - 1), "non_embedding": 0, "embedding": 0})
   assert shapes.iso_param_width(200, 4, model).shape == shapes.Shape(4, g)
+
+
+def test_cli_with_a_mistyped_config_is_one_error_line(capsys):
+  """``python -m depthbench_jax.shapes configs/nope.py``: exit 2 and one ``error:`` line (once
+  a ConfigError traceback)."""
+  assert shapes.main(["configs/nope.py"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err == ["error: config file 'configs/nope.py' does not exist; allowed: a configs/*.py "
+                 "file"]
