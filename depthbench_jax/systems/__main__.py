@@ -40,6 +40,10 @@ def suite_configs(config_path: str, designs: Sequence[str] | None = None,
     key = DEFAULT_SUITE_KEY if DEFAULT_SUITE_KEY in shape_sets else next(iter(shape_sets))
     shapes = shape_sets[key].shapes
   designs = designs or registry.names()
+  unknown = [d for d in designs if d not in registry.names()]
+  if unknown:  # Named as the flag, not as the suite file's ``arch=`` argument it becomes.
+    from depthbench_jax.errors import ConfigError
+    raise ConfigError(f"--designs: unknown {unknown}; allowed: {', '.join(registry.names())}")
   out = []
   for design in designs:
     for shape in shapes:

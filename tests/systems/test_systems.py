@@ -220,7 +220,8 @@ def test_cli_flags_reach_every_row_and_bad_input_keeps_the_last_result(tmp_path,
   capsys.readouterr()
   assert cli.main(argv + ["--designs", "nope"]) == 2
   err = capsys.readouterr().err.strip().splitlines()
-  assert len(err) == 1 and "arch='nope'" in err[0] and "allowed: preln" in err[0]
+  assert err == ["error: --designs: unknown ['nope']; allowed: preln, lns, sandwich, deepnorm, "
+                 "keel, hc, mhc, attnres_full, attnres_block, moda"]
   assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
