@@ -10,14 +10,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import sys
 import time
 from typing import Any
 
 # allow_override: diagnose.py and evaluate.py share flag names and may be imported together.
 from absl import app, flags, logging
 
-from depthbench_jax.errors import ConfigError
+from depthbench_jax.errors import ConfigError, fail
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory with config.json and checkpoints/.",
                                allow_override=True)
@@ -87,8 +86,7 @@ def main(argv):
     overrides = _parse_overrides(_SET.value)  # Bad input fails before the checkpoint loads.
     config, params, step = checkpoint.restore_run(workdir, _STEP.value)
   except ConfigError as err:
-    print(f"error: {err}", file=sys.stderr, flush=True)
-    sys.exit(2)
+    fail(str(err))
   if _BATCH_SIZE.value:
     overrides["batch_size"] = _BATCH_SIZE.value
   val = pipeline.make_val_batches(config, process_index=0, process_count=1)

@@ -24,14 +24,13 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from typing import Any, Sequence
 
 # allow_override: diagnose.py and evaluate.py share flag names and may be imported together.
 from absl import app, flags, logging
 
-from depthbench_jax.errors import ConfigError
+from depthbench_jax.errors import ConfigError, fail
 from depthbench_jax.evals import datasets
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory with config.json and checkpoints/.",
@@ -146,8 +145,7 @@ def main(argv):
     check_sets(_SETS.value)  # Before the checkpoint loads.
     config, params, step = checkpoint.restore_run(workdir, _STEP.value)
   except ConfigError as err:
-    print(f"error: {err}", file=sys.stderr, flush=True)
-    sys.exit(2)
+    fail(str(err))
   model_cfg = model_config_from(config.model)
   if _EXPORT.value:
     hf.check_exportable(model_cfg)  # Before any compute: a clear error for non-Pre-LN designs.

@@ -25,6 +25,8 @@ import traceback
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from depthbench_jax.errors import ConfigError, fail
+
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file.",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (checkpoints, logs, summary).")
@@ -37,21 +39,16 @@ USAGE = ("python -m depthbench_jax.main --config=configs/FILE.py[:ARG] --workdir
          "[--config.FIELD=VALUE ...]")
 
 
-def _fail(message: str, code: int = 2):
-  print(f"error: {message}", file=sys.stderr, flush=True)
-  sys.exit(code)
-
-
 def parse_flags(argv: list[str]) -> list[str]:
   """absl flag parsing, with every failure turned into one ``error:`` line and exit 2."""
   try:
     rest = flags.FLAGS(argv)
   except Exception as err:  # flags.Error, and config_flags' KeyError on an unknown field.
-    _fail(flag_error_message(err, argv))
+    fail(flag_error_message(err, argv))
   try:
     flags.FLAGS["config"].value.get("name")  # config_flags defers a missing file's error.
   except OSError:
-    _fail(f"flag --config={_config_flag(argv)}: no such file; allowed: a config file such as "
+    fail(f"flag --config={_config_flag(argv)}: no such file; allowed: a config file such as "
           f"configs/base.py or configs/smoke.py[:ARG]")
   return rest
 
@@ -146,7 +143,6 @@ def main(argv):
   del argv
   if not os.environ.get("DEPTHBENCH_VERBOSE"):
     logging.set_verbosity(logging.WARNING)  # Orbax and grain log every save at INFO.
-  from depthbench_jax.errors import ConfigError
   config = _CONFIG.value
   initialize_distributed(_COORD.value, _NPROC.value, _PID.value)
   import jax
@@ -157,7 +153,7 @@ def main(argv):
     from depthbench_jax.train.loop import train_and_evaluate
     result = train_and_evaluate(config, _WORKDIR.value)
   except ConfigError as err:
-    _fail(str(err))
+    fail(str(err))
   except Exception as err:  # pylint: disable=broad-except
     if jax.process_count() == 1:
       raise
