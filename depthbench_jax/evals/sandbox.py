@@ -14,16 +14,16 @@
 * a ``sys.addaudithook`` installed before the code runs that raises ``PermissionError`` on:
   opening a file for writing (any of w/a/x/+ or O_WRONLY/O_RDWR/O_CREAT/O_APPEND/O_TRUNC)
   outside the temp dir; remove/rename/mkdir/rmdir/chmod/chown/symlink/link/truncate/utime/
-  setxattr/removexattr and shutil copy/move/rmtree outside it; any socket; subprocess/exec/spawn/fork/system/kill;
-  ``resource.setrlimit`` (root could raise its own limits); importing ``ctypes``.
+  setxattr/removexattr and shutil copy/move/rmtree outside it; any socket;
+  subprocess/exec/spawn/fork/system/kill; ``resource.setrlimit`` (root could raise its own
+  limits); importing ``ctypes``.
 
 Honest limits: an audit hook is not a security boundary. It stops the accidents generated code
 makes (writing files, ``os.system``, network calls, fork loops, runaway loops and memory) but
 a determined adversary can get around CPython-level hooks (e.g. native code in an already
 loaded extension module). Reading files is not restricted. ``os.mkfifo`` and ``os.mknod`` raise
-no audit event, so the hook cannot see them. There is no network namespace or
-seccomp filter; for real isolation run untrusted model output inside a container without
-network.
+no audit event, so the hook cannot see them. There is no network namespace or seccomp filter;
+for real isolation run untrusted model output inside a container without network.
 """
 
 from __future__ import annotations

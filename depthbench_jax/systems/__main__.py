@@ -26,6 +26,8 @@ import sys
 import time
 from typing import Sequence
 
+from depthbench_jax.errors import ConfigError
+
 DEFAULT_SUITE_KEY = "400m"
 
 
@@ -42,7 +44,6 @@ def suite_configs(config_path: str, designs: Sequence[str] | None = None,
   designs = designs or registry.names()
   unknown = [d for d in designs if d not in registry.names()]
   if unknown:  # Named as the flag, not as the suite file's ``arch=`` argument it becomes.
-    from depthbench_jax.errors import ConfigError
     raise ConfigError(f"--designs: unknown {unknown}; allowed: {', '.join(registry.names())}")
   out = []
   for design in designs:
@@ -54,7 +55,6 @@ def suite_configs(config_path: str, designs: Sequence[str] | None = None,
 def check_numbers(*, seq_len: int, batch: int, mfu: float, peak_flops: float) -> None:
   """One ``ConfigError`` naming the flag and its allowed values, before any compile: a zero MFU
   or peak would divide by zero, an MFU over 1 or an empty sequence gives a table of nonsense."""
-  from depthbench_jax.errors import ConfigError
   for name, value, ok, allowed in (
       ("seq_len", seq_len, seq_len >= 1, "an integer >= 1"),
       ("batch", batch, batch >= 1, "an integer >= 1"),
