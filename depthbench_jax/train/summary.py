@@ -166,6 +166,21 @@ class MetricsLog:
   def __init__(self, workdir: str, enabled: bool = True):
     self.path = os.path.join(workdir, METRICS)
     self.enabled = enabled
+    if enabled:
+      self._end_torn_line()
+
+  def _end_torn_line(self) -> None:
+    """A kill mid-write leaves a last line without its newline: end it, so the next record
+    starts a line of its own instead of being glued onto the torn one (and skipped with it)."""
+    try:
+      with open(self.path, "rb+") as f:
+        if f.seek(0, os.SEEK_END) == 0:
+          return
+        f.seek(-1, os.SEEK_END)
+        if f.read(1) != b"\n":
+          f.write(b"\n")
+    except FileNotFoundError:
+      pass
 
   def append(self, step: int, scalars: dict) -> None:
     if not self.enabled:

@@ -136,6 +136,14 @@ def test_metrics_log_last_record_of_a_step_wins(tmp_path):
   assert summary.read_metrics(str(tmp_path)) == {11: 4.40, 12: 4.25}
 
 
+def test_metrics_log_after_a_torn_last_line_keeps_the_next_record(tmp_path):
+  """A kill mid-write leaves a last line without its newline; the resumed run's first record
+  must start a line of its own, not be glued onto the torn one and lost with it."""
+  (tmp_path / "metrics.jsonl").write_text('{"step": 20, "train/loss": 4.40}\n{"step": 25, "tr')
+  summary.MetricsLog(str(tmp_path)).append(25, {"train/loss": 4.25})
+  assert summary.read_metrics(str(tmp_path)) == {20: 4.40, 25: 4.25}
+
+
 def test_guard_nonfinite_gradient_and_skip_limit():
   guard = _guard()
   assert "gradient" in guard.check(3, 5.0, float("inf")) and guard.step == 3
