@@ -274,6 +274,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
 
   manager.wait_until_finished()
   writer.flush()
+  if step == start_step and start_step > 0:  # Resumed at its last step: no step logged here.
+    last_train_loss = summary.read_metrics(workdir).get(step)
   if status == "ok" and val_loss is None:
     val_loss = evaluate(state.params, val_batches, eval_fn, batch_sharding)  # None: no val set
   result = summary.build(

@@ -88,6 +88,23 @@ def test_a_resumed_run_keeps_its_skipped_steps_wall_time_and_best_loss(train_in_
   assert s["wall_time_s"] > progress["wall_time_s"]
 
 
+def test_a_run_killed_after_its_last_checkpoint_keeps_its_final_train_loss(train_in_process,
+                                                                           tmp_path):
+  # Killed after the final step's save but before summary.json (e.g. in the final eval): the
+  # next session restores step 10 and trains no step, and its summary still has the loss
+  # logged at step 10 (metrics.jsonl), not None.
+  workdir = str(tmp_path / "last")
+  config = helpers.tiny_config(steps=10, checkpoint_every=5, eval_every=0)
+  train_in_process(config, workdir)
+  first = helpers.summary(workdir)
+  os.remove(os.path.join(workdir, "summary.json"))
+  train_in_process(config, workdir)
+  s = helpers.summary(workdir)
+  assert s["steps"] == 10 and s["final_train_loss"] is not None
+  assert s["final_train_loss"] == first["final_train_loss"]
+  assert s["final_val_loss"] == pytest.approx(first["final_val_loss"], rel=1e-6)
+
+
 def test_no_validation_batches_means_no_val_loss(train_in_process, tmp_path):
   # data.val_batches=0 is allowed: the run has no val loss (None), never a 0.0 that would win
   # every best-LR selection.
