@@ -407,9 +407,11 @@ def write_report(results_dir: str, out_dir: str | None = None,
   rel = [os.path.relpath(p, out_dir) for p in plot_files]
   title = f"DepthBench scorecard: {os.path.basename(os.path.normpath(results_dir))}"
   report_path = os.path.join(out_dir, "report.md")
-  with open(report_path, "w") as f:
-    f.write(build_report(records, title=title, plot_files=rel,
-                         unfinished=collect_unfinished(results_dir)))
+  # Rendered in full first (the hook sections take seconds), then swapped in: an interrupted
+  # report leaves the previous report.md whole.
+  from depthbench_jax.train.summary import atomic_write_text  # Local, and light.
+  atomic_write_text(report_path, build_report(records, title=title, plot_files=rel,
+                                              unfinished=collect_unfinished(results_dir)))
   csv_path = os.path.join(out_dir, "runs.csv")
   write_csv(records, csv_path, groups)
   return [report_path, csv_path] + plot_files

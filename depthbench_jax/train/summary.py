@@ -19,15 +19,19 @@ METRICS = "metrics.jsonl"
 CHECKPOINTS = "checkpoints"
 
 
-def atomic_write_json(path: str, obj: Any) -> None:
+def atomic_write_text(path: str, text: str) -> None:
   tmp = f"{path}.tmp.{os.getpid()}"
   try:
     with open(tmp, "w") as f:
-      json.dump(obj, f, indent=2, sort_keys=True, default=str)
+      f.write(text)
     os.replace(tmp, path)
   finally:
     if os.path.exists(tmp):  # A write that raised: no half-written file left beside the record.
       os.remove(tmp)
+
+
+def atomic_write_json(path: str, obj: Any) -> None:
+  atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str))
 
 
 def read_json(path: str) -> Any:

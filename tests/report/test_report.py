@@ -67,6 +67,23 @@ def test_report_into_results_dir_and_rerun(tmp_path):
   assert report_main.main([str(tmp_path / "empty")]) == 1
 
 
+def test_report_interrupted_while_rendering_keeps_the_previous_report(tmp_path, monkeypatch):
+  # Ctrl-C during the report (here in the slow systems section) must leave the last report
+  # whole, not an empty report.md.
+  results = tmp_path / "results"
+  shutil.copytree(FIXTURE, results)
+  scorecard.write_report(str(results), plots=False)
+  before = (results / "report.md").read_text()
+
+  def interrupted(records):
+    raise KeyboardInterrupt
+  monkeypatch.setattr(scorecard, "hook_sections", interrupted)
+  with pytest.raises(KeyboardInterrupt):
+    scorecard.write_report(str(results), plots=False)
+  assert (results / "report.md").read_text() == before
+  assert not [f for f in os.listdir(results) if ".tmp" in f]
+
+
 def test_report_lists_runs_without_a_summary(tmp_path):
   # A sweep in progress: one run still training (metrics, a checkpoint at 10, no summary) is
   # listed with where it stands; the fixture's empty-checkpoints folder is not a run.
