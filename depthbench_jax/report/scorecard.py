@@ -25,7 +25,8 @@ import os
 import statistics
 from typing import Any, Iterable, Sequence
 
-from depthbench_jax.sweep import format_lr, is_usable, record_lr, select_best_lr, shape_key
+from depthbench_jax.sweep import (format_lr, is_usable, read_summary, record_lr, select_best_lr,
+                                  shape_key)
 
 # The paper's 400M table (val loss, best LR): design -> (16 layers, 32 layers, note).
 PAPER_400M = {
@@ -83,13 +84,14 @@ def collect_runs(results_dir: str) -> list[dict]:
 
 
 def collect_unfinished(results_dir: str) -> list[dict]:
-  """Run folders without a ``summary.json`` (training, interrupted, or crashed): ``{'name',
-  'workdir', 'step', 'train_loss', 'checkpoint_step'}`` from ``metrics.jsonl`` and
-  ``checkpoints/``; a folder with neither is not a run."""
+  """Run folders without a readable ``summary.json`` (training, interrupted, or crashed, or a
+  torn summary, which a sweep re-launches too): ``{'name', 'workdir', 'step', 'train_loss',
+  'checkpoint_step'}`` from ``metrics.jsonl`` and ``checkpoints/``; a folder with neither is not
+  a run."""
   from depthbench_jax.train.summary import checkpoint_steps, read_metrics  # Local, and light.
   out = []
   for root, files in _folders(results_dir):
-    if "summary.json" in files:
+    if "summary.json" in files and read_summary(root) is not None:
       continue
     saved = checkpoint_steps(root)
     losses = read_metrics(root) if "metrics.jsonl" in files else {}

@@ -101,6 +101,21 @@ def test_report_lists_runs_without_a_summary(tmp_path):
   assert "preln_32x896_lr4e-3 |" not in text.split("## Runs without a summary")[1]
 
 
+def test_a_torn_summary_lists_its_run_as_unfinished(tmp_path):
+  # A summary.json left empty or cut short (a full disk, a copy cut short) is no result, and
+  # the run must not vanish from the report: it is listed with the runs without a summary,
+  # which a sweep re-launches.
+  results = tmp_path / "results"
+  shutil.copytree(FIXTURE, results)
+  torn = results / "hc_24x1024_lr1e-3"
+  (torn / "summary.json").write_text('{"name": "hc_24x1024_lr1e-3", "status": "o')
+  (torn / "metrics.jsonl").write_text('{"step": 1200, "train/loss": 2.75}\n')
+  (torn / "checkpoints" / "1200").mkdir(parents=True)
+  scorecard.write_report(str(results), plots=False)
+  text = (results / "report.md").read_text()
+  assert "| hc_24x1024_lr1e-3 | 1200 | 2.750 | 1200 |" in text
+
+
 def test_multiscale_families():
   records = [
       {"name": f"hc_{L}x{d}", "design": "hc", "n_layers": L, "d_model": d, "lr": 1e-3,
