@@ -9,7 +9,8 @@ the results folder (``results/<NAME>/<design>_<L>x<d>_lr<lr>/``).
 
 A run is finished when its ``summary.json`` exists with a final status ('ok' or 'diverged'); an
 unfinished run is launched again with the same workdir, and ``main.py`` resumes it from
-``WORKDIR/checkpoints``. Runs go one after another. ``LOCAL_PROCESSES=N`` starts each run as N
+``WORKDIR/checkpoints``. A finished run whose recipe the suite has since changed is refused
+(``check_finished_recipes``). Runs go one after another. ``LOCAL_PROCESSES=N`` starts each run as N
 local JAX processes (coordinator on a free localhost port). On a multi-host pod, start this
 once per host (``srun``, or ``JAX_COORDINATOR_ADDRESS/JAX_NUM_PROCESSES/JAX_PROCESS_ID``); every
 host walks the same list, so the results dir must be on a filesystem all hosts share.
@@ -187,6 +188,30 @@ def run_state(workdir: str) -> str:
   if summary is not None and summary.get("status", "ok") in FINAL_STATUSES:
     return "done"
   return "partial" if os.path.isdir(workdir) and os.listdir(workdir) else "new"
+
+
+def check_finished_recipes(config_path: str, runs: Sequence[Run]) -> None:
+  """A finished run is kept only if the suite still gives it the recipe it trained with (its
+  summary's config; ``config_check.recipe_changes``): a suite edited since (steps, data,
+  schedule, ...) would otherwise put two recipes in one best-LR comparison. The first such run
+  is one ``ConfigError``."""
+  from depthbench_jax.train import config_check  # Local: pulls in jax.
+  module = load_config_module(config_path)
+  stale = []
+  for run in runs:
+    summary = read_summary(run.workdir)
+    if run_state(run.workdir) == "done" and isinstance(summary.get("config"), dict):
+      changed = config_check.recipe_changes(summary["config"], module.get_config(run.arg))
+      if changed:
+        stale.append((run, changed))
+  if stale:
+    run, changed = stale[0]
+    more = f" (and {len(stale) - 1} more finished runs)" if len(stale) > 1 else ""
+    raise ConfigError(
+        f"{', '.join(f'config.{f}={new!r}' for f, _, new in changed)} in {config_path}: "
+        f"{run.workdir}{more} finished with {', '.join(repr(old) for _, old, _ in changed)}, "
+        f"and a sweep's results keep one recipe per run; allowed: the values it finished with, "
+        f"a new --results_dir, or moving the finished run out of the results dir")
 
 
 def pending(runs: Iterable[Run]) -> list[Run]:
@@ -490,6 +515,7 @@ def main(argv: Sequence[str] | None = None) -> int:
       print(results_dir)
       return 0
     runs = list_runs(args.config, results_dir)
+    check_finished_recipes(args.config, runs)
     if args.dry_run:
       rows = plan_rows(args.config, runs, args.mfu, args.peak_flops)
       print(f"suite {suite_name(module)} -> {results_dir}")

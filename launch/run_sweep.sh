@@ -56,6 +56,7 @@ while :; do
 done
 trap - TERM INT
 (( DRY )) && exit "$rc"
+(( rc == 2 )) && exit "$rc"   # bad input: its one error line is the last word, nothing written
 (( rc == 143 )) && { echo "[run_sweep] stopped by SIGTERM; rerun to resume" >&2; exit "$rc"; }
 
 # One report per sweep, from the first process of a multi-host launch only.

@@ -164,6 +164,38 @@ def test_resume_runs_only_what_is_missing(tiny, monkeypatch):
   assert len(calls(tiny["log"])) == 2
 
 
+def test_a_finished_run_under_another_recipe_is_refused_before_anything_runs(tiny, monkeypatch,
+                                                                             capsys):
+  # The suite's steps were edited after preln_4x128_lr1e-3 finished: skipping it would put a
+  # 60-step and 120-step runs in one best-LR comparison. One error line names the run, the field
+  # and both values; nothing is launched, the finished run is untouched.
+  monkeypatch.setenv("FAKE_LOG", tiny["log"])
+  module = sweep.load_config_module(tiny["config"])
+  done = os.path.join(tiny["results"], "preln_4x128_lr1e-3")
+  trained = module.get_config("arch=preln,shape=4x128,lr=1e-3").to_dict()
+  write_summary(done, config=dict(trained, steps=60, log_every=5))
+  before = open(os.path.join(done, "summary.json")).read()
+  for extra in ([], ["--dry_run"]):
+    assert sweep.main([tiny["config"], "--results_dir", tiny["results"],
+                       "--main_cmd", " ".join(tiny["main_cmd"])] + extra) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ")
+    assert "preln_4x128_lr1e-3" in err[0] and "config.steps=120" in err[0] and "60" in err[0]
+    assert "allowed" in err[0] and "log_every" not in err[0]   # log_every may change
+  assert not calls(tiny["log"])
+  assert open(os.path.join(done, "summary.json")).read() == before
+  # run_sweep.sh stops at the error line too: no report is rendered after it.
+  out = subprocess.run([os.path.join(REPO, "launch", "run_sweep.sh"), tiny["config"],
+                        "--results_dir", tiny["results"], "--main_cmd",
+                        " ".join(tiny["main_cmd"])], capture_output=True, text=True)
+  assert out.returncode == 2 and "error: config.steps=120" in out.stderr
+  assert not os.path.exists(os.path.join(tiny["results"], "report.md"))
+  write_summary(done, config=dict(trained, log_every=5))   # the same recipe: skipped, the rest run
+  assert sweep.main([tiny["config"], "--results_dir", tiny["results"],
+                     "--main_cmd", " ".join(tiny["main_cmd"])]) == 0
+  assert len(calls(tiny["log"])) == 3
+
+
 def test_crashed_run_does_not_stop_the_sweep(tiny, monkeypatch):
   monkeypatch.setenv("FAKE_LOG", tiny["log"])
   monkeypatch.setenv("FAKE_CRASH", "preln_4x128_lr3e-3")

@@ -198,19 +198,25 @@ def _resumable(field: str) -> bool:
   return any(field == f or (f.endswith(".") and field.startswith(f)) for f in RESUMABLE_FIELDS)
 
 
+def recipe_changes(saved: dict, config) -> list[tuple[str, object, object]]:
+  """``[(field, saved value, config's value)]`` for every field outside ``RESUMABLE_FIELDS``
+  that differs (fields on one side only are not compared)."""
+  old = _flatten(saved)
+  new = _flatten(json.loads(json.dumps(config.to_dict())))
+  return [(f, old[f], new[f]) for f in sorted(old.keys() & new.keys())
+          if old[f] != new[f] and not _resumable(f)]
+
+
 def check_resume(saved: dict, config, workdir: str) -> None:
   """Raises one ``ConfigError`` naming every field whose value differs from ``saved`` (the
   run's ``config.json``, written when its checkpoints were trained) other than the
   ``RESUMABLE_FIELDS``: a resume under another recipe would silently mix two runs in one
   workdir (and ``config.json`` would no longer say how the checkpoints were made). Fields
   present on one side only (a config from an older version of the code) are not compared."""
-  old = _flatten(saved)
-  new = _flatten(json.loads(json.dumps(config.to_dict())))
-  changed = [f for f in sorted(old.keys() & new.keys())
-             if old[f] != new[f] and not _resumable(f)]
+  changed = recipe_changes(saved, config)
   _require(not changed,
-           f"{', '.join(f'config.{f}={new[f]!r}' for f in changed)}: the checkpoints in "
-           f"{workdir} were trained with {', '.join(repr(old[f]) for f in changed)}, and a "
+           f"{', '.join(f'config.{f}={new!r}' for f, _, new in changed)}: the checkpoints in "
+           f"{workdir} were trained with {', '.join(repr(old) for _, old, _ in changed)}, and a "
            f"resumed run keeps every field that changes what a step computes; allowed: the "
            f"same values, a new --workdir, or changes only to "
            f"{', '.join(f.rstrip('.') for f in RESUMABLE_FIELDS)}")
