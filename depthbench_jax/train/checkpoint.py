@@ -43,6 +43,21 @@ def has_checkpoint(workdir: str) -> bool:
   return bool(summary.checkpoint_steps(workdir))
 
 
+COMMIT_MARKER = "commit_success.txt"  # Orbax writes it into a step's directory last.
+
+
+def check_committed(workdir: str, step: int) -> None:
+  """A step directory without orbax's commit marker (a copy or a filesystem cut short) is one
+  ``ConfigError`` naming it and the step before it, not an orbax error mid-restore."""
+  path = os.path.join(checkpoint_dir(workdir), str(step))
+  if os.path.exists(os.path.join(path, COMMIT_MARKER)):
+    return
+  earlier = [s for s in summary.checkpoint_steps(workdir) if s < step]
+  instead = f"the run then uses step {earlier[-1]}" if earlier else "no earlier step is there"
+  raise ConfigError(f"checkpoint {path} has no {COMMIT_MARKER} (an incomplete save or copy); "
+                    f"allowed: move it out of {checkpoint_dir(workdir)} ({instead})")
+
+
 def save(manager: ocp.CheckpointManager, step: int, state: Any, data_iter: Any,
          force: bool = False, progress: dict | None = None) -> bool:
   args = {"state": ocp.args.StandardSave(state)}
@@ -99,6 +114,7 @@ def restore_run(workdir: str, step: int | None = None
   if step not in saved:
     raise ConfigError(f"--step={step}; allowed: {', '.join(map(str, saved))} (the checkpoints "
                       f"of {workdir})")
+  check_committed(workdir, step)
   config = load_run_config(workdir)
   manager = ocp.CheckpointManager(checkpoint_dir(workdir), item_names=ITEMS)
   # The params only, onto this process's first device whatever mesh wrote them (a pod's

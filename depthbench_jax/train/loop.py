@@ -133,8 +133,10 @@ def train_and_evaluate(config, workdir: str) -> dict:
   process_index, process_count = jax.process_index(), jax.process_count()
   os.makedirs(workdir, exist_ok=True)
   saved_config = os.path.join(workdir, summary.CONFIG)
-  if checkpoint.has_checkpoint(workdir) and os.path.exists(saved_config):
-    config_check.check_resume(summary.read_json(saved_config), config, workdir)
+  if checkpoint.has_checkpoint(workdir):
+    if os.path.exists(saved_config):
+      config_check.check_resume(summary.read_json(saved_config), config, workdir)
+    checkpoint.check_committed(workdir, summary.checkpoint_steps(workdir)[-1])
   if process_index == 0:
     summary.write_config(workdir, config)
 

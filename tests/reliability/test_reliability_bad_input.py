@@ -247,6 +247,9 @@ def test_restore_run_names_what_the_run_dir_lacks_before_orbax_opens_it(tmp_path
     (tmp_path / "checkpoints" / step).mkdir(exist_ok=True)
   with pytest.raises(ConfigError, match=r"--step=15; allowed: 10, 20 \(the checkpoints of "):
     checkpoint.restore_run(workdir, 15)
+  # 20 holds nothing, not even orbax's commit marker (a copy cut short): named, with step 10.
+  with pytest.raises(ConfigError, match=r"checkpoints/20 has no commit_success.txt.*step 10"):
+    checkpoint.restore_run(workdir)
 
 
 @pytest.mark.parametrize("module", ["diagnose", "evaluate"])

@@ -8,12 +8,14 @@ divergence (LR 1e4) goes through the sweep in ``test_reliability_faults.py``.
 
 import math
 import os
+import shutil
 import signal
 
 import jax
 import numpy as np
 import pytest
 
+from depthbench_jax.errors import ConfigError
 from depthbench_jax.train import checkpoint, summary
 from tests import helpers
 
@@ -103,6 +105,26 @@ def test_a_run_killed_after_its_last_checkpoint_keeps_its_final_train_loss(train
   assert s["steps"] == 10 and s["final_train_loss"] is not None
   assert s["final_train_loss"] == first["final_train_loss"]
   assert s["final_val_loss"] == pytest.approx(first["final_val_loss"], rel=1e-6)
+
+
+def test_a_latest_checkpoint_without_its_commit_marker_is_one_clear_error(train_in_process,
+                                                                          tmp_path):
+  # checkpoints/10 lost its contents (a copy or a filesystem cut short; orbax writes
+  # commit_success.txt last): resuming names it and the complete step 5 instead of raising an
+  # orbax KeyError mid-restore, and touches nothing.
+  workdir = str(tmp_path / "uncommitted")
+  config = helpers.tiny_config(steps=10, checkpoint_every=5, eval_every=0, keep_checkpoints=5)
+  train_in_process(config, workdir)
+  os.remove(os.path.join(workdir, "summary.json"))
+  step_dir = os.path.join(workdir, "checkpoints", "10")
+  for name in os.listdir(step_dir):
+    path = os.path.join(step_dir, name)
+    shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+  before = open(os.path.join(workdir, "config.json")).read()
+  with pytest.raises(ConfigError, match=r"checkpoints/10 .*commit_success.txt.*step 5"):
+    train_in_process(config, workdir)
+  assert open(os.path.join(workdir, "config.json")).read() == before
+  assert not os.path.exists(os.path.join(workdir, "summary.json"))
 
 
 def test_no_validation_batches_means_no_val_loss(train_in_process, tmp_path):
