@@ -16,7 +16,7 @@ from typing import Any
 # allow_override: diagnose.py and evaluate.py share flag names and may be imported together.
 from absl import app, flags, logging
 
-from depthbench_jax.errors import ConfigError, fail
+from depthbench_jax.errors import ConfigError, absl_flags_parser, fail
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory with config.json and checkpoints/.",
                                allow_override=True)
@@ -27,6 +27,10 @@ _BATCH_SIZE = flags.DEFINE_integer("batch_size", None,
                                    allow_override=True)
 _SET = flags.DEFINE_multi_string("set", [], "KEY=VALUE overrides of config.diagnostics, e.g. "
                                  "--set=permutation_chunk=4 --set=causal_reduction=max.")
+flags.register_validator("batch_size", lambda n: n is None or n >= 1,
+                         message="allowed: an integer >= 1 (or unset: the config's)")
+USAGE = ("python -m depthbench_jax.diagnose --workdir=RUN_DIR [--step=N] [--batch_size=N] "
+         "[--set=KEY=VALUE ...]")
 
 
 def diagnostics_options(config: Any, overrides: dict | None = None) -> dict:
@@ -87,7 +91,7 @@ def main(argv):
     config, params, step = checkpoint.restore_run(workdir, _STEP.value)
   except ConfigError as err:
     fail(str(err))
-  if _BATCH_SIZE.value:
+  if _BATCH_SIZE.value is not None:
     overrides["batch_size"] = _BATCH_SIZE.value
   val = pipeline.make_val_batches(config, process_index=0, process_count=1)
   if not val:
@@ -101,4 +105,4 @@ def main(argv):
 
 if __name__ == "__main__":
   flags.mark_flags_as_required(["workdir"])
-  app.run(main)
+  app.run(main, flags_parser=absl_flags_parser(USAGE))

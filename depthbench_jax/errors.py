@@ -2,7 +2,7 @@
 reports it."""
 
 import sys
-from typing import NoReturn
+from typing import Callable, NoReturn
 
 
 class ConfigError(ValueError):
@@ -17,3 +17,25 @@ def fail(message: str, code: int = 2) -> NoReturn:
   """Ends a CLI with one ``error: <message>`` line on stderr and exit status ``code``."""
   print(f"error: {message}", file=sys.stderr, flush=True)
   sys.exit(code)
+
+
+def flag_error_line(err: Exception, usage: str) -> str:
+  """The first line of a flag-parsing failure (absl names the flag: ``flag --x=v: ...``), with
+  ``usage`` as what is allowed unless the line already says."""
+  text = str(err).strip()
+  line = text.splitlines()[0] if text else type(err).__name__
+  return line if "allowed" in line else f"{line}; allowed: {usage}"
+
+
+def absl_flags_parser(usage: str) -> Callable[[list], list]:
+  """An ``app.run(main, flags_parser=...)``: an unknown, mistyped, out-of-range or missing flag
+  is one ``fail`` line naming it (absl's own is a FATAL line and exit 1)."""
+
+  def parse(argv: list) -> list:
+    from absl import flags  # pylint: disable=g-import-not-at-top
+    try:
+      return flags.FLAGS(argv)
+    except flags.Error as err:
+      fail(flag_error_line(err, usage))
+
+  return parse

@@ -30,7 +30,7 @@ from typing import Any, Sequence
 # allow_override: diagnose.py and evaluate.py share flag names and may be imported together.
 from absl import app, flags, logging
 
-from depthbench_jax.errors import ConfigError, fail
+from depthbench_jax.errors import ConfigError, absl_flags_parser, fail
 from depthbench_jax.evals import datasets
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory with config.json and checkpoints/.",
@@ -49,6 +49,14 @@ _BATCH = flags.DEFINE_integer("batch_size", 8, "Rows per model call.", allow_ove
 _TIMEOUT = flags.DEFINE_float("timeout_s", 10.0, "Sandbox timeout per program.")
 _STRICT = flags.DEFINE_bool("strict", False, "Fail when a set's file is missing.")
 _EXPORT = flags.DEFINE_bool("export_hf", False, "Also export RUN_DIR/hf (Pre-LN family only).")
+for _name, _ok, _allowed in (
+    ("max_examples", lambda n: n is None or n >= 1, "an integer >= 1 (or unset: every example)"),
+    ("max_new_tokens", lambda n: n >= 1, "an integer >= 1"),
+    ("batch_size", lambda n: n >= 1, "an integer >= 1"),
+    ("timeout_s", lambda t: t > 0, "seconds > 0")):
+  flags.register_validator(_name, _ok, message=f"allowed: {_allowed}")
+USAGE = ("python -m depthbench_jax.evaluate --workdir=RUN_DIR [--step=N] [--sets=a,b] "
+         "[--eval_data_dir=DIR] [--max_examples=N] [--strict] [--export_hf] ...")
 
 
 def domain_means(sets: dict) -> dict:
@@ -173,4 +181,4 @@ def main(argv):
 
 if __name__ == "__main__":
   flags.mark_flags_as_required(["workdir"])
-  app.run(main)
+  app.run(main, flags_parser=absl_flags_parser(USAGE))

@@ -25,7 +25,7 @@ import traceback
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from depthbench_jax.errors import ConfigError, fail
+from depthbench_jax.errors import ConfigError, fail, flag_error_line
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file.",
                                           lock_config=True)
@@ -81,8 +81,7 @@ def flag_error_message(err: Exception, argv: list[str]) -> str:
         problem = _override_problem(config_arg, name, value, text)
         if problem:
           return f"flag --{name}={value}: {problem}"
-  line = text.strip().splitlines()[0] if text.strip() else type(err).__name__
-  return line if "allowed" in line else f"{line}; allowed: {USAGE}"
+  return flag_error_line(err, USAGE)
 
 
 def _override_problem(config_arg: str, name: str, value: str, text: str) -> str | None:

@@ -48,3 +48,21 @@ def test_cli_misspelt_set_key_is_one_error_before_the_checkpoint_loads(tmp_path)
   assert len(lines) == 1 and lines[0].startswith("error: --set=permutaton_chunk=4: ")
   assert "allowed keys: batch_size" in lines[0]
   assert os.listdir(tmp_path) == ["summary.json"]
+
+
+@pytest.mark.parametrize("flag, named", [
+    ("--batch_size=abc", "--batch_size=abc"),   # absl: a FATAL line and exit 1
+    ("--batch_size=0", "--batch_size=0"),       # once silently the config's batch size
+    ("--batch_size=-2", "--batch_size=-2"),     # once a traceback after the checkpoint loaded
+    ("--nope=1", "nope"),                       # absl: a FATAL line and exit 1
+])
+def test_cli_bad_flag_is_one_error_line_before_the_checkpoint_loads(tmp_path, flag, named):
+  (tmp_path / "summary.json").write_text('{"status": "ok"}')
+  proc = subprocess.run([sys.executable, "-m", "depthbench_jax.diagnose", f"--workdir={tmp_path}",
+                         flag], cwd=ROOT, env=subprocess_env(), capture_output=True, text=True,
+                        timeout=120)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  lines = proc.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith("error: ") and named in lines[0], lines
+  assert "allowed" in lines[0]
+  assert os.listdir(tmp_path) == ["summary.json"]
