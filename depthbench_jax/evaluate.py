@@ -73,8 +73,24 @@ def domain_means(sets: dict) -> dict:
 def check_sets(sets: Sequence[str]) -> None:
   """One ``ConfigError`` naming every requested set that is not an eval set, and the allowed."""
   unknown = [s for s in sets if s not in datasets.SETS]
-  if unknown:
-    raise ConfigError(f"--sets: unknown {unknown}; allowed: {', '.join(datasets.SETS)}")
+  if unknown or not sets:
+    raise ConfigError(f"--sets: {f'unknown {unknown}' if unknown else 'empty'}; allowed: "
+                      f"{', '.join(datasets.SETS)}")
+
+
+def check_found(sets: Sequence[str], data_dir: str | None, strict: bool) -> None:
+  """One ``ConfigError`` when no requested set's file is found, or (``strict``) any one is not;
+  it says where each missing file goes. Only looks for the files, reads none."""
+  missing = {}
+  for name in sets:
+    try:
+      datasets.find_file(name, data_dir)
+    except datasets.MissingEvalSet as e:
+      missing[name] = str(e)
+  if missing and (strict or len(missing) == len(sets)):
+    flag = "--strict" if strict else f"--sets={','.join(sets)}"
+    raise ConfigError(f"{flag}: {', '.join(missing)} not found; allowed: sets whose files are "
+                      f"present. {' '.join(missing.values())}")
 
 
 def evaluate(model_cfg, params, tokenizer, *, sets: Sequence[str] = tuple(datasets.SETS),
@@ -152,14 +168,15 @@ def main(argv):
   try:
     check_sets(_SETS.value)  # Before the checkpoint loads.
     config, params, step = checkpoint.restore_run(workdir, _STEP.value)
+    model_cfg = model_config_from(config.model)
+    if _EXPORT.value:
+      hf.check_exportable(model_cfg)  # Before any compute: a clear error for non-Pre-LN designs.
+    # --eval_data_dir, else the run's config.evals.data_dir (when it has one), else default.
+    data_dir = _DATA_DIR.value or ((config.get("evals") or {}).get("data_dir") or None)
+    check_found(_SETS.value, data_dir, _STRICT.value)
   except ConfigError as err:
     fail(str(err))
-  model_cfg = model_config_from(config.model)
-  if _EXPORT.value:
-    hf.check_exportable(model_cfg)  # Before any compute: a clear error for non-Pre-LN designs.
   tokenizer = get_tokenizer(config.data.tokenizer)
-  # --eval_data_dir, else the run's config.evals.data_dir (when the config has one), else default.
-  data_dir = _DATA_DIR.value or ((config.get("evals") or {}).get("data_dir") or None)
   options = {"eval_data_dir": data_dir or datasets.default_data_dir(),
              "max_examples": _MAX_EXAMPLES.value, "generate": _GENERATE.value,
              "max_new_tokens": _MAX_NEW.value, "batch_size": _BATCH.value,

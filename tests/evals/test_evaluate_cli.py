@@ -88,3 +88,43 @@ def test_cli_bad_flag_is_one_error_line_before_the_checkpoint_loads(tmp_path, fl
   assert len(lines) == 1 and lines[0].startswith("error: ") and named in lines[0], lines
   assert "allowed" in lines[0]
   assert os.listdir(tmp_path) == ["summary.json"]
+
+
+def _saved_run(workdir: str, **overrides) -> None:
+  """A run dir with config.json and a step-5 checkpoint of freshly initialised params."""
+  from depthbench_jax.model.config import model_config_from
+  from depthbench_jax.model.transformer import init_params
+  from depthbench_jax.train import checkpoint, summary
+  os.makedirs(workdir)
+  config = helpers.tiny_config(**overrides)
+  summary.write_config(workdir, config)
+  params = nn.unbox(init_params(model_config_from(config.model), jax.random.PRNGKey(0)))
+  manager = checkpoint.make_manager(workdir, keep=1, async_save=False)
+  checkpoint.save(manager, 5, {"params": params}, None, force=True)
+  manager.wait_until_finished()
+
+
+@pytest.mark.parametrize("flags, named", [
+    # Once a ConfigError traceback, exit 1.
+    (["--export_hf", "--sets=humaneval"], "config.model.residual.name='hc'"),
+    # Once a MissingEvalSet traceback, exit 1, after the sets before it were scored.
+    (["--strict", "--sets=humaneval,gsm8k"], "--strict"),
+    # Once a FileNotFoundError traceback, exit 1.
+    (["--sets=gsm8k"], "--sets=gsm8k"),
+    (["--sets="], "--sets"),
+])
+def test_cli_refusal_after_the_config_is_read_is_one_error_line_and_writes_nothing(
+    tmp_path, flags, named):
+  workdir = str(tmp_path / "run")
+  _saved_run(workdir, **{"model.residual.name": "hc"})
+  before = sorted(os.listdir(workdir))
+  proc = subprocess.run(
+      [sys.executable, "-m", "depthbench_jax.evaluate", f"--workdir={workdir}",
+       f"--eval_data_dir={tmp_path / 'no_sets'}", "--max_examples=1", "--generate=false", *flags],
+      cwd=helpers.ROOT, env=helpers.subprocess_env(), capture_output=True, text=True,
+      timeout=300)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  lines = [l for l in proc.stderr.strip().splitlines() if l.startswith("error: ")]
+  assert len(lines) == 1 and named in lines[0] and "allowed" in lines[0], proc.stderr[-2000:]
+  assert "Traceback" not in proc.stderr
+  assert sorted(os.listdir(workdir)) == before
