@@ -77,7 +77,32 @@ def _parse_overrides(items: list[str]) -> dict:
       out[key] = json.loads(value)
     except json.JSONDecodeError:
       out[key] = value
+    _check_type(item, key, out[key])
+  try:
+    Options.from_config(out).validate()  # The allowed values of mean/max, all/late, >= 0, ...
+  except ConfigError as err:
+    raise ConfigError(f"--set: {err}") from None
   return out
+
+
+def _check_type(item: str, key: str, value: Any) -> None:
+  """``ConfigError`` unless ``value`` has the type of the option's default (an int passes for a
+  float); ``batch_size`` an integer >= 1, ``thresholds`` two numbers (causal, permutation)."""
+  from depthbench_jax.diagnostics.probes import Options  # Local: pulls in jax.
+  number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+  if key == "thresholds":
+    ok, allowed = (isinstance(value, list) and len(value) == 2 and all(map(number, value)),
+                   "[causal, permutation], two numbers, e.g. [0.45,0.15]")
+  elif key == "batch_size":
+    ok, allowed = isinstance(value, int) and not isinstance(value, bool) and value >= 1, \
+        "an integer >= 1"
+  else:
+    kind = type(getattr(Options(), key))
+    ok = number(value) if kind is float else (
+        isinstance(value, kind) and (kind is bool or not isinstance(value, bool)))
+    allowed = {float: "a number", int: "an integer", bool: "true, false"}.get(kind, "a string")
+  if not ok:
+    raise ConfigError(f"--set={item}; allowed: {allowed}")
 
 
 def main(argv):

@@ -66,3 +66,23 @@ def test_cli_bad_flag_is_one_error_line_before_the_checkpoint_loads(tmp_path, fl
   assert len(lines) == 1 and lines[0].startswith("error: ") and named in lines[0], lines
   assert "allowed" in lines[0]
   assert os.listdir(tmp_path) == ["summary.json"]
+
+
+@pytest.mark.parametrize("item, named", [
+    ("causal_reduction=foo", "causal_reduction"),   # once a ConfigError traceback after the restore
+    ("thresholds=0.5", "thresholds"),               # once a TypeError traceback
+    ("curve_points=abc", "curve_points"),           # once a TypeError traceback
+    ("batch_size=0", "batch_size"),                 # once silently the whole held-out batch
+    ("dead_threshold=abc", "dead_threshold"),       # once silently accepted
+    ("run_causal=maybe", "run_causal"),             # once silently true
+])
+def test_cli_bad_set_value_is_one_error_line_before_the_checkpoint_loads(tmp_path, item, named):
+  (tmp_path / "summary.json").write_text('{"status": "ok"}')
+  proc = subprocess.run([sys.executable, "-m", "depthbench_jax.diagnose", f"--workdir={tmp_path}",
+                         f"--set={item}"], cwd=ROOT, env=subprocess_env(), capture_output=True,
+                        text=True, timeout=120)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  lines = proc.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith("error: --set") and named in lines[0], lines
+  assert "allowed" in lines[0]
+  assert os.listdir(tmp_path) == ["summary.json"]
