@@ -76,7 +76,7 @@ class Options:
     for name in ("causal_chunk", "permutation_chunk"):
       if getattr(self, name) < 0:
         raise ConfigError(f"config.diagnostics.{name}={getattr(self, name)}; allowed: >= 0 "
-                          "(0 = everything in one vmapped batch)")
+                          "(0 = one at a time)")
     if self.curve_points < 2:
       raise ConfigError(f"config.diagnostics.curve_points={self.curve_points}; allowed: >= 2")
 

@@ -152,6 +152,9 @@ def test_bad_options_raise():
     probes.Options(permutation_pairs="some").validate()
   with pytest.raises(ConfigError, match="causal_chunk"):
     probes.Probes(model_config_from(tiny_config().model), probes.Options(causal_chunk=-1))
+  # 0 is lax.map's batch_size=None, a sequential map (the message once said one vmapped batch).
+  with pytest.raises(ConfigError, match=r"0 = one at a time"):
+    probes.Options(permutation_chunk=-1).validate()
 
 
 def test_options_from_config_reads_thresholds_and_ignores_every():
