@@ -4,7 +4,8 @@
 its ``evals.json``) or of run records (``summary.json`` dicts with a ``workdir``, as
 ``report.scorecard`` passes them; their ``evals.json`` is read here, and only each (design,
 shape)'s best-LR run is kept, ``sweep.best_lr_runs``, as the scorecard reports it). Returns
-markdown, or None when no run has evals.
+markdown, or None when no run has evals. A run scored on the first N examples of each set only
+(``options.max_examples``) reads ``LxD (first N)``.
 
 Depth trend per design (and scale family, ``record['family']``, when the scorecard set several)
 and domain: the least-squares slope of NLL against ``log2(n_layers)`` (nats per doubling of
@@ -101,12 +102,17 @@ def evals_table(runs: Sequence[Any]) -> str | None:
     design, depth = _design(summary, evals), _depth(summary, evals)
     doms = evals.get("domains", {})
     lr = summary.get("lr")
-    row = [design, _shape(summary, evals), "-" if lr is None else f"{lr:g}"]
+    limit = (evals.get("options") or {}).get("max_examples")
+    shape = _shape(summary, evals) + (f" (first {limit})" if limit else "")
+    row = [design, shape, "-" if lr is None else f"{lr:g}"]
     row += [_num((doms.get(d) or {}).get("nll_per_token")) for d in DOMAINS]
     row += [_num((evals.get("sets", {}).get(s) or {}).get(m)) for s, m in tasks]
     lines.append("| " + " | ".join(row) + " |")
     key = design if len(families) == 1 else f"{design} (family {summary.get('family', 0)})"
     by_design.setdefault(key, []).append((depth, doms))
+  if any((e.get("options") or {}).get("max_examples") for _, e in pairs):
+    lines += ["", "(first N): only the first N examples of each set were scored "
+              "(evaluate --max_examples=N); not comparable with full-set rows."]
   lines += ["", "Depth trend: slope of domain NLL against log2(depth), nats per doubling "
             f"(negative = deeper is better; |slope| < {FLAT_TOL}: flat).", "",
             "| design | depths | " + " | ".join(DOMAINS) + " |",

@@ -308,3 +308,17 @@ def test_score_rows_pad_to_a_power_of_two_within_the_window():
   from depthbench_jax.evals.scoring import _bucket
   assert [_bucket(n, 512) for n in (1, 32, 33, 64, 65, 300)] == [32, 32, 64, 64, 128, 512]
   assert _bucket(100, 96) == 96   # never wider than max_len
+
+
+def test_evals_table_marks_a_run_scored_on_the_first_examples_only():
+  """evaluate --max_examples=N (recorded in evals.json's options) once gave a row that read like
+  a full-set NLL beside the full-set rows; its shape now says how many examples it scored."""
+  def run(name, depth, nll, max_examples):
+    return ({"design": "preln", "n_layers": depth, "name": name, "d_model": 64},
+            {"domains": {"coding": {"nll_per_token": nll}},
+             "options": {"max_examples": max_examples}})
+  text = report_section.evals_table([run("a", 8, 2.0, None), run("b", 16, 1.5, 4)])
+  assert "| preln | 8x64 | - | 2.000 |" in text
+  assert "| preln | 16x64 (first 4) | - | 1.500 |" in text
+  assert "(first N): only the first N examples of each set" in text
+  assert "first N" not in report_section.evals_table([run("a", 8, 2.0, None)])
