@@ -8,7 +8,7 @@ wall-clock time the runs actually took (summed over the LR grid). When ``python 
 depthbench_jax.systems`` has written a ``systems.json`` in a run's directory or one of its two
 parents, its XLA FLOPs and peak memory are merged in, and its measured rows (``--measured``: the
 bench's timed steps and device-hours, ``systems/measured.py``) for the runs' (design, shape)s
-follow the table.
+follow the table; a file at a prefill length other than ``PREFILL_SEQ_LEN`` is named, not merged.
 """
 
 from __future__ import annotations
@@ -55,11 +55,14 @@ def _budget_params(record: dict) -> int | None:
       {"model": _run_model(record), "budget_design": budget_design}))
 
 
-def _systems_rows(records: Iterable[dict]) -> tuple[dict[tuple[str, str], dict], list[dict]]:
-  """``(rows by (design, shape), measured rows)`` of the ``systems.json`` files near the runs;
-  where two files hold a row (a measured one: for the same device), the first file found wins."""
+def _systems_rows(records: Iterable[dict]
+                  ) -> tuple[dict[tuple[str, str], dict], list[dict], dict[str, Any]]:
+  """``(rows by (design, shape), measured rows, {path: seq_len} of the files not merged)`` of the
+  ``systems.json`` files near the runs; only files at ``PREFILL_SEQ_LEN`` are merged, and where
+  two files hold a row (a measured one: for the same device), the first file found wins."""
   found: dict[tuple[str, str], dict] = {}
   timed: dict[tuple[str, str, str], dict] = {}
+  other_lengths: dict[str, Any] = {}
   seen = set()
   for r in records:
     d = r.get("workdir") or ""
@@ -74,12 +77,13 @@ def _systems_rows(records: Iterable[dict]) -> tuple[dict[tuple[str, str], dict],
       except (OSError, json.JSONDecodeError):
         continue
       if data.get("seq_len") != PREFILL_SEQ_LEN:
+        other_lengths[f] = data.get("seq_len")
         continue
       for row in data.get("rows", []):
         found.setdefault((row["design"], row["shape"]), row)
       for m in data.get("measured") or []:
         timed.setdefault((m["device"], m["design"], m["shape"]), m)
-  return found, list(timed.values())
+  return found, list(timed.values()), other_lengths
 
 
 def systems_table(runs: Iterable[dict]) -> str | None:
@@ -91,7 +95,7 @@ def systems_table(runs: Iterable[dict]) -> str | None:
   groups: dict[tuple[str, str], list[dict]] = {}
   for r in records:
     groups.setdefault((r["design"], f"{r['n_layers']}x{r['d_model']}"), []).append(r)
-  xla_rows, timed = _systems_rows(records)
+  xla_rows, timed, other_lengths = _systems_rows(records)
   rows = []
   for (design, shape), rs in sorted(groups.items(),
                                     key=lambda kv: (kv[0][0], int(kv[0][1].split("x")[0]))):
@@ -115,6 +119,10 @@ def systems_table(runs: Iterable[dict]) -> str | None:
   if not rows:
     return None
   parts = [table.CONVENTION, "", table.markdown_table(rows)]
+  for path, seq_len in other_lengths.items():
+    parts += ["", f"Not merged: {path} is at prefill T={seq_len}, not this table's "
+              f"T={PREFILL_SEQ_LEN} (python -m depthbench_jax.systems --seq_len={PREFILL_SEQ_LEN} "
+              "writes one that adds XLA FLOPs, peak memory and measured rows)."]
   summary = table.depth_cost_summary(rows)
   if summary:
     parts += ["", summary]

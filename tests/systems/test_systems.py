@@ -877,3 +877,20 @@ def test_hf_baseline_is_our_shape_and_builds_no_kv_cache_in_training():
   assert sum(p.numel() for p in model.parameters()) == count_params(cfg)["total"]
   out = model(input_ids=torch.zeros((1, 8), dtype=torch.long))
   assert getattr(out, "past_key_values", None) is None
+
+
+def test_report_section_says_why_a_systems_json_of_another_prefill_length_is_not_merged(tmp_path):
+  """systems --seq_len=256 beside the runs once left the XLA and peak columns '-' with no word
+  why; the section now names the file's length and the command that fills the columns."""
+  import shutil
+  from depthbench_jax.report import scorecard
+  from depthbench_jax.systems import report_section
+  runs = tmp_path / "results_small"
+  shutil.copytree(os.path.join(ROOT, "tests", "fixtures", "results_small"), runs)
+  row = {"design": "preln", "shape": "16x1216", "xla_flops": 1.0e15, "peak_bytes": 2 ** 33}
+  (runs / "systems.json").write_text(json.dumps({"seq_len": 256, "rows": [row]}))
+  section = report_section.systems_table(scorecard.collect_runs(str(runs)))
+  preln_row = next(l for l in section.splitlines() if l.startswith("| preln | 16x1216 |"))
+  assert "| 1000 |" not in preln_row and preln_row.count("| - |") == 2  # XLA, peak: not merged.
+  assert f"{runs / 'systems.json'} is at prefill T=256, not this table's T=4096" in section
+  assert "--seq_len=4096" in section
