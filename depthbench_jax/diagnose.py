@@ -120,7 +120,8 @@ def main(argv):
     overrides["batch_size"] = _BATCH_SIZE.value
   val = pipeline.make_val_batches(config, process_index=0, process_count=1)
   if not val:
-    raise app.UsageError(f"{workdir}: config.data.val_batches=0, no held-out batch to diagnose")
+    fail(f"--workdir={workdir}: config.data.val_batches=0, no held-out batch to diagnose; "
+         "allowed: a run with config.data.val_batches >= 1")
   result = diagnose(workdir, config, params, val[0], step=step, overrides=overrides)
   logging.info("diagnostics of %s (%s, L=%d) in %.1fs -> %s", workdir, result["design"],
                result["n_layers"], result["timing"]["total_s"],

@@ -34,6 +34,24 @@ def tiny_config(**overrides):
   return c
 
 
+def saved_run(workdir: str, step: int = 5, **overrides):
+  """A run dir with ``tiny_config(**overrides)``'s config.json and a checkpoint at ``step`` of
+  freshly initialised params (what diagnose and evaluate read); returns ``(config, params)``."""
+  import flax.linen as nn
+  import jax
+  from depthbench_jax.model.config import model_config_from
+  from depthbench_jax.model.transformer import init_params
+  from depthbench_jax.train import checkpoint, summary as summary_lib
+  os.makedirs(workdir)
+  config = tiny_config(**overrides)
+  summary_lib.write_config(workdir, config)
+  params = nn.unbox(init_params(model_config_from(config.model), jax.random.PRNGKey(0)))
+  manager = checkpoint.make_manager(workdir, keep=1, async_save=False)
+  checkpoint.save(manager, step, {"params": params}, None, force=True)
+  manager.wait_until_finished()
+  return config, params
+
+
 def tiny_flags(**overrides) -> list[str]:
   """``--config.x=y`` flags turning configs/base.py into ``tiny_config(**overrides)``."""
   return [f"--config.{k}={v}" for k, v in {**TINY, **overrides}.items()]

@@ -86,3 +86,20 @@ def test_cli_bad_set_value_is_one_error_line_before_the_checkpoint_loads(tmp_pat
   assert len(lines) == 1 and lines[0].startswith("error: --set") and named in lines[0], lines
   assert "allowed" in lines[0]
   assert os.listdir(tmp_path) == ["summary.json"]
+
+
+def test_cli_on_a_run_without_held_out_batches_is_one_error_line(tmp_path):
+  """config.data.val_batches=0 was an app.UsageError: the whole flag help, then the message, and
+  exit 1."""
+  from tests.helpers import saved_run
+  workdir = str(tmp_path / "run")
+  saved_run(workdir, **{"data.val_batches": 0})
+  before = sorted(os.listdir(workdir))
+  proc = subprocess.run([sys.executable, "-m", "depthbench_jax.diagnose", f"--workdir={workdir}"],
+                        cwd=ROOT, env=subprocess_env(), capture_output=True, text=True,
+                        timeout=300)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  lines = [l for l in proc.stderr.strip().splitlines() if l.startswith("error: ")]
+  assert len(lines) == 1 and "config.data.val_batches=0" in lines[0] and "allowed" in lines[0]
+  assert "--helpfull" not in proc.stderr and "--workdir: Run directory" not in proc.stderr
+  assert sorted(os.listdir(workdir)) == before

@@ -5,8 +5,6 @@ import os
 import subprocess
 import sys
 
-import flax.linen as nn
-import jax
 import numpy as np
 import pytest
 
@@ -19,18 +17,11 @@ def test_cli_writes_evals_json_and_a_loadable_hf_export(tmp_path):
   torch = pytest.importorskip("torch")
   transformers = pytest.importorskip("transformers")
   from depthbench_jax.model.config import model_config_from
-  from depthbench_jax.model.transformer import Transformer, init_params
-  from depthbench_jax.train import checkpoint, summary
+  from depthbench_jax.model.transformer import Transformer
 
   workdir = str(tmp_path / "run")
-  os.makedirs(workdir)
-  config = helpers.tiny_config()
-  summary.write_config(workdir, config)
+  config, params = helpers.saved_run(workdir)
   cfg = model_config_from(config.model)
-  params = nn.unbox(init_params(cfg, jax.random.PRNGKey(0)))
-  manager = checkpoint.make_manager(workdir, keep=1, async_save=False)
-  checkpoint.save(manager, 5, {"params": params}, None, force=True)
-  manager.wait_until_finished()
 
   proc = subprocess.run(
       [sys.executable, "-m", "depthbench_jax.evaluate", f"--workdir={workdir}",
@@ -90,20 +81,6 @@ def test_cli_bad_flag_is_one_error_line_before_the_checkpoint_loads(tmp_path, fl
   assert os.listdir(tmp_path) == ["summary.json"]
 
 
-def _saved_run(workdir: str, **overrides) -> None:
-  """A run dir with config.json and a step-5 checkpoint of freshly initialised params."""
-  from depthbench_jax.model.config import model_config_from
-  from depthbench_jax.model.transformer import init_params
-  from depthbench_jax.train import checkpoint, summary
-  os.makedirs(workdir)
-  config = helpers.tiny_config(**overrides)
-  summary.write_config(workdir, config)
-  params = nn.unbox(init_params(model_config_from(config.model), jax.random.PRNGKey(0)))
-  manager = checkpoint.make_manager(workdir, keep=1, async_save=False)
-  checkpoint.save(manager, 5, {"params": params}, None, force=True)
-  manager.wait_until_finished()
-
-
 @pytest.mark.parametrize("flags, named", [
     # Once a ConfigError traceback, exit 1.
     (["--export_hf", "--sets=humaneval"], "config.model.residual.name='hc'"),
@@ -116,7 +93,7 @@ def _saved_run(workdir: str, **overrides) -> None:
 def test_cli_refusal_after_the_config_is_read_is_one_error_line_and_writes_nothing(
     tmp_path, flags, named):
   workdir = str(tmp_path / "run")
-  _saved_run(workdir, **{"model.residual.name": "hc"})
+  helpers.saved_run(workdir, **{"model.residual.name": "hc"})
   before = sorted(os.listdir(workdir))
   proc = subprocess.run(
       [sys.executable, "-m", "depthbench_jax.evaluate", f"--workdir={workdir}",
