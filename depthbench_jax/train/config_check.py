@@ -36,6 +36,27 @@ def _number(config, field: str, *, low=None, high=None, low_open=False, allowed:
   return value
 
 
+def validate_fields(config) -> None:
+  """Every field is one of the schema's (``configs/base.py``, the single source of defaults):
+  a misspelt field in a config file (``c.data.seqlen = 64``) adds a field nothing reads, and
+  the run would silently train with the default of the field meant. A design's own
+  ``config.model.residual`` fields are checked by the design."""
+  from depthbench_jax import sweep  # pylint: disable=g-import-not-at-top
+  schema = sweep.load_config_module(os.path.join(sweep.REPO_ROOT, "configs", "base.py"))
+  _known_fields(config, schema.get_config(), "config")
+
+
+def _known_fields(node, schema, where: str) -> None:
+  for key in node.keys():
+    _require(key in schema,
+             f"{where}.{key}: not a field of the config schema (configs/base.py); allowed: "
+             f"{', '.join(sorted(schema.keys()))}")
+    inner = f"{where}.{key}"
+    if (inner != "config.model.residual" and isinstance(schema[key], ml_collections.ConfigDict)
+        and isinstance(node[key], ml_collections.ConfigDict)):
+      _known_fields(node[key], schema[key], inner)
+
+
 def validate_recipe(config) -> None:
   steps = config.get("steps")
   _require(isinstance(steps, int) and (steps > 0 or steps == -1),
@@ -165,6 +186,7 @@ def validate(config, device_count: int, process_count: int | None = None) -> Mod
   """Returns the model's ``ModelConfig`` or raises the first ``ConfigError``."""
   import jax
   process_count = jax.process_count() if process_count is None else process_count
+  validate_fields(config)
   model_cfg = model_config_from(config.model)
   validate_recipe(config)
   validate_guards(config)

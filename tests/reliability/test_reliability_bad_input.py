@@ -60,6 +60,11 @@ CASES = [
     ("negative_diagnostics_every", {"diagnostics.every": -3}, 1, 1, "config.diagnostics.every"),
     ("diagnostics_without_validation", {"diagnostics.every": 5, "data.val_batches": 0}, 1, 1,
      "config.diagnostics.every"),
+    # A misspelt field in a config file adds a field nothing reads: the run would silently
+    # train with the default of the field meant.
+    ("misspelt_field_in_file", {"data.seqlen": 64}, 1, 1, "config.data.seqlen"),
+    ("misspelt_top_level_field_in_file", {"warmup_step": 3}, 1, 1, "config.warmup_step"),
+    ("misspelt_mesh_axis_in_file", {"mesh.tensr": 2}, 1, 1, "config.mesh.tensr"),
 ]
 
 
