@@ -75,6 +75,14 @@ def flag_error_message(err: Exception, argv: list[str]) -> str:
     return (f"flag --config={config_arg}: no such file; allowed: a config file such as "
             f"configs/base.py or configs/smoke.py[:ARG]")
   if config_arg:
+    from depthbench_jax import sweep  # Loads config files the way config_flags does.
+    path, _, run_arg = config_arg.partition(":")
+    try:  # An error in the file's get_config (a field of the wrong type), as the sweep says it.
+      sweep.config_of(sweep.load_config_module(path), run_arg)
+    except ConfigError as config_error:
+      return str(config_error)
+    except Exception:  # pylint: disable=broad-except
+      pass
     for arg in argv[1:]:
       if arg.lstrip("-").startswith("config."):
         name, _, value = arg.lstrip("-").partition("=")
@@ -90,7 +98,7 @@ def _override_problem(config_arg: str, name: str, value: str, text: str) -> str 
   path, _, arg = config_arg.partition(":")
   try:
     module = sweep.load_config_module(path)
-    node = module.get_config(arg) if arg else module.get_config()
+    node = sweep.config_of(module, arg)
   except Exception:  # pylint: disable=broad-except
     return None
   keys = name.split(".")[1:]

@@ -29,12 +29,14 @@ import importlib.util
 import json
 import math
 import os
+import re
 import shlex
 import signal
 import socket
 import subprocess
 import sys
 import time
+import traceback
 from typing import Any, Iterable, Sequence
 
 import ml_collections
@@ -137,6 +139,27 @@ def load_config_module(path: str):
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
+
+
+def config_of(module, arg: str | None = None) -> ml_collections.ConfigDict:
+  """``module.get_config(arg)`` (no argument when ``arg`` is empty). A mistake ConfigDict
+  catches in the file, a value of the wrong type for a field (``c.steps = 1e3``) or a field
+  it lacks (``c.modle``), is one ConfigError naming the file's line, not a traceback."""
+  try:
+    return module.get_config(arg) if arg else module.get_config()
+  except (TypeError, AttributeError, KeyError) as err:
+    library = os.path.dirname(ml_collections.__file__)
+    frames = [f for f in traceback.extract_tb(err.__traceback__)
+              if not f.filename.startswith(library)]
+    where = f"{frames[-1].filename}:{frames[-1].lineno} ({frames[-1].line})"
+    typed = re.search(r"cannot be casted to type <class '(\w+)'>", str(err))
+    allowed = (f"a value of type {typed.group(1)}" if typed else
+               "the fields of configs/base.py, each with a value of its type")
+    inner = err  # ConfigDict's AttributeError wraps a KeyError whose text is the message.
+    while inner.args and isinstance(inner.args[0], BaseException):
+      inner = inner.args[0]
+    text = " ".join(str(inner.args[0] if inner.args else inner).split())
+    raise ConfigError(f"{where}: {type(err).__name__}: {text}; allowed: {allowed}") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -243,7 +266,7 @@ def plan_rows(config_path: str, runs: Sequence[Run], mfu: float = DEFAULT_MFU,
   module = load_config_module(config_path)
   rows, flops_cache = [], {}
   for run in runs:
-    config = module.get_config(run.arg)
+    config = config_of(module, run.arg)
     counts = param_counts(config.model)
     steps = _total_steps(config, counts["total"])
     tokens = steps * config.data.global_batch_size * config.data.seq_len

@@ -318,3 +318,27 @@ def test_plan_totals_count_what_is_left_to_run():
       "3 runs (1 done, 2 to run); to run: 6K tokens, 6.000e+15 FLOPs, 6.0 device-hours at MFU "
       "0.4 of 1e+12 FLOP/s (all runs: 7.0 device-hours)")
   assert (sweep.human(1e6), sweep.human(1000), sweep.human(1234567)) == ("1M", "1K", "1.23M")
+
+
+ILL_TYPED_SUITE = textwrap.dedent("""
+    from configs import smoke
+    NAME = "ill_typed"
+    def get_config(arg=None):
+      c = smoke.get_config(arg)
+      c.steps = 1e3
+      return c
+    def sweep():
+      return [dict(arch="preln", shape="4x128", lr=1e-3)]
+""")
+
+
+def test_a_value_of_the_wrong_type_in_the_suite_file_is_one_error_line(tmp_path, capsys):
+  """``c.steps = 1e3`` in a suite file: ConfigDict's TypeError (a traceback) becomes one error
+  naming the file's line, the field and its type."""
+  config = tmp_path / "ill_typed_suite.py"
+  config.write_text(ILL_TYPED_SUITE)
+  assert sweep.main([str(config), "--results_dir", str(tmp_path / "r"), "--dry_run"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith("error: "), err
+  assert f"{config}:6" in err[0] and "c.steps = 1e3" in err[0], err
+  assert "allowed: a value of type int" in err[0], err

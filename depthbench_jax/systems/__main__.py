@@ -48,7 +48,7 @@ def suite_configs(config_path: str, designs: Sequence[str] | None = None,
   out = []
   for design in designs:
     for shape in shapes:
-      out.append((design, shape, module.get_config(f"arch={design},shape={shape}")))
+      out.append((design, shape, sweep.config_of(module, f"arch={design},shape={shape}")))
   return module, out
 
 

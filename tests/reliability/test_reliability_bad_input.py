@@ -270,3 +270,21 @@ def test_post_hoc_cli_on_a_directory_that_is_not_a_run_is_one_error_line(tmp_pat
       f"error: --workdir={tmp_path}: no config.json; allowed: a run directory written by "
       "python -m depthbench_jax.main"]
   assert not os.listdir(tmp_path)
+
+
+def test_cli_value_of_the_wrong_type_in_the_config_file_names_the_line_and_type(tmp_path):
+  """config_flags reports an error inside get_config as 'Error whilst parsing config file:'
+  and a traceback; the error line names the file's line, the field and its type instead."""
+  config = tmp_path / "ill_typed.py"
+  config.write_text("from configs import base\n\ndef get_config():\n  c = base.get_config()\n"
+                    "  c.lr = '3e-3'\n  return c\n")
+  workdir = str(tmp_path / "run")
+  proc = subprocess.run(helpers.main_command(workdir, [], config=str(config)), cwd=helpers.ROOT,
+                        env=helpers.subprocess_env(), capture_output=True, text=True,
+                        timeout=180)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  lines = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
+  assert len(lines) == 1, proc.stderr[-2000:]
+  assert f"{config}:5" in lines[0] and "c.lr = '3e-3'" in lines[0], lines[0]
+  assert "allowed: a value of type float" in lines[0], lines[0]
+  assert not os.path.exists(workdir)
