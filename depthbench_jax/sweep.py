@@ -101,7 +101,7 @@ def arg_string(entry: dict[str, Any]) -> str:
   for key, value in entry.items():
     if isinstance(value, Shape):
       value = value.name
-    elif key == "lr":
+    elif key == "lr" and isinstance(value, (int, float)):  # Anything else parse_run_arg reads.
       value = format_lr(value)
     parts.append(f"{key}={value}")
   return ",".join(parts)

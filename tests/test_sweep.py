@@ -95,6 +95,24 @@ def test_a_run_listed_twice_is_one_run(tmp_path):
   assert [r.name for r in runs] == ["preln_4x128_lr1e-3", "hc_4x128_lr1e-3"]
 
 
+def test_a_sweep_entry_whose_lr_is_not_a_number_is_a_config_error(tmp_path):
+  """``lr="3e-3"`` in a sweep entry is read as 3e-3; ``lr="fast"`` or ``lr=None`` (a grid
+  lookup that found nothing) names the argument and what is allowed (once a ValueError or
+  TypeError traceback from the run name)."""
+  config = tmp_path / "string_lr_suite.py"
+  for lr, error in (('"3e-3"', None), ('"fast"', "lr='fast'"), ("None", "lr='None'")):
+    config.write_text(textwrap.dedent(f"""
+        from configs import smoke
+        get_config = smoke.get_config
+        sweep = [dict(arch="preln", shape="4x128", lr={lr})]
+    """))
+    if error is None:
+      assert [r.name for r in sweep.list_runs(str(config))] == ["preln_4x128_lr3e-3"]
+      continue
+    with pytest.raises(ConfigError, match=f"{error}; allowed: a positive number"):
+      sweep.list_runs(str(config))
+
+
 def test_format_duration():
   assert [sweep.format_duration(s) for s in (0, 52.9, 60, 3125, 45000, float("inf"))] == [
       "0s", "52s", "1m00s", "52m05s", "12h30m", "?"]
