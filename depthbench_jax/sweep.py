@@ -89,9 +89,12 @@ def parse_run_arg(arg: str | None, defaults: dict[str, Any]) -> dict[str, Any]:
   if callable(out.get("lr")):
     out["lr"] = out["lr"](out["arch"])
   try:
-    out["lr"] = float(out["lr"])
+    lr = float(out["lr"])
   except (TypeError, ValueError):
-    raise ConfigError(f"config argument lr={out['lr']!r}; allowed: a positive number") from None
+    lr = math.nan
+  if not (math.isfinite(lr) and lr > 0):  # inf and nan have no run name (format_lr).
+    raise ConfigError(f"config argument lr={out['lr']!r}; allowed: a positive number")
+  out["lr"] = lr
   return out
 
 

@@ -78,8 +78,9 @@ def test_names_and_args():
   assert run == {"arch": "hc", "shape": shapes.Shape(16, 1216), "lr": 3e-4}
   with pytest.raises(ConfigError, match="allowed"):
     sweep.parse_run_arg("arch=hc,depth=3", {"arch": "preln", "shape": "4x8", "lr": 1.0})
-  with pytest.raises(ConfigError, match="lr"):
-    sweep.parse_run_arg("lr=fast", {"arch": "preln", "shape": "4x8", "lr": 1.0})
+  for lr in ("fast", "inf", "nan", "0", "-1e-3"):  # inf and nan were format_lr tracebacks.
+    with pytest.raises(ConfigError, match=f"lr='{lr}'; allowed: a positive number"):
+      sweep.parse_run_arg(f"lr={lr}", {"arch": "preln", "shape": "4x8", "lr": 1.0})
 
 
 def test_a_run_listed_twice_is_one_run(tmp_path):
