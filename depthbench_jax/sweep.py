@@ -120,7 +120,11 @@ def apply_run(config: ml_collections.ConfigDict, run: dict[str, Any],
                       f"{', '.join(registry.names())}")
   design = registry.get(run["arch"])
   model = shaped_model(config.model, run["shape"], ffn)
-  model.residual = ml_collections.ConfigDict({**design.defaults, "name": run["arch"]})
+  # A None default (KEEL's alpha = 2L) as an untyped reference: config_flags refuses to
+  # override a None field; the design's check reads whatever the flag gives.
+  model.residual = ml_collections.ConfigDict(
+      {**{k: ml_collections.FieldReference(None, field_type=object) if v is None else v
+          for k, v in design.defaults.items()}, "name": run["arch"]})
   config.model = model
   config.lr = run["lr"]
   config.name = run_name(run["arch"], run["shape"], run["lr"])

@@ -361,3 +361,21 @@ def test_a_value_of_the_wrong_type_in_the_suite_file_is_one_error_line(tmp_path,
   assert len(err) == 1 and err[0].startswith("error: "), err
   assert f"{config}:6" in err[0] and "c.steps = 1e3" in err[0], err
   assert "allowed: a value of type int" in err[0], err
+
+
+def test_every_design_hyperparameter_can_be_overridden_by_flag(monkeypatch):
+  """``--config.model.residual.<field>=`` for each field of each design's defaults (KEEL's
+  ``alpha`` defaults to None = 2L, which config_flags refused to override at all)."""
+  from absl import flags
+  from ml_collections import config_flags
+  from depthbench_jax.residual import registry
+  for design in registry.names():
+    for field, default in registry.get(design).defaults.items():
+      value = 8.0 if default is None else default
+      flag_values = flags.FlagValues()
+      config_flags.DEFINE_config_file("config", None, flag_values=flag_values)
+      argv = ["prog", f"--config={SMOKE}:arch={design}",
+              f"--config.model.residual.{field}={value}"]
+      monkeypatch.setattr(sys, "argv", argv)  # config_flags reads the overrides from sys.argv.
+      flag_values(argv)
+      assert flag_values.config.model.residual[field] == value, (design, field)
