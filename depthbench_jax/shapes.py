@@ -23,6 +23,7 @@ prints widths, counts and errors, flagging any listed shape the solver would not
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import json
@@ -102,8 +103,9 @@ class ShapeSet:
 
 def shaped_model(model: ml_collections.ConfigDict, shape: Shape, ffn: FFNRule | None = None,
                  design: str | None = None) -> ml_collections.ConfigDict:
-  """A copy of ``config.model`` at ``shape`` (head_dim derived from d, FFN by ``ffn``)."""
-  out = ml_collections.ConfigDict(model.to_dict())
+  """A copy of ``config.model`` at ``shape`` (head_dim derived from d, FFN by ``ffn``); a deep
+  copy keeps base.py's typed None fields (n_kv_heads, head_dim, ffn_dim) overridable by flag."""
+  out = copy.deepcopy(model)
   out.n_layers, out.d_model = shape.n_layers, shape.d_model
   out.head_dim = None
   (ffn or FFNRule(multiple_of=model.get("ffn_multiple_of", 64))).apply(out, shape.d_model)

@@ -379,3 +379,18 @@ def test_every_design_hyperparameter_can_be_overridden_by_flag(monkeypatch):
       monkeypatch.setattr(sys, "argv", argv)  # config_flags reads the overrides from sys.argv.
       flag_values(argv)
       assert flag_values.config.model.residual[field] == value, (design, field)
+
+
+def test_a_suite_runs_optional_model_fields_can_be_overridden_by_flag(monkeypatch):
+  """base.py types n_kv_heads, head_dim and ffn_dim (None = derived) so that a flag can set
+  them; a suite's shaped model kept their None but lost the type, and config_flags refused
+  ``--config.model.n_kv_heads=2`` on every suite run."""
+  from absl import flags
+  from ml_collections import config_flags
+  for field, value in (("n_kv_heads", 2), ("head_dim", 64), ("ffn_dim", 512)):
+    flag_values = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", None, flag_values=flag_values)
+    argv = ["prog", f"--config={SMOKE}:arch=preln", f"--config.model.{field}={value}"]
+    monkeypatch.setattr(sys, "argv", argv)  # config_flags reads the overrides from sys.argv.
+    flag_values(argv)
+    assert flag_values.config.model[field] == value, field
