@@ -131,12 +131,15 @@ def train_and_evaluate(config, workdir: str) -> dict:
   start_time = time.time()
   model_cfg = config_check.validate(config, jax.device_count())
   process_index, process_count = jax.process_index(), jax.process_count()
-  os.makedirs(workdir, exist_ok=True)
   saved_config = os.path.join(workdir, summary.CONFIG)
   if checkpoint.has_checkpoint(workdir):
     if os.path.exists(saved_config):
       config_check.check_resume(summary.read_json(saved_config), config, workdir)
     checkpoint.check_committed(workdir, summary.checkpoint_steps(workdir)[-1])
+  # Before anything is written: reading the data is where a seq_len it is too short for fails.
+  train_iter = pipeline.make_train_iterator(config, process_index, process_count)
+  val_batches = pipeline.make_val_batches(config, process_index, process_count)
+  os.makedirs(workdir, exist_ok=True)
   if process_index == 0:
     summary.write_config(workdir, config)
 
@@ -169,8 +172,6 @@ def train_and_evaluate(config, workdir: str) -> dict:
   eval_fn = jax.jit(functools.partial(eval_step, model=model),
                     in_shardings=(param_sharding, batch_sharding), out_shardings=repl)
 
-  train_iter = pipeline.make_train_iterator(config, process_index, process_count)
-  val_batches = pipeline.make_val_batches(config, process_index, process_count)
   manager = checkpoint.make_manager(workdir, config.keep_checkpoints,
                                     async_save=bool(config.get("async_checkpointing", True)))
   abstract_placed = jax.tree.map(

@@ -104,6 +104,10 @@ CLI_CASES = [
     ("bad_shape_in_config_arg", "configs/smoke.py:shape=4x", [], "shape="),
     ("unknown_key_in_config_arg", "configs/smoke.py:depth=4", [], "depth=4"),
     ("missing_config_file", "configs/no_such_suite.py", [], "--config="),
+    # Checked when the data is read, but still before config.json is written.
+    ("seq_len_longer_than_the_data", "configs/base.py",
+     ["--config.model.max_seq_len=4000000", "--config.data.seq_len=4000000"],
+     "config.data.seq_len"),
 ]
 
 
