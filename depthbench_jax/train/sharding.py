@@ -34,7 +34,12 @@ LOGICAL_RULES = (
 
 def mesh_shape(mesh_config, device_count: int) -> tuple[int, int, int]:
   """Resolves one ``-1`` axis to the remaining devices; the product must be the device count."""
-  sizes = [int(mesh_config[a]) for a in MESH_AXES]
+  try:
+    sizes = [int(mesh_config[a]) for a in MESH_AXES]
+  except (KeyError, TypeError, ValueError):  # A suite's own mesh without an axis, or a typo.
+    given = {a: mesh_config[a] for a in mesh_config.keys()}
+    raise ConfigError(f"config.mesh={given}; allowed: an integer size for each of "
+                      f"{', '.join(MESH_AXES)} (at most one -1 = the remaining devices)") from None
   spec = ", ".join(f"{a}={s}" for a, s in zip(MESH_AXES, sizes))
   if sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
     raise ConfigError(f"config.mesh=({spec}); allowed: positive sizes with at most one -1")

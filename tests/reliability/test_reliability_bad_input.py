@@ -176,6 +176,12 @@ def test_mesh_resolves_one_wildcard_and_refuses_two():
   assert sharding.mesh_shape({"data": -1, "fsdp": 2, "tensor": 1}, 8) == (4, 2, 1)
   with pytest.raises(ConfigError, match="at most one -1"):
     sharding.mesh_shape({"data": -1, "fsdp": -1, "tensor": 1}, 8)
+  # A suite's own mesh without an axis, or with a size that is not a number (KeyError and
+  # ValueError tracebacks once).
+  for mesh in ({"data": -1, "fsdp": 8}, {"data": -1, "fsdp": "eight", "tensor": 1}):
+    with pytest.raises(ConfigError, match=r"config.mesh=.*; allowed: an integer size for each "
+                                          r"of data, fsdp, tensor"):
+      sharding.mesh_shape(mesh, 8)
 
 
 def test_sequence_as_long_as_the_model_context_is_valid():
