@@ -249,28 +249,29 @@ def train_and_evaluate(config, workdir: str) -> dict:
                                  (peak * jax.device_count()))
         writer.write_scalars(step, scalars)
         metrics_log.append(step, scalars)
-        if process_index == 0:
-          print(_progress_line(step, steps, scalars, val_loss, clock.eta_s(step, steps)),
-                flush=True)
         last_train_loss = scalars["train/loss"]
       reason = guard.check_steps(checked)
+      if not reason:  # A diverged step is neither evaluated nor saved.
+        with clock.pause():  # Evals, diagnostics and saves stay out of steps/s.
+          if eval_now:
+            val_loss = evaluate(state.params, val_batches if step == steps else eval_batches,
+                                eval_fn, batch_sharding)
+            writer.write_scalars(step, {"val/loss": val_loss})
+            metrics_log.append(step, {"val/loss": val_loss})
+          if diag_now:
+            diag_hook(step, state.params, writer)
+          if save_now or preempted:  # One save per step: a second one of the same step raises.
+            checkpoint.save(manager, step, state, train_iter, force=preempted,
+                            progress={"wall_time_s": wall_s(), **guard.progress()})
+      if log_now and process_index == 0:  # After the eval: an eval step shows its own val loss.
+        print(_progress_line(step, steps, scalars, val_loss, clock.eta_s(step, steps)),
+              flush=True)
       if reason:
         status = "diverged"
         if process_index == 0:
           summary.write_status(workdir, status, step=guard.step, reason=reason)
         logging.error("Run diverged at step %d: %s", guard.step, reason)
         break
-      with clock.pause():  # Evals, diagnostics and saves stay out of steps/s.
-        if eval_now:
-          val_loss = evaluate(state.params, val_batches if step == steps else eval_batches,
-                              eval_fn, batch_sharding)
-          writer.write_scalars(step, {"val/loss": val_loss})
-          metrics_log.append(step, {"val/loss": val_loss})
-        if diag_now:
-          diag_hook(step, state.params, writer)
-        if save_now or preempted:  # One save per step: a second one of the same step raises.
-          checkpoint.save(manager, step, state, train_iter, force=preempted,
-                          progress={"wall_time_s": wall_s(), **guard.progress()})
       if preempted and step < steps:
         status = "interrupted"
         break

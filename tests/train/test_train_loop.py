@@ -17,7 +17,9 @@ from tests import helpers
 def reference_run(tmp_path_factory):
   """One uninterrupted 20-step run that several tests compare against."""
   workdir = str(tmp_path_factory.mktemp("reference"))
-  helpers.run_main(workdir, helpers.tiny_flags())
+  proc = helpers.run_main(workdir, helpers.tiny_flags())
+  with open(workdir + ".stdout", "w") as f:  # Beside the run dir: the progress lines.
+    f.write(proc.stdout)
   return workdir
 
 
@@ -50,6 +52,18 @@ def test_loss_decreases_and_summary_is_complete(reference_run):
   assert s["status"] == "ok" and s["steps"] == 20 and s["tokens"] == 20 * 8 * 32
   assert s["final_val_loss"] < 5.6  # ln(257) = 5.55 at init.
   assert os.listdir(os.path.join(reference_run, "tensorboard"))
+
+
+def test_progress_line_of_an_eval_step_shows_that_steps_val_loss(reference_run):
+  """Steps 10 and 20 evaluate; their lines showed the previous eval's val loss (none at step
+  10, step 10's at the end, where summary.json has step 20's)."""
+  from depthbench_jax.train.summary import read_metrics
+  with open(reference_run + ".stdout") as f:
+    lines = {l.split()[1]: l for l in f if l.startswith("step ") and "|" in l}
+  val = read_metrics(reference_run, "val/loss")
+  assert f"| val {val[10]:.4f} |" in lines["10/20"], lines["10/20"]
+  assert f"| val {helpers.summary(reference_run)['final_val_loss']:.4f} |" in lines["20/20"], (
+      lines["20/20"])
 
 
 def test_steps_per_s_leaves_out_the_eval_and_save_at_step_10(reference_run):
