@@ -250,11 +250,19 @@ def markdown_table(solutions: Sequence[Solution], listed: Sequence[Shape] = ()) 
 
 def suite_tables(suite_module: Any) -> str:
   """Markdown tables re-solving every ``SHAPE_SETS`` entry of a suite config module."""
+  from depthbench_jax.sweep import suite_name  # Local: sweep imports this module.
+  needed = ("SHAPE_SETS", "solver_model", "ffn_rule")
+  missing = [name for name in needed if not hasattr(suite_module, name)]
+  if missing:
+    raise ConfigError(f"{suite_module.__file__} has no {', '.join(missing)}; allowed: a suite "
+                      f"config with SHAPE_SETS, solver_model(key) and ffn_rule(key), e.g. "
+                      f"configs/suite_400m.py")
   out = []
   for key, shape_set in suite_module.SHAPE_SETS.items():
     model = suite_module.solver_model(key)
     solutions = solve_shape_set(shape_set, model, ffn=suite_module.ffn_rule(key))
-    out.append(f"### {suite_module.NAME} / {key}\n\n{markdown_table(solutions, shape_set.parsed())}")
+    out.append(f"### {suite_name(suite_module)} / {key}\n\n"
+               f"{markdown_table(solutions, shape_set.parsed())}")
   return "\n\n".join(out)
 
 

@@ -180,3 +180,13 @@ def test_cli_with_a_mistyped_config_is_one_error_line(capsys):
   err = capsys.readouterr().err.strip().splitlines()
   assert err == ["error: config file 'configs/nope.py' does not exist; allowed: a configs/*.py "
                  "file"]
+
+
+def test_cli_on_a_config_without_shape_sets_is_one_error_line(capsys):
+  """``python -m depthbench_jax.shapes configs/base.py`` (a config, not a suite with shape
+  sets): exit 2 and one line naming what the file lacks (once an AttributeError traceback)."""
+  assert shapes.main(["configs/base.py"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith("error: "), err
+  assert "configs/base.py has no SHAPE_SETS" in err[0], err
+  assert "allowed: a suite config" in err[0], err
