@@ -184,19 +184,25 @@ def suite_name(module) -> str:
 
 
 def list_runs(config_path: str, results_dir: str | None = None) -> list[Run]:
-  """Every entry of the config file's ``sweep`` (a list or a function returning one)."""
+  """Every entry of the config file's ``sweep`` (a list or a function returning one). Entries
+  equal once parsed (``lr=1e-3`` and ``0.001``) are one run; entries that differ in a key the
+  run name leaves out (a suite's own ``n_streams=``) would share one workdir: refused."""
   module = load_config_module(config_path)
   if not hasattr(module, "sweep"):
     raise ConfigError(f"{config_path} has no `sweep`; allowed: a suite config listing its runs")
   entries = module.sweep() if callable(module.sweep) else module.sweep
   results_dir = results_dir or os.path.join("results", suite_name(module))
-  runs, seen = [], set()
+  runs, seen = [], {}
   for entry in entries:
     parsed = parse_run_arg(arg_string(entry), {k: None for k in entry})
     name = run_name(parsed["arch"], parsed["shape"], parsed["lr"])
     if name in seen:
+      if seen[name][0] != parsed:
+        raise ConfigError(f"sweep entries {seen[name][1]} and {arg_string(entry)} are both run "
+                          f"{name} (one workdir); allowed: entries that differ in arch, shape "
+                          f"or lr, or a suite per value of the other keys")
       continue
-    seen.add(name)
+    seen[name] = (parsed, arg_string(entry))
     runs.append(Run(name=name, arg=arg_string(entry), design=parsed["arch"],
                     shape=parsed["shape"], lr=parsed["lr"],
                     workdir=os.path.join(results_dir, name)))

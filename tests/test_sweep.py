@@ -114,6 +114,20 @@ def test_a_sweep_entry_whose_lr_is_not_a_number_is_a_config_error(tmp_path):
       sweep.list_runs(str(config))
 
 
+def test_entries_differing_beyond_the_run_name_are_refused(tmp_path):
+  """A suite that sweeps its own key (``n_streams=2`` and ``8``) names both entries
+  ``hc_4x128_lr3e-3``: one run and one workdir, the other entry silently dropped. Refused,
+  naming both entries."""
+  config = tmp_path / "streams_suite.py"
+  config.write_text(textwrap.dedent("""
+      from configs import smoke
+      get_config = smoke.get_config
+      sweep = [dict(arch="hc", shape="4x128", lr=3e-3, n_streams=n) for n in (2, 8)]
+  """))
+  with pytest.raises(ConfigError, match=r"n_streams=2.*n_streams=8.*hc_4x128_lr3e-3.*allowed"):
+    sweep.list_runs(str(config), str(tmp_path / "results"))
+
+
 def test_format_duration():
   assert [sweep.format_duration(s) for s in (0, 52.9, 60, 3125, 45000, float("inf"))] == [
       "0s", "52s", "1m00s", "52m05s", "12h30m", "?"]
