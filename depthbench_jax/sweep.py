@@ -157,7 +157,11 @@ def config_of(module, arg: str | None = None) -> ml_collections.ConfigDict:
   except (TypeError, AttributeError, KeyError) as err:
     library = os.path.dirname(ml_collections.__file__)
     frames = [f for f in traceback.extract_tb(err.__traceback__)
-              if not f.filename.startswith(library)]
+              if not f.filename.startswith(library) and f.filename != __file__]
+    if not frames:  # Raised by the call itself: get_config takes no such argument.
+      raise ConfigError(f"{module.__file__}:{arg}: {err}; allowed: the file alone, or a suite "
+                        f"config taking arch=..,shape=..,lr=.. (e.g. configs/smoke.py:arch=hc)"
+                        ) from None
     where = f"{frames[-1].filename}:{frames[-1].lineno} ({frames[-1].line})"
     typed = re.search(r"cannot be casted to type <class '(\w+)'>", str(err))
     allowed = (f"a value of type {typed.group(1)}" if typed else

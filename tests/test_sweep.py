@@ -375,6 +375,11 @@ def test_a_value_of_the_wrong_type_in_the_suite_file_is_one_error_line(tmp_path,
   assert len(err) == 1 and err[0].startswith("error: "), err
   assert f"{config}:6" in err[0] and "c.steps = 1e3" in err[0], err
   assert "allowed: a value of type int" in err[0], err
+  # An argument the file's get_config does not take is named as such, not as a field.
+  with pytest.raises(ConfigError, match=r"base.py:arch=hc: get_config\(\) takes 0 .*allowed: "
+                                        r"the file alone"):
+    sweep.config_of(sweep.load_config_module(os.path.join(REPO, "configs", "base.py")),
+                    "arch=hc")
 
 
 def test_every_design_hyperparameter_can_be_overridden_by_flag(monkeypatch):
