@@ -276,14 +276,24 @@ def _total_steps(config, params_total: int) -> int:
 
 def plan_rows(config_path: str, runs: Sequence[Run], mfu: float = DEFAULT_MFU,
               peak_flops: float = DEFAULT_PEAK_FLOPS) -> list[dict]:
-  """One row per run: params (the design's own, eval_shape), steps, tokens, FLOPs, hours."""
+  """One row per run: params (the design's own, eval_shape), steps, tokens, FLOPs, hours.
+  Each run's config is checked as main.py will check it, except for what depends on the
+  devices and the data (mesh, batch split, data path): a ConfigError names the run."""
   from depthbench_jax.model.config import model_config_from
   from depthbench_jax.shapes import param_counts
   from depthbench_jax.systems.flops import train_flops_per_token
+  from depthbench_jax.train import config_check
   module = load_config_module(config_path)
   rows, flops_cache = [], {}
   for run in runs:
     config = config_of(module, run.arg)
+    try:
+      config_check.validate_fields(config)
+      config_check.validate_recipe(config)
+      config_check.validate_guards(config)
+      model_config_from(config.model)
+    except ConfigError as err:
+      raise ConfigError(f"run {run.name}: {err}") from None
     counts = param_counts(config.model)
     steps = _total_steps(config, counts["total"])
     tokens = steps * config.data.global_batch_size * config.data.seq_len

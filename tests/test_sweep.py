@@ -413,3 +413,24 @@ def test_a_suite_runs_optional_model_fields_can_be_overridden_by_flag(monkeypatc
     monkeypatch.setattr(sys, "argv", argv)  # config_flags reads the overrides from sys.argv.
     flag_values(argv)
     assert flag_values.config.model[field] == value, field
+
+
+def test_dry_run_refuses_a_suite_whose_runs_main_would_refuse(tmp_path, capsys):
+  """A misspelt field or a bad recipe value in a suite file: the plan printed every run as if
+  fine, and each run then failed at its start on the pod. The dry run names the first."""
+  config = tmp_path / "typo_suite.py"
+  for line, field in (("c.warmup_step = 5", "config.warmup_step"),
+                      ("c.weight_decay = -0.1", "config.weight_decay")):
+    config.write_text(textwrap.dedent(f"""
+        from configs import smoke
+        def get_config(arg=None):
+          c = smoke.get_config(arg)
+          {line}
+          return c
+        def sweep():
+          return [dict(arch="preln", shape="4x128", lr=1e-3)]
+    """))
+    assert sweep.main([str(config), "--results_dir", str(tmp_path / "r"), "--dry_run"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: run preln_4x128_lr1e-3: "), err
+    assert field in err[0] and "allowed" in err[0], err
