@@ -241,7 +241,7 @@ def check_finished_recipes(config_path: str, runs: Sequence[Run]) -> None:
   for run in runs:
     summary = read_summary(run.workdir)
     if run_state(run.workdir) == "done" and isinstance(summary.get("config"), dict):
-      changed = config_check.recipe_changes(summary["config"], module.get_config(run.arg))
+      changed = config_check.recipe_changes(summary["config"], config_of(module, run.arg))
       if changed:
         stale.append((run, changed))
   if stale:
