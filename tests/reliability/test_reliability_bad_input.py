@@ -131,6 +131,8 @@ def test_cli_bad_input_exits_nonzero_with_one_error_line_and_touches_nothing(tmp
       json.dump({"status": "ok", "keep": True}, f)
     with open(os.path.join(workdir, "checkpoints", "10", "marker"), "w") as f:
       f.write("previous results")
+    with open(os.path.join(workdir, "checkpoints", "10", "commit_success.txt"), "w") as f:
+      f.write("a complete save, as orbax marks one")
     before = _snapshot(workdir)
     cmd = helpers.main_command(workdir, helpers.tiny_flags() + flags, config=config)
     if config.startswith("configs/smoke.py"):
