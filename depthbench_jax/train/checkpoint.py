@@ -9,6 +9,7 @@ mid-save restores the previous complete step; a partial checkpoint is never visi
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 from typing import Any
@@ -79,13 +80,35 @@ def restore_progress(manager: ocp.CheckpointManager, step: int) -> dict:
 
 def restore(manager: ocp.CheckpointManager, abstract_state: Any, data_iter: Any,
             step: int | None = None) -> tuple[Any, int]:
-  """Restores ``state`` (shaped and sharded like ``abstract_state``) and the iterator in place."""
+  """Restores ``state`` (shaped and sharded like ``abstract_state``) and the iterator in place.
+
+  grain names each process's iterator file by the process count that saved it; a resume on
+  another count reads the state any process saved: all are the same, the index of the run's
+  next batch (``data/pipeline.py``), so the data goes on with no batch repeated or skipped.
+  """
   step = manager.latest_step() if step is None else step
   args = {"state": ocp.args.StandardRestore(abstract_state)}
-  if data_iter is not None:
+  data_dir = os.path.join(str(manager.directory), str(step), "data")
+  own_file = os.path.join(data_dir, _iterator_file(jax.process_index(), jax.process_count()))
+  if data_iter is not None and os.path.exists(own_file):
     args["data"] = grain.checkpoint.CheckpointRestore(data_iter)
   restored = manager.restore(step, args=ocp.args.Composite(**args))
+  if data_iter is not None and "data" not in args:
+    data_iter.set_state(_iterator_state_of_another_process_count(data_dir, step))
   return restored["state"], step
+
+
+def _iterator_file(process_index: int, process_count: int) -> str:
+  return f"process_{process_index}-of-{process_count}.json"  # grain's checkpoint handler's name
+
+
+def _iterator_state_of_another_process_count(data_dir: str, step: int) -> dict:
+  saved = sorted(glob.glob(os.path.join(data_dir, _iterator_file("*", "*"))))
+  if not saved:
+    raise ConfigError(f"checkpoint step {step} has no data iterator state in {data_dir}; "
+                      f"allowed: a checkpoint written by python -m depthbench_jax.main")
+  with open(saved[0]) as f:
+    return json.load(f)
 
 
 def load_run_config(workdir: str) -> ml_collections.ConfigDict:

@@ -3,6 +3,7 @@ multi-process, and bad configs failing before any compute."""
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 
@@ -134,22 +135,24 @@ def test_sharded_2x2x2_matches_single_device(reference_run, tmp_path):
     np.testing.assert_allclose(np.asarray(got), np.asarray(ref), rtol=2e-3, atol=2e-4)
 
 
+def start_two_processes(workdir, flags, devices=1):
+  """Two local gloo processes of ``main.py`` with ``devices`` CPU devices each."""
+  import portpicker
+  port = portpicker.pick_unused_port()
+  return [subprocess.Popen(
+      helpers.main_command(workdir, flags), cwd=helpers.ROOT,
+      env=helpers.subprocess_env(devices, JAX_COORDINATOR_ADDRESS=f"localhost:{port}",
+                                 JAX_NUM_PROCESSES=2, JAX_PROCESS_ID=i),
+      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for i in range(2)]
+
+
 @pytest.mark.slow
 def test_two_processes_gloo_survive_a_sigterm_to_one_and_match_one(reference_run, tmp_path):
   # JAX's preemption service: the signalled process and its peer agree on one step to save at;
   # neither is left in the next step's collective (it hung until killed before). Resumed, the
   # two-process run's losses equal the one-process reference (multi-host data and collectives).
-  import portpicker
   workdir = str(tmp_path / "two_term")
-
-  def start():
-    port = portpicker.pick_unused_port()
-    return [subprocess.Popen(
-        helpers.main_command(workdir, helpers.tiny_flags()), cwd=helpers.ROOT,
-        env=helpers.subprocess_env(JAX_COORDINATOR_ADDRESS=f"localhost:{port}",
-                                   JAX_NUM_PROCESSES=2, JAX_PROCESS_ID=i),
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for i in range(2)]
-
+  start = lambda: start_two_processes(workdir, helpers.tiny_flags())
   procs = start()
   helpers.wait_for_step(workdir, 4, procs[0])
   procs[1].send_signal(signal.SIGTERM)
@@ -161,6 +164,27 @@ def test_two_processes_gloo_survive_a_sigterm_to_one_and_match_one(reference_run
   for p in start():
     _, err = p.communicate(timeout=300)
     assert p.returncode == 0, err[-3000:]
+  assert_losses_match(workdir, reference_run, rtol=2e-4)
+
+
+@pytest.mark.slow
+def test_resume_on_two_processes_continues_a_one_process_runs_data(reference_run, tmp_path):
+  """The one-process reference's step-10 checkpoint resumed as two gloo processes on a 2x2x2
+  mesh: steps 11..20 read the batches the uninterrupted run read, none repeated or skipped
+  (grain saves the iterator under each process count; every process's state is the step)."""
+  workdir = str(tmp_path / "regrown")
+  shutil.copytree(reference_run, workdir)
+  shutil.rmtree(os.path.join(workdir, "checkpoints", "20"))
+  os.remove(os.path.join(workdir, "summary.json"))
+  metrics = os.path.join(workdir, "metrics.jsonl")
+  kept = [l for l in open(metrics) if json.loads(l)["step"] <= 10]
+  with open(metrics, "w") as f:
+    f.writelines(kept)
+  mesh = {"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2}
+  for p in start_two_processes(workdir, helpers.tiny_flags(**mesh), devices=4):
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err[-3000:]
+  assert helpers.summary(workdir)["steps"] == 20
   assert_losses_match(workdir, reference_run, rtol=2e-4)
 
 
