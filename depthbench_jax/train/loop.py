@@ -336,4 +336,7 @@ def _diagnostics_hook(config, model_cfg, val_batches):
   if not every:
     return None
   from depthbench_jax.diagnostics.periodic import DiagnosticsHook
-  return DiagnosticsHook(config, model_cfg, val_batches[0])
+  # The first rows of the whole batch, as diagnose reads them: a process holds every P-th row.
+  first = (val_batches[0] if jax.process_count() == 1
+           else pipeline.make_val_batches(config, process_index=0, process_count=1)[0])
+  return DiagnosticsHook(config, model_cfg, first)

@@ -211,3 +211,19 @@ def test_plots_put_sublayers_at_half_layers_and_images_keep_only_the_asked_figur
   assert set(images) == {"angular"}
   assert images["angular"].dtype == np.uint8 and images["angular"].shape[0] == 1
   assert images["angular"].shape[-1] == 3
+
+
+def test_hook_of_a_multi_process_run_reads_the_global_batchs_first_rows(monkeypatch):
+  """Each of P processes holds every P-th row of a validation batch; the training hook must
+  still diagnose the first rows of the whole batch, the ones ``diagnose`` reads, or its
+  numbers would change with the process count (and differ from diagnose's at a checkpoint)."""
+  import jax
+  from depthbench_jax.data import pipeline
+  from depthbench_jax.train import loop
+  config = tiny_config(**{"model.n_layers": 4})
+  config.diagnostics.every = 5
+  process_0_share = pipeline.make_val_batches(config, process_index=0, process_count=2)
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  hook = loop._diagnostics_hook(config, model_config_from(config.model), process_0_share)
+  whole = pipeline.make_val_batches(config, process_index=0, process_count=1)[0]["tokens"]
+  np.testing.assert_array_equal(hook.tokens, whole[:2])
