@@ -171,6 +171,10 @@ def train_and_evaluate(config, workdir: str) -> dict:
       donate_argnums=(0,))
   eval_fn = jax.jit(functools.partial(eval_step, model=model),
                     in_shardings=(param_sharding, batch_sharding), out_shardings=repl)
+  # The diagnostics fetch their outputs to the host: under several processes they read the
+  # params replicated (sharded across processes, the outputs are too, and none can fetch them).
+  diag_params = (jax.jit(lambda params: params, out_shardings=repl) if process_count > 1
+                 else lambda params: params)
 
   manager = checkpoint.make_manager(workdir, config.keep_checkpoints,
                                     async_save=bool(config.get("async_checkpointing", True)))
@@ -259,7 +263,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
             writer.write_scalars(step, {"val/loss": val_loss})
             metrics_log.append(step, {"val/loss": val_loss})
           if diag_now:
-            diag_hook(step, state.params, writer)
+            diag_hook(step, diag_params(state.params), writer)
           if save_now or preempted:  # One save per step: a second one of the same step raises.
             checkpoint.save(manager, step, state, train_iter, force=preempted,
                             progress={"wall_time_s": wall_s(), **guard.progress()})

@@ -188,6 +188,33 @@ def test_resume_on_two_processes_continues_a_one_process_runs_data(reference_run
   assert_losses_match(workdir, reference_run, rtol=2e-4)
 
 
+@pytest.mark.slow
+def test_diagnostics_of_params_sharded_across_two_processes_are_diagnoses(tmp_path):
+  """In-loop diagnostics with fsdp across two processes: the probes' outputs were sharded
+  across them, no process could fetch them and the run crashed at the first diagnostics step.
+  Their loss at step 10 must be diagnose's on the step-10 checkpoint (same rows and params)."""
+  from tensorboard.backend.event_processing import event_accumulator
+  from tensorboard.util import tensor_util
+  from depthbench_jax import diagnose
+  from depthbench_jax.data import pipeline
+  from depthbench_jax.train import checkpoint
+  workdir = str(tmp_path / "diag")
+  flags = helpers.tiny_flags(**{"mesh.data": 1, "mesh.fsdp": 2, "diagnostics.every": 10})
+  for p in start_two_processes(workdir, flags):
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err[-3000:]
+  events = event_accumulator.EventAccumulator(os.path.join(workdir, "tensorboard"),
+                                              size_guidance={"tensors": 0})
+  events.Reload()
+  logged = {e.step: float(tensor_util.make_ndarray(e.tensor_proto))
+            for e in events.Tensors("diagnostics/loss")}
+  config, params, _ = checkpoint.restore_run(workdir, 10)
+  batch = pipeline.make_val_batches(config, process_index=0, process_count=1)[0]
+  want = diagnose.diagnose(workdir, config, params, batch, step=10)["loss"]
+  assert sorted(logged) == [10, 20]
+  np.testing.assert_allclose(logged[10], want, rtol=1e-4)
+
+
 @pytest.mark.parametrize("flag, field", [
     ("--config.model.n_heads=5", "config.model.n_heads"),
     ("--config.model.residual.name=resnet", "config.model.residual.name"),
