@@ -2,7 +2,11 @@
 
 Restores the latest (or ``--step``) checkpoint's params, takes the first
 ``config.diagnostics.batch_size`` rows of the first held-out batch, runs every diagnostic
-(``diagnostics/probes.py``) and writes ``RUN_DIR/diagnostics.json`` and ``RUN_DIR/plots/diag_*.png``.
+(``diagnostics/probes.py``) and writes ``RUN_DIR/diagnostics.json`` and ``RUN_DIR/plots/diag_*.png``
+(``--out=PATH``: ``PATH`` and ``plots/`` beside it). The settings that decide the numbers (held-out
+rows and every option but the ``*_chunk`` memory knobs) are recorded as ``options``; an existing
+file made with other settings is replaced only with ``--overwrite``, so a debug rerun never
+silently replaces a finished result.
 """
 
 from __future__ import annotations
@@ -27,10 +31,14 @@ _BATCH_SIZE = flags.DEFINE_integer("batch_size", None,
                                    allow_override=True)
 _SET = flags.DEFINE_multi_string("set", [], "KEY=VALUE overrides of config.diagnostics, e.g. "
                                  "--set=permutation_chunk=4 --set=causal_reduction=max.")
+_OUT = flags.DEFINE_string("out", None, "Result file (default RUN_DIR/diagnostics.json); its "
+                           "plots go to plots/ beside it.", allow_override=True)
+_OVERWRITE = flags.DEFINE_bool("overwrite", False, "Replace --out even when it was made with "
+                               "other settings.", allow_override=True)
 flags.register_validator("batch_size", lambda n: n is None or n >= 1,
                          message="allowed: an integer >= 1 (or unset: the config's)")
 USAGE = ("python -m depthbench_jax.diagnose --workdir=RUN_DIR [--step=N] [--batch_size=N] "
-         "[--set=KEY=VALUE ...]")
+         "[--set=KEY=VALUE ...] [--out=PATH] [--overwrite]")
 
 
 def diagnostics_options(config: Any, overrides: dict | None = None) -> dict:
@@ -40,25 +48,38 @@ def diagnostics_options(config: Any, overrides: dict | None = None) -> dict:
   return diag
 
 
+def result_settings(config: Any, overrides: dict | None = None) -> dict:
+  """What decides the numbers: the held-out rows and ``probes.Options.result_settings`` (not the
+  ``*_chunk`` memory knobs). Recorded as the result's ``options``."""
+  from depthbench_jax.diagnostics import probes
+  diag = diagnostics_options(config, overrides)
+  return {"batch_size": int(diag.get("batch_size", 2)),
+          **probes.Options.from_config(diag).result_settings()}
+
+
 def diagnose(workdir: str, config: Any, params: Any, batch: Any, step: int | None = None,
-             overrides: dict | None = None) -> dict:
-  """Runs the diagnostics and writes ``workdir/diagnostics.json`` and ``workdir/plots/*.png``."""
+             overrides: dict | None = None, out: str | None = None) -> dict:
+  """Runs the diagnostics and writes ``out`` (default ``workdir/diagnostics.json``) and
+  ``plots/*.png`` beside it."""
   from depthbench_jax.diagnostics import plots, probes
   from depthbench_jax.model.config import model_config_from
   from depthbench_jax.train import summary
 
   diag = diagnostics_options(config, overrides)
+  settings = result_settings(config, overrides)
   cfg = model_config_from(config.model)
-  tokens = probes.heldout_tokens(batch, int(diag.get("batch_size", 2)))
+  tokens = probes.heldout_tokens(batch, settings["batch_size"])
   t0 = time.perf_counter()
   result = probes.Probes(cfg, probes.Options.from_config(diag)).run(params, tokens)
   result["timing"]["total_s"] = time.perf_counter() - t0
   result["step"] = step
   result["name"] = config.get("name", None)
   result["workdir"] = os.path.abspath(workdir)
-  pngs = plots.save_pngs(result, os.path.join(workdir, "plots"))
+  result["options"] = settings
+  out = out or os.path.join(workdir, "diagnostics.json")
+  pngs = plots.save_pngs(result, os.path.join(os.path.dirname(os.path.abspath(out)), "plots"))
   result["plots"] = {k: os.path.relpath(v, workdir) for k, v in pngs.items()}
-  summary.atomic_write_json(os.path.join(workdir, "diagnostics.json"), result)
+  summary.atomic_write_json(out, result)
   return result
 
 
@@ -108,24 +129,27 @@ def _check_type(item: str, key: str, value: Any) -> None:
 def main(argv):
   del argv
   from depthbench_jax.data import pipeline
-  from depthbench_jax.train import checkpoint
+  from depthbench_jax.train import checkpoint, summary
 
   workdir = _WORKDIR.value
+  out = _OUT.value or os.path.join(workdir, "diagnostics.json")
   try:
     overrides = _parse_overrides(_SET.value)  # Bad input fails before the checkpoint loads.
+    if _BATCH_SIZE.value is not None:
+      overrides["batch_size"] = _BATCH_SIZE.value
     config, params, step = checkpoint.restore_run(workdir, _STEP.value)
+    summary.check_replaceable(  # Before the probes run: a finished result is never lost.
+        out, result_settings(config, overrides), _OVERWRITE.value,
+        lambda key: "--batch_size" if key == "batch_size" else f"--set={key}")
   except ConfigError as err:
     fail(str(err))
-  if _BATCH_SIZE.value is not None:
-    overrides["batch_size"] = _BATCH_SIZE.value
   val = pipeline.make_val_batches(config, process_index=0, process_count=1)
   if not val:
     fail(f"--workdir={workdir}: config.data.val_batches=0, no held-out batch to diagnose; "
          "allowed: a run with config.data.val_batches >= 1")
-  result = diagnose(workdir, config, params, val[0], step=step, overrides=overrides)
+  result = diagnose(workdir, config, params, val[0], step=step, overrides=overrides, out=out)
   logging.info("diagnostics of %s (%s, L=%d) in %.1fs -> %s", workdir, result["design"],
-               result["n_layers"], result["timing"]["total_s"],
-               os.path.join(workdir, "diagnostics.json"))
+               result["n_layers"], result["timing"]["total_s"], out)
   print(json.dumps({k: result[k]["share"] for k in ("causal", "permutation") if k in result}))
 
 

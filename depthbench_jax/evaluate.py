@@ -8,11 +8,16 @@ task score (``evals/tasks.py``). Writes ``RUN_DIR/evals.json`` and scalars
 ``evals/<set>/<metric>`` and ``evals/<domain>/nll_per_token`` to ``RUN_DIR/tensorboard``.
 Sets whose file is missing are skipped and listed under ``missing`` with the message saying
 where to put them (``--strict`` makes that an error). ``--export_hf`` also writes a Hugging Face
-checkpoint (Pre-LN family) to ``RUN_DIR/hf``.
+checkpoint (Pre-LN family) to ``RUN_DIR/hf``. ``--out=PATH`` writes ``PATH`` (and its scalars to
+``tensorboard/`` beside it) instead. An existing file whose ``options`` differ in what decides the
+numbers (``RESULT_OPTIONS``: the checkpoint step does not) is replaced only with ``--overwrite``,
+so a debug rerun never silently replaces a finished evaluation.
 
 ``evals.json``::
 
-  {"step", "name", "design", "n_layers", "tokenizer", "options",
+  {"step", "name", "design", "n_layers", "tokenizer",
+   "options": {"sets", "eval_data_dir", "max_examples", "generate", "max_new_tokens",
+               "score_len", "batch_size"},
    "sets": {set: {"domain", "kind", "n", "tokens", "nll_per_token", "nll_per_example",
                   "per_example": [{"id", "nll", "tokens"}], + "acc"/"acc_norm" (mc),
                   "exact_match" (math), "pass@1"/"timeouts" (code), "samples"}},
@@ -49,6 +54,10 @@ _BATCH = flags.DEFINE_integer("batch_size", 8, "Rows per model call.", allow_ove
 _TIMEOUT = flags.DEFINE_float("timeout_s", 10.0, "Sandbox timeout per program.")
 _STRICT = flags.DEFINE_bool("strict", False, "Fail when a set's file is missing.")
 _EXPORT = flags.DEFINE_bool("export_hf", False, "Also export RUN_DIR/hf (Pre-LN family only).")
+_OUT = flags.DEFINE_string("out", None, "Result file (default RUN_DIR/evals.json); its scalars go "
+                           "to tensorboard/ beside it.", allow_override=True)
+_OVERWRITE = flags.DEFINE_bool("overwrite", False, "Replace --out even when it was made with "
+                               "other settings.", allow_override=True)
 for _name, _ok, _allowed in (
     ("max_examples", lambda n: n is None or n >= 1, "an integer >= 1 (or unset: every example)"),
     ("max_new_tokens", lambda n: n >= 1, "an integer >= 1"),
@@ -56,7 +65,11 @@ for _name, _ok, _allowed in (
     ("timeout_s", lambda t: t > 0, "seconds > 0")):
   flags.register_validator(_name, _ok, message=f"allowed: {_allowed}")
 USAGE = ("python -m depthbench_jax.evaluate --workdir=RUN_DIR [--step=N] [--sets=a,b] "
-         "[--eval_data_dir=DIR] [--max_examples=N] [--strict] [--export_hf] ...")
+         "[--eval_data_dir=DIR] [--max_examples=N] [--strict] [--export_hf] [--out=PATH] "
+         "[--overwrite] ...")
+# The options that decide the numbers (batch_size only groups the rows).
+RESULT_OPTIONS = ("sets", "eval_data_dir", "max_examples", "generate", "max_new_tokens",
+                  "score_len")
 
 
 def domain_means(sets: dict) -> dict:
@@ -143,14 +156,17 @@ def scalars(evals: dict) -> dict[str, float]:
   return out
 
 
-def write_evals(workdir: str, evals: dict, step: int) -> str:
+def write_evals(workdir: str, evals: dict, step: int, path: str | None = None) -> str:
+  """``evals`` to ``path`` (default ``workdir/evals.json``), its scalars to ``tensorboard/``
+  beside it."""
   from clu import metric_writers  # pylint: disable=g-import-not-at-top
   from depthbench_jax.train import summary  # pylint: disable=g-import-not-at-top
 
-  path = os.path.join(workdir, "evals.json")
+  path = path or os.path.join(workdir, "evals.json")
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   summary.atomic_write_json(path, evals)
-  writer = metric_writers.create_default_writer(os.path.join(workdir, "tensorboard"),
-                                                asynchronous=False)
+  writer = metric_writers.create_default_writer(
+      os.path.join(os.path.dirname(os.path.abspath(path)), "tensorboard"), asynchronous=False)
   writer.write_scalars(step, scalars(evals))
   writer.flush()
   writer.close()
@@ -162,9 +178,10 @@ def main(argv):
   from depthbench_jax.data.tokenizer import get_tokenizer  # pylint: disable=g-import-not-at-top
   from depthbench_jax.model import hf  # pylint: disable=g-import-not-at-top
   from depthbench_jax.model.config import model_config_from  # pylint: disable=g-import-not-at-top
-  from depthbench_jax.train import checkpoint  # pylint: disable=g-import-not-at-top
+  from depthbench_jax.train import checkpoint, summary  # pylint: disable=g-import-not-at-top
 
   workdir = _WORKDIR.value
+  out = _OUT.value or os.path.join(workdir, "evals.json")
   try:
     check_sets(_SETS.value)  # Before the checkpoint loads.
     config, params, step = checkpoint.restore_run(workdir, _STEP.value)
@@ -174,13 +191,17 @@ def main(argv):
     # --eval_data_dir, else the run's config.evals.data_dir (when it has one), else default.
     data_dir = _DATA_DIR.value or ((config.get("evals") or {}).get("data_dir") or None)
     check_found(_SETS.value, data_dir, _STRICT.value)
+    options = {"sets": sorted(set(_SETS.value)),
+               "eval_data_dir": data_dir or datasets.default_data_dir(),
+               "max_examples": _MAX_EXAMPLES.value, "generate": _GENERATE.value,
+               "max_new_tokens": _MAX_NEW.value, "batch_size": _BATCH.value,
+               "score_len": int(config.data.seq_len)}
+    summary.check_replaceable(  # Before the tokenizer and model: a finished result is never lost.
+        out, {k: options[k] for k in RESULT_OPTIONS}, _OVERWRITE.value,
+        lambda key: "config.data.seq_len" if key == "score_len" else f"--{key}")
   except ConfigError as err:
     fail(str(err))
   tokenizer = get_tokenizer(config.data.tokenizer)
-  options = {"eval_data_dir": data_dir or datasets.default_data_dir(),
-             "max_examples": _MAX_EXAMPLES.value, "generate": _GENERATE.value,
-             "max_new_tokens": _MAX_NEW.value, "batch_size": _BATCH.value,
-             "score_len": int(config.data.seq_len)}
   evals = evaluate(model_cfg, params, tokenizer, sets=_SETS.value, data_dir=data_dir,
                    max_examples=_MAX_EXAMPLES.value, generate=_GENERATE.value,
                    max_new_tokens=_MAX_NEW.value, batch_size=_BATCH.value,
@@ -188,10 +209,10 @@ def main(argv):
                    score_len=int(config.data.seq_len))
   evals.update(step=step, name=config.get("name", None), design=model_cfg.design,
                n_layers=model_cfg.n_layers, tokenizer=tokenizer.name, options=options)
-  path = write_evals(workdir, evals, int(step or 0))
+  path = write_evals(workdir, evals, int(step or 0), out)
   if _EXPORT.value:
-    out = hf.export_hf(params, model_cfg, os.path.join(workdir, "hf"), tokenizer=tokenizer)
-    logging.info("exported Hugging Face checkpoint to %s", out)
+    hf_dir = hf.export_hf(params, model_cfg, os.path.join(workdir, "hf"), tokenizer=tokenizer)
+    logging.info("exported Hugging Face checkpoint to %s", hf_dir)
   logging.info("wrote %s", path)
   print(json.dumps({d: round(v["nll_per_token"], 4) for d, v in evals["domains"].items()}))
 

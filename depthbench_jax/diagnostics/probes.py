@@ -40,9 +40,17 @@ from depthbench_jax.residual import attnres
 Array = jax.Array
 
 
+MEMORY_ONLY = ("causal_chunk", "permutation_chunk")
+
+
 @dataclasses.dataclass(frozen=True)
 class Options:
-  """Knobs of one diagnostics run (``config.diagnostics`` minus ``every``; see configs/base.py)."""
+  """Knobs of one diagnostics run (``config.diagnostics`` minus ``every``; see configs/base.py).
+
+  ``causal_chunk`` and ``permutation_chunk`` set only how many networks share one vmapped batch
+  (memory and speed, ``MEMORY_ONLY``); every other field changes the numbers or which sections
+  the result has (``result_settings``, recorded and compared by ``diagnose.py``).
+  """
   causal_threshold: float = metrics.PAPER_CAUSAL_THRESHOLD
   permutation_threshold: float = metrics.PAPER_PERMUTATION_THRESHOLD
   curve_points: int = 101            # thresholds linspace(0, 1, curve_points) for the share curves
@@ -64,6 +72,10 @@ class Options:
     if thresholds is not None:
       kwargs["causal_threshold"], kwargs["permutation_threshold"] = (float(t) for t in thresholds)
     return cls(**kwargs)
+
+  def result_settings(self) -> dict:
+    """The fields that decide the result: all but ``MEMORY_ONLY``."""
+    return {k: v for k, v in dataclasses.asdict(self).items() if k not in MEMORY_ONLY}
 
   def validate(self) -> None:
     from depthbench_jax.errors import ConfigError

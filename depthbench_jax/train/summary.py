@@ -1,5 +1,6 @@
 """The run directory's records: ``config.json``, ``metrics.jsonl``, ``summary.json``, and which
-checkpoint steps ``checkpoints/`` holds.
+checkpoint steps ``checkpoints/`` holds; ``check_replaceable`` guards the post-hoc results
+(``evals.json``, ``diagnostics.json``) against a rerun with other settings.
 
 ``summary.json`` is the one results format training, diagnostics, evals, systems and reports
 read (keys in DEVELOPERS.md). Writes are atomic (temp file + rename) so a kill never leaves a
@@ -11,7 +12,9 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Any
+from typing import Any, Callable
+
+from depthbench_jax.errors import ConfigError
 
 SUMMARY = "summary.json"
 CONFIG = "config.json"
@@ -37,6 +40,34 @@ def atomic_write_json(path: str, obj: Any) -> None:
 def read_json(path: str) -> Any:
   with open(path) as f:
     return json.load(f)
+
+
+def check_replaceable(path: str, settings: dict, overwrite: bool,
+                      flag: Callable[[str], str] = "--{}".format) -> None:
+  """Raises one ``ConfigError`` when ``path`` holds a result whose recorded ``options`` differ
+  from ``settings`` (the values that decide its numbers; ``flag(key)`` is how the user sets
+  one): a debug rerun (fewer examples, other thresholds) would silently replace a finished
+  result with a lesser one. The same settings (a rerun, a later checkpoint) or ``overwrite``
+  replace it; a key the file does not record (older code) counts as different."""
+  if os.path.isdir(path):
+    raise ConfigError(f"--out={path} is a directory; allowed: a file path")
+  if overwrite or not os.path.exists(path):
+    return
+  try:
+    recorded = read_json(path).get("options") or {}
+  except (ValueError, AttributeError):  # Not a JSON object: nothing recorded.
+    recorded = {}
+  asked = json.loads(json.dumps(settings))  # Tuples as lists, as the file holds them.
+  changed = [k for k in asked if k not in recorded or recorded[k] != asked[k]]
+  if not changed:
+    return
+  there = lambda k: json.dumps(recorded[k]) if k in recorded else "(not recorded)"
+  made = (f"made with {', '.join(f'{k}={there(k)}' for k in changed)}" if recorded else
+          "that records no settings (older code)")
+  raise ConfigError(
+      f"{', '.join(f'{flag(k)}={json.dumps(asked[k])}' for k in changed)}: {path} holds a "
+      f"result {made}, which this run would replace; allowed: the same settings, --overwrite "
+      f"to replace it, or --out=PATH to write this result elsewhere")
 
 
 def checkpoint_steps(workdir: str) -> list[int]:

@@ -103,3 +103,80 @@ def test_cli_on_a_run_without_held_out_batches_is_one_error_line(tmp_path):
   assert len(lines) == 1 and "config.data.val_batches=0" in lines[0] and "allowed" in lines[0]
   assert "--helpfull" not in proc.stderr and "--workdir: Run directory" not in proc.stderr
   assert sorted(os.listdir(workdir)) == before
+
+
+# What a plain diagnose of a tiny run records: config.diagnostics' defaults, less the *_chunk
+# memory knobs (they do not change the numbers).
+DEFAULT = {"batch_size": 2, "causal_threshold": 0.45, "permutation_threshold": 0.15,
+           "curve_points": 101, "causal_reduction": "mean", "permutation_pairs": "all",
+           "dead_threshold": 0.05, "run_causal": True, "run_permutation": True}
+
+
+def _run_with_diagnostics(tmp_path, options):
+  """A saved run whose diagnostics.json was made with ``options``; returns (workdir, its bytes)."""
+  from tests.helpers import saved_run
+  workdir = str(tmp_path / "run")
+  saved_run(workdir)
+  path = os.path.join(workdir, "diagnostics.json")
+  with open(path, "w") as f:
+    json.dump({"step": 1, "design": "preln", "options": options, "plots": {}}, f)
+  return workdir, open(path, "rb").read()
+
+
+def _diagnose(workdir, *flags):
+  return subprocess.run([sys.executable, "-m", "depthbench_jax.diagnose", f"--workdir={workdir}",
+                         *flags], cwd=ROOT, env=subprocess_env(), capture_output=True, text=True,
+                        timeout=300)
+
+
+@pytest.mark.parametrize("flag, named", [
+    ("--set=causal_reduction=max", '--set=causal_reduction="max"'),
+    ("--batch_size=1", "--batch_size=1"),
+    ("--set=thresholds=[0.5,0.15]", "--set=causal_threshold=0.5"),
+])
+def test_cli_rerun_with_other_settings_is_refused_and_leaves_the_diagnostics(
+    tmp_path, flag, named):
+  """Once silently replaced diagnostics.json and its plots: now one error line naming the
+  setting, the file and its value, and the way out; nothing written."""
+  workdir, before = _run_with_diagnostics(tmp_path, DEFAULT)
+  files = sorted(os.listdir(workdir))
+  proc = _diagnose(workdir, flag)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  lines = [l for l in proc.stderr.strip().splitlines() if l.startswith("error: ")]
+  assert len(lines) == 1 and lines[0].startswith(f"error: {named}"), proc.stderr[-2000:]
+  assert os.path.join(workdir, "diagnostics.json") in lines[0]
+  assert "--overwrite" in lines[0] and "--out=PATH" in lines[0] and "allowed" in lines[0]
+  assert open(os.path.join(workdir, "diagnostics.json"), "rb").read() == before
+  assert sorted(os.listdir(workdir)) == files   # no plots/ either
+
+
+def test_cli_rerun_with_the_same_settings_replaces_diagnostics_and_records_them(tmp_path):
+  """A memory knob (permutation_chunk) is not a setting: the file is replaced."""
+  workdir, _ = _run_with_diagnostics(tmp_path, DEFAULT)
+  proc = _diagnose(workdir, "--set=permutation_chunk=2")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  result = json.load(open(os.path.join(workdir, "diagnostics.json")))
+  assert result["step"] == 5 and result["options"] == DEFAULT
+
+
+def test_cli_overwrite_replaces_diagnostics_made_with_other_settings(tmp_path):
+  workdir, _ = _run_with_diagnostics(tmp_path, DEFAULT)
+  proc = _diagnose(workdir, "--set=causal_reduction=max", "--overwrite")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  result = json.load(open(os.path.join(workdir, "diagnostics.json")))
+  assert result["step"] == 5 and result["options"] == dict(DEFAULT, causal_reduction="max")
+  assert os.path.exists(os.path.join(workdir, "plots", "diag_causal.png"))
+
+
+def test_cli_out_writes_elsewhere_and_leaves_the_diagnostics_and_plots(tmp_path):
+  """--out: the result and its plots/ go beside PATH (plot paths still relative to the run)."""
+  workdir, before = _run_with_diagnostics(tmp_path, DEFAULT)
+  side = tmp_path / "debug" / "diagnostics.json"
+  proc = _diagnose(workdir, "--set=causal_reduction=max", f"--out={side}")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  result = json.load(open(side))
+  assert result["options"] == dict(DEFAULT, causal_reduction="max")
+  assert os.path.exists(os.path.join(workdir, result["plots"]["causal"]))
+  assert os.path.exists(tmp_path / "debug" / "plots" / "diag_causal.png")
+  assert open(os.path.join(workdir, "diagnostics.json"), "rb").read() == before
+  assert not os.path.exists(os.path.join(workdir, "plots"))

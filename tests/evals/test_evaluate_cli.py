@@ -105,3 +105,78 @@ def test_cli_refusal_after_the_config_is_read_is_one_error_line_and_writes_nothi
   assert len(lines) == 1 and named in lines[0] and "allowed" in lines[0], proc.stderr[-2000:]
   assert "Traceback" not in proc.stderr
   assert sorted(os.listdir(workdir)) == before
+
+
+# A finished evaluation as the CLI records it (tiny run: score_len = config.data.seq_len = 32).
+FULL = {"sets": ["gsm8k", "sciq"], "eval_data_dir": FIXTURES, "max_examples": None,
+        "generate": True, "max_new_tokens": 4, "score_len": 32, "batch_size": 8}
+FULL_FLAGS = [f"--eval_data_dir={FIXTURES}", "--sets=gsm8k,sciq", "--max_new_tokens=4"]
+# A cheap debug rerun and what it records.
+DEBUG = dict(FULL, sets=["sciq"], max_examples=1, generate=False)
+DEBUG_FLAGS = [*FULL_FLAGS, "--sets=sciq", "--max_examples=1", "--generate=false"]
+
+
+def _run_with_evals(tmp_path, options):
+  """A saved run whose evals.json was made with ``options``; returns (workdir, its bytes)."""
+  workdir = str(tmp_path / "run")
+  helpers.saved_run(workdir)
+  path = os.path.join(workdir, "evals.json")
+  with open(path, "w") as f:
+    json.dump({"step": 1, "options": options, "sets": {}, "domains": {}, "missing": {}}, f)
+  return workdir, open(path, "rb").read()
+
+
+def _evaluate(workdir, *flags):
+  return subprocess.run([sys.executable, "-m", "depthbench_jax.evaluate", f"--workdir={workdir}",
+                         *flags], cwd=helpers.ROOT, env=helpers.subprocess_env(),
+                        capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("flag, named", [
+    ("--max_examples=1", "--max_examples=1"),
+    ("--sets=humaneval", '--sets=["humaneval"]'),
+    ("--generate=false", "--generate=false"),
+])
+def test_cli_lesser_rerun_is_refused_and_leaves_the_finished_evals(tmp_path, flag, named):
+  """A debug rerun (fewer examples, one set, no generation) once silently replaced a full
+  evals.json: now one error line naming the flag, the file and its value, and the way out."""
+  workdir, before = _run_with_evals(tmp_path, FULL)
+  files = sorted(os.listdir(workdir))
+  proc = _evaluate(workdir, *FULL_FLAGS, flag)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  lines = [l for l in proc.stderr.strip().splitlines() if l.startswith("error: ")]
+  assert len(lines) == 1 and lines[0].startswith(f"error: {named}"), proc.stderr[-2000:]
+  assert os.path.join(workdir, "evals.json") in lines[0]
+  assert "--overwrite" in lines[0] and "--out=PATH" in lines[0] and "allowed" in lines[0]
+  assert open(os.path.join(workdir, "evals.json"), "rb").read() == before
+  assert sorted(os.listdir(workdir)) == files   # no tensorboard/ either
+
+
+def test_cli_rerun_with_the_same_settings_replaces_evals_and_records_them(tmp_path):
+  """A later checkpoint (step 5 over step 1) under the same settings replaces the file."""
+  workdir, _ = _run_with_evals(tmp_path, DEBUG)
+  proc = _evaluate(workdir, *DEBUG_FLAGS)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  evals = json.load(open(os.path.join(workdir, "evals.json")))
+  assert evals["step"] == 5 and evals["options"] == DEBUG and set(evals["sets"]) == {"sciq"}
+
+
+def test_cli_overwrite_replaces_evals_made_with_other_settings(tmp_path):
+  workdir, _ = _run_with_evals(tmp_path, FULL)
+  proc = _evaluate(workdir, *DEBUG_FLAGS, "--overwrite")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  evals = json.load(open(os.path.join(workdir, "evals.json")))
+  assert evals["step"] == 5 and evals["options"] == DEBUG
+
+
+def test_cli_out_writes_elsewhere_and_leaves_the_finished_evals(tmp_path):
+  """--out: the result and its scalars go beside PATH; the run's evals.json and tensorboard/
+  stay as they were."""
+  workdir, before = _run_with_evals(tmp_path, FULL)
+  side = tmp_path / "debug" / "evals.json"
+  proc = _evaluate(workdir, *DEBUG_FLAGS, f"--out={side}")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert json.load(open(side))["options"] == DEBUG
+  assert os.listdir(tmp_path / "debug" / "tensorboard")
+  assert open(os.path.join(workdir, "evals.json"), "rb").read() == before
+  assert not os.path.exists(os.path.join(workdir, "tensorboard"))
