@@ -108,3 +108,17 @@ def wait_for_step(workdir: str, step: int, proc: subprocess.Popen, timeout: floa
       return
     time.sleep(0.05)
   raise AssertionError(f"step {step} not reached in {timeout}s")
+
+
+def assert_refused_untouched(proc: subprocess.CompletedProcess, named: str, result: str,
+                             before: bytes, files: list[str]) -> None:
+  """A post-hoc CLI refused to replace ``result`` (the run's JSON, which held ``before``): exit 2,
+  one error line that starts with the flag ``named`` and names the file and the ways out, and
+  nothing written in the run directory (``files`` is its listing before)."""
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  lines = [l for l in proc.stderr.strip().splitlines() if l.startswith("error: ")]
+  assert len(lines) == 1 and lines[0].startswith(f"error: {named}"), proc.stderr[-2000:]
+  assert result in lines[0]
+  assert "--overwrite" in lines[0] and "--out=PATH" in lines[0] and "allowed" in lines[0]
+  assert open(result, "rb").read() == before
+  assert sorted(os.listdir(os.path.dirname(result))) == files

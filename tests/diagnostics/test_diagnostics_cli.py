@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.helpers import ROOT, run_main, subprocess_env, tiny_flags
+from tests.helpers import ROOT, assert_refused_untouched, run_main, subprocess_env, tiny_flags
 
 
 @pytest.mark.slow
@@ -141,13 +141,8 @@ def test_cli_rerun_with_other_settings_is_refused_and_leaves_the_diagnostics(
   workdir, before = _run_with_diagnostics(tmp_path, DEFAULT)
   files = sorted(os.listdir(workdir))
   proc = _diagnose(workdir, flag)
-  assert proc.returncode == 2, proc.stderr[-2000:]
-  lines = [l for l in proc.stderr.strip().splitlines() if l.startswith("error: ")]
-  assert len(lines) == 1 and lines[0].startswith(f"error: {named}"), proc.stderr[-2000:]
-  assert os.path.join(workdir, "diagnostics.json") in lines[0]
-  assert "--overwrite" in lines[0] and "--out=PATH" in lines[0] and "allowed" in lines[0]
-  assert open(os.path.join(workdir, "diagnostics.json"), "rb").read() == before
-  assert sorted(os.listdir(workdir)) == files   # no plots/ either
+  assert_refused_untouched(proc, named, os.path.join(workdir, "diagnostics.json"), before,
+                           files)  # No plots/ either.
 
 
 def test_cli_rerun_with_the_same_settings_replaces_diagnostics_and_records_them(tmp_path):

@@ -143,13 +143,8 @@ def test_cli_lesser_rerun_is_refused_and_leaves_the_finished_evals(tmp_path, fla
   workdir, before = _run_with_evals(tmp_path, FULL)
   files = sorted(os.listdir(workdir))
   proc = _evaluate(workdir, *FULL_FLAGS, flag)
-  assert proc.returncode == 2, proc.stderr[-2000:]
-  lines = [l for l in proc.stderr.strip().splitlines() if l.startswith("error: ")]
-  assert len(lines) == 1 and lines[0].startswith(f"error: {named}"), proc.stderr[-2000:]
-  assert os.path.join(workdir, "evals.json") in lines[0]
-  assert "--overwrite" in lines[0] and "--out=PATH" in lines[0] and "allowed" in lines[0]
-  assert open(os.path.join(workdir, "evals.json"), "rb").read() == before
-  assert sorted(os.listdir(workdir)) == files   # no tensorboard/ either
+  helpers.assert_refused_untouched(proc, named, os.path.join(workdir, "evals.json"), before,
+                                   files)  # No tensorboard/ either.
 
 
 def test_cli_rerun_with_the_same_settings_replaces_evals_and_records_them(tmp_path):
