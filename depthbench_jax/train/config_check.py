@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import glob
 import json
+import math
 import os
 
 import ml_collections
@@ -27,7 +28,7 @@ def _require(ok: bool, message: str) -> None:
 
 def _number(config, field: str, *, low=None, high=None, low_open=False, allowed: str):
   value = config.get(field)
-  ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+  ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
   if ok and low is not None:
     ok = value > low if low_open else value >= low
   if ok and high is not None:
@@ -70,7 +71,10 @@ def validate_recipe(config) -> None:
            f"config.budget_design={budget!r}; allowed: '' (the run's own parameters) or a "
            f"design whose parameters at the run's shape set the budget: "
            f"{', '.join(registry.names())}")
-  _number(config, "warmup_steps", low=0, allowed="an int >= 0, or a fraction in (0, 1)")
+  warmup = _number(config, "warmup_steps", low=0,
+                   allowed="an int >= 0, or a fraction in (0, 1)")
+  _require(float(warmup).is_integer() or warmup < 1,  # 1.5 would be read as 1 step.
+           f"config.warmup_steps={warmup!r}; allowed: an int >= 0, or a fraction in (0, 1)")
   _number(config, "min_lr_ratio", low=0, high=1.0000001, allowed="a number in [0, 1]")
   _number(config, "b1", low=0, high=1, allowed="a number in [0, 1)")
   _number(config, "b2", low=0, high=1, allowed="a number in [0, 1)")

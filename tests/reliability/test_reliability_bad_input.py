@@ -30,6 +30,7 @@ CASES = [
     ("negative_steps", {"steps": -5}, 1, 1, "config.steps"),
     ("zero_steps", {"steps": 0}, 1, 1, "config.steps"),
     ("negative_lr", {"lr": -1.0}, 1, 1, "config.lr"),
+    ("infinite_lr", {"lr": float("inf")}, 1, 1, "config.lr"),
     ("b2_of_one", {"b2": 1.0}, 1, 1, "config.b2"),
     ("negative_weight_decay", {"weight_decay": -0.1}, 1, 1, "config.weight_decay"),
     ("unknown_budget_design", {"budget_design": "resnet"}, 1, 1, "config.budget_design"),
@@ -80,6 +81,20 @@ def test_bad_config_is_one_line_naming_field_and_allowed(overrides, devices, pro
     config_check.validate(config, devices, processes)
   message = str(err.value)
   assert "\n" not in message and field in message and "allowed" in message, message
+
+
+@pytest.mark.parametrize("warmup, ok", [(1.5, False), (0.02, True), (2000.0, True)])
+def test_a_float_warmup_is_a_fraction_below_one_or_whole_steps(warmup, ok):
+  """In a suite typing warmup_steps float (suite_400m), 1.5 was silently read as 1 step;
+  ``--config.warmup_steps=2000`` arrives there as 2000.0 and is 2000 steps."""
+  config = helpers.tiny_config()
+  del config["warmup_steps"]
+  config.warmup_steps = warmup
+  if ok:
+    config_check.validate(config, 1, 1)
+  else:
+    with pytest.raises(ConfigError, match=r"config.warmup_steps=1.5; allowed: .*fraction"):
+      config_check.validate(config, 1, 1)
 
 
 def test_good_config_and_iso_shape_within_tolerance_pass():
