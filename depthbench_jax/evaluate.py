@@ -192,7 +192,7 @@ def main(argv):
     data_dir = _DATA_DIR.value or ((config.get("evals") or {}).get("data_dir") or None)
     check_found(_SETS.value, data_dir, _STRICT.value)
     options = {"sets": sorted(set(_SETS.value)),
-               "eval_data_dir": data_dir or datasets.default_data_dir(),
+               "eval_data_dir": os.path.abspath(data_dir or datasets.default_data_dir()),
                "max_examples": _MAX_EXAMPLES.value, "generate": _GENERATE.value,
                "max_new_tokens": _MAX_NEW.value, "batch_size": _BATCH.value,
                "score_len": int(config.data.seq_len)}
