@@ -14,7 +14,7 @@ def main(argv=None) -> int:
   args = p.parse_args(argv)
   paths = write_report(args.results_dir, out_dir=args.out, plots=not args.no_plots)
   if paths is None:
-    print(f"no summary.json under {args.results_dir}; nothing to report", file=sys.stderr)
+    print(f"no run under {args.results_dir}; nothing to report", file=sys.stderr)
     return 1
   for path in paths:
     print(path)

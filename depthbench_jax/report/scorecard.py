@@ -394,12 +394,19 @@ def write_csv(records: Sequence[dict], path: str, groups: dict) -> None:
 def write_report(results_dir: str, out_dir: str | None = None,
                  plots: bool = True) -> list[str] | None:
   """Writes report.md, runs.csv and plots/ for ``results_dir``; returns the paths (None if no
-  runs)."""
-  records = collect_runs(results_dir)
-  if not records:
+  runs). Before any run has finished, report.md is where the runs stand (``unfinished``)."""
+  from depthbench_jax.train.summary import atomic_write_text  # Local, and light.
+  records, unfinished = collect_runs(results_dir), collect_unfinished(results_dir)
+  if not records and not unfinished:
     return None
   out_dir = out_dir or results_dir
   os.makedirs(out_dir, exist_ok=True)
+  title = f"DepthBench scorecard: {os.path.basename(os.path.normpath(results_dir))}"
+  report_path = os.path.join(out_dir, "report.md")
+  if not records:
+    atomic_write_text(report_path, f"# {title}\n\n{len(unfinished)} runs started; no run has "
+                      f"finished yet.\n\n{unfinished_markdown(unfinished)}\n")
+    return [report_path]
   assign_families(records)
   groups = select_best_lr(records)
   plot_files = []
@@ -407,13 +414,10 @@ def write_report(results_dir: str, out_dir: str | None = None,
     from depthbench_jax.report import plots as plots_lib  # Local: matplotlib is slow to import.
     plot_files = plots_lib.loss_vs_aspect(records, groups, os.path.join(out_dir, "plots"))
   rel = [os.path.relpath(p, out_dir) for p in plot_files]
-  title = f"DepthBench scorecard: {os.path.basename(os.path.normpath(results_dir))}"
-  report_path = os.path.join(out_dir, "report.md")
   # Rendered in full first (the hook sections take seconds), then swapped in: an interrupted
   # report leaves the previous report.md whole.
-  from depthbench_jax.train.summary import atomic_write_text  # Local, and light.
   atomic_write_text(report_path, build_report(records, title=title, plot_files=rel,
-                                              unfinished=collect_unfinished(results_dir)))
+                                              unfinished=unfinished))
   csv_path = os.path.join(out_dir, "runs.csv")
   write_csv(records, csv_path, groups)
   return [report_path, csv_path] + plot_files

@@ -101,6 +101,19 @@ def test_report_lists_runs_without_a_summary(tmp_path):
   assert "preln_32x896_lr4e-3 |" not in text.split("## Runs without a summary")[1]
 
 
+def test_a_sweep_with_no_finished_run_yet_reports_where_its_runs_stand(tmp_path, capsys):
+  # Mid-sweep, before any summary: the report was "nothing to report" (exit 1), though the
+  # runs' progress was there to show; now report.md is the runs-without-a-summary table.
+  live = tmp_path / "results" / "hc_8x96_lr3e-3"
+  (live / "checkpoints" / "20").mkdir(parents=True)
+  (live / "metrics.jsonl").write_text('{"step": 25, "train/loss": 3.5}\n')
+  assert report_main.main([str(tmp_path / "results"), "--no_plots"]) == 0
+  text = (tmp_path / "results" / "report.md").read_text()
+  assert "no run has finished yet" in text
+  assert "| hc_8x96_lr3e-3 | 25 | 3.500 | 20 |" in text
+  assert capsys.readouterr().out.split() == [str(tmp_path / "results" / "report.md")]
+
+
 def test_a_torn_summary_lists_its_run_as_unfinished(tmp_path):
   # A summary.json left empty or cut short (a full disk, a copy cut short) is no result, and
   # the run must not vanish from the report: it is listed with the runs without a summary,
