@@ -85,7 +85,7 @@ def diagnostics_table(runs: Sequence[Run]) -> str:
   Columns: causal share (``C > 0.45``), permutation share (``P > 0.15``), mean consecutive
   angular distance of the late layers, erank of the late-span mixing product (HC/mHC), the Block
   AttnRes dead prefix (leading layers below the own-block threshold), the held-out loss the
-  diagnostics saw. '-' where a run lacks the measure.
+  diagnostics saw. '-' where a run lacks the measure; a diverged run's lr reads "(diverged)".
   """
   runs = _sorted(runs)
   tc = _threshold(runs, "causal", 0.45)
@@ -99,9 +99,11 @@ def diagnostics_table(runs: Sequence[Run]) -> str:
     mixing = diag.get("mixing") or {}
     dead = diag.get("dead_prefix") or {}
     lr = _lr(summary)
+    lr_cell = ("-" if lr is None else f"{lr:g}") + (
+        " (diverged)" if summary.get("status") == "diverged" else "")
     lines.append(
         f"| {_design(summary, diag)} | {_depth(summary, diag) or '?'} "
-        f"| {_width(summary, diag) or '-'} | {'-' if lr is None else f'{lr:g}'} "
+        f"| {_width(summary, diag) or '-'} | {lr_cell} "
         f"| {_pct((diag.get('causal') or {}).get('share'))} "
         f"| {_pct((diag.get('permutation') or {}).get('share'))} "
         f"| {_num((diag.get('angular') or {}).get('late_consecutive_mean'))} "

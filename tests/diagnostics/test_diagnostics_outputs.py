@@ -83,6 +83,7 @@ def test_diagnose_writes_json_and_pngs_and_the_report_reads_them(run, tmp_path):
   bad = dict(record, workdir=str(moved), lr=1e-2, status="diverged", final_val_loss=None)
   md = diagnostics.diagnostics_table([record, bad])
   assert md.count("| preln | 4 | 32 |") == 2 and "99.0%" in md.split("Causal share by depth")[0]
+  assert "| preln | 4 | 32 | 0.01 (diverged) |" in md and md.count("(diverged)") == 1
   pivot = md.split("Causal share by depth")[1].split("Permutation share")[0]
   assert f"{100 * share:.1f}%" in pivot and "99.0%" not in pivot
   assert str(moved) not in md
