@@ -79,16 +79,29 @@ def _read_meta(path: str) -> dict | None:
     return None
 
 
+def _files_match(meta: dict, paths: dict[str, str]) -> bool:
+  """Whether each split's token file holds exactly the meta's n_tokens ids (a copy of the cache
+  cut short leaves the .json, copied first, with a short or missing .bin)."""
+  try:
+    itemsize = np.dtype(meta["dtype"]).itemsize
+    return all(os.path.getsize(paths[s]) == meta["n_tokens"][s] * itemsize for s in SPLITS)
+  except (OSError, KeyError, TypeError):
+    return False
+
+
 def tokenize_shard(shard: Shard, tokenizer, cache_dir: str) -> dict:
   """Tokenizes `shard` into the cache unless it is there already; returns its meta dict.
 
   meta = {'key', 'description', 'dtype', 'n_docs': {split: int}, 'n_tokens': {split: int},
-          'paths': {split: str}}.
+          'paths': {split: str}}. A meta whose token files are not n_tokens long is tokenized again.
   """
   paths = _paths(cache_dir, tokenizer.name, shard.key)
   meta = _read_meta(paths["meta"])
-  if meta is not None:
+  if meta is not None and _files_match(meta, paths):
     return meta | {"paths": {s: paths[s] for s in SPLITS}}
+  if meta is not None:
+    logging.warning("token cache of %s is incomplete (%s): tokenizing it again",
+                    shard.description, paths["meta"])
   os.makedirs(os.path.dirname(paths["meta"]), exist_ok=True)
   dtype = token_dtype(tokenizer.vocab_size)
   tag = f".tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"

@@ -177,6 +177,26 @@ def test_a_cached_shard_is_not_read_again(tmp_path):
   assert first["paths"]["train"] == str(tmp_path / "byte" / "synthetic.train.bin")
 
 
+@pytest.mark.parametrize("damage", ["truncate", "delete"])
+def test_a_cached_shard_whose_token_file_is_cut_short_is_tokenized_again(tmp_path, damage):
+  """A meta file whose token file is shorter than it says (a `cp -r` of the cache cut short
+  copies the .json before the .bin) or gone is not a cache hit: the shard is read again and the
+  run gets every token, where it once died in np.memmap ('mmap length is greater than file
+  size') at its first batch."""
+  shard, reads = _counting_shard(["alpha", "beta"], val_every=100)
+  tok = tokenizer_lib.get_tokenizer("byte")
+  first = token_cache.tokenize_shard(shard, tok, str(tmp_path))
+  train = first["paths"]["train"]
+  if damage == "truncate":
+    os.truncate(train, 4)
+  else:
+    os.remove(train)
+  again = token_cache.tokenize_shard(shard, tok, str(tmp_path))
+  assert len(reads) == 2 and again == first
+  stream = token_cache.TokenStream.from_metas([again], "train")
+  assert tok.decode(stream[0:len(stream)]) == "alpha<|endoftext|>beta<|endoftext|>"
+
+
 def test_token_dtype_fits_the_vocabulary():
   """uint16 holds ids up to 65535, so a vocabulary of exactly 2**16 still fits it."""
   assert token_cache.token_dtype(257) == np.uint16
