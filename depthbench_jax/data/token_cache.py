@@ -33,6 +33,8 @@ from typing import Callable, Iterator, Sequence
 from absl import logging
 import numpy as np
 
+from depthbench_jax.errors import ConfigError
+
 DOCS_PER_CHUNK = 1024
 SPLITS = ("train", "val")
 
@@ -75,7 +77,7 @@ def _read_meta(path: str) -> dict | None:
   try:
     with open(path) as f:
       return json.load(f)
-  except (FileNotFoundError, json.JSONDecodeError):
+  except (OSError, json.JSONDecodeError):  # absent, or a cache dir that is not a directory
     return None
 
 
@@ -102,10 +104,15 @@ def tokenize_shard(shard: Shard, tokenizer, cache_dir: str) -> dict:
   if meta is not None:
     logging.warning("token cache of %s is incomplete (%s): tokenizing it again",
                     shard.description, paths["meta"])
-  os.makedirs(os.path.dirname(paths["meta"]), exist_ok=True)
   dtype = token_dtype(tokenizer.vocab_size)
   tag = f".tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-  files = {s: open(paths[s] + tag, "wb") for s in SPLITS}
+  try:
+    os.makedirs(os.path.dirname(paths["meta"]), exist_ok=True)
+    files = {s: open(paths[s] + tag, "wb") for s in SPLITS}
+  except OSError as e:
+    raise ConfigError(f"config.data.cache_dir={cache_dir!r} (else $DEPTHBENCH_CACHE_DIR, else "
+                      f"~/.cache/depthbench_jax) cannot be written ({e}); allowed: a writable "
+                      "directory") from e
   n_docs = {s: 0 for s in SPLITS}
   n_tokens = {s: 0 for s in SPLITS}
   start = time.time()

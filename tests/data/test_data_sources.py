@@ -197,6 +197,17 @@ def test_a_cached_shard_whose_token_file_is_cut_short_is_tokenized_again(tmp_pat
   assert tok.decode(stream[0:len(stream)]) == "alpha<|endoftext|>beta<|endoftext|>"
 
 
+def test_a_cache_dir_that_cannot_be_written_names_the_field(tmp_path):
+  """A token cache under a regular file (or on a read-only mount) is one ConfigError naming
+  config.data.cache_dir, not an OSError traceback from os.makedirs."""
+  (tmp_path / "a_file").write_text("")
+  shard, _ = _counting_shard(["alpha"], val_every=100)
+  tok = tokenizer_lib.get_tokenizer("byte")
+  with pytest.raises(ConfigError, match=r"config.data.cache_dir=.*a_file/cache.*allowed: a "
+                     r"writable directory"):
+    token_cache.tokenize_shard(shard, tok, str(tmp_path / "a_file" / "cache"))
+
+
 def test_token_dtype_fits_the_vocabulary():
   """uint16 holds ids up to 65535, so a vocabulary of exactly 2**16 still fits it."""
   assert token_cache.token_dtype(257) == np.uint16
