@@ -1,12 +1,16 @@
 """``python -m depthbench_jax.data.prepare`` fills the cache a run reads and prints its counts."""
 
 import os
+import subprocess
+import sys
 
 from absl.testing import flagsaver
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from depthbench_jax.data import pipeline, prepare, sources
+from tests import helpers
 
 
 def test_prepare_fills_the_runs_cache_and_prints_its_counts(tmp_path, make_config, capsys,
@@ -40,3 +44,31 @@ def test_prepare_fills_the_runs_cache_and_prints_its_counts(tmp_path, make_confi
     prepare.main([])
   assert len(os.listdir(tmp_path / "env_cache" / "byte")) == 2 * 3   # .json, .train/.val.bin
   assert sorted(os.listdir(tmp_path)) == ["cache", "env_cache", "parquet"]   # nothing elsewhere
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--path=/nonexistent/shards"], "config.data.path='/nonexistent/shards' matches no parquet"),
+    (["--path={data}/*.pqt"], "config.data.path="),
+    (["--path={data}/no_text.parquet"], "config.data.path: parquet shard"),
+    (["--path={data}", "--tokenizer=sentencepiece"], "flag --tokenizer=sentencepiece"),
+    (["--path={data}", "--cache_dir={data}/no_text.parquet/cache"], "config.data.cache_dir="),
+    (["--path={data}", "--process_index=2", "--process_count=2"], "--process_index=2"),
+    (["--path={data}", "--process_count=0"], "flag --process_count=0"),
+])
+def test_bad_input_is_one_error_line_and_exit_2(tmp_path, flags, named):
+  """Each bad flag of ``prepare`` is one ``error:`` line naming it and what is allowed, exit 2
+  (a ConfigError traceback and exit 1 once; absl's FATAL line for a bad enum), no cache made."""
+  data = tmp_path / "data"
+  data.mkdir()
+  pq.write_table(pa.table({"content": ["a document"]}), data / "no_text.parquet")
+  cache = tmp_path / "cache"
+  args = [f.format(data=data) for f in flags]
+  proc = subprocess.run(
+      [sys.executable, "-m", "depthbench_jax.data.prepare", "--source=parquet",
+       f"--cache_dir={cache}", "--tokenizer=byte", *args],
+      cwd=helpers.ROOT, env=helpers.subprocess_env(), capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  lines = proc.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith(f"error: {named}"), proc.stderr[-2000:]
+  assert "allowed" in lines[0], lines[0]
+  assert not [f for _, _, files in os.walk(cache) for f in files]   # no cache, no temporaries
