@@ -141,9 +141,10 @@ def main(argv):
     summary.check_replaceable(  # Before the probes run: a finished result is never lost.
         out, result_settings(config, overrides), _OVERWRITE.value,
         lambda key: "--batch_size" if key == "batch_size" else f"--set={key}")
+    # The run's own data (config.data.path may name shards this host does not have).
+    val = pipeline.make_val_batches(config, process_index=0, process_count=1)
   except ConfigError as err:
     fail(str(err))
-  val = pipeline.make_val_batches(config, process_index=0, process_count=1)
   if not val:
     fail(f"--workdir={workdir}: config.data.val_batches=0, no held-out batch to diagnose; "
          "allowed: a run with config.data.val_batches >= 1")
