@@ -125,9 +125,12 @@ def _as_batch(tokens: np.ndarray) -> dict[str, np.ndarray]:
   return {"tokens": tokens}
 
 
-def train_dataset(config, process_index: int | None = None,
-                  process_count: int | None = None) -> grain.MapDataset:
-  """This process's infinite MapDataset of batches {'tokens': int32 [B_local, T+1]}."""
+def train_dataset(config, process_index: int | None = None, process_count: int | None = None,
+                  steps: int | None = None) -> grain.MapDataset:
+  """This process's infinite MapDataset of batches {'tokens': int32 [B_local, T+1]}.
+
+  With `steps`, warns when steps * G windows exceed one epoch (the data then repeats).
+  """
   process_index, process_count = _process(process_index, process_count)
   data = config.data
   check_data_config(data, process_count)
@@ -139,19 +142,27 @@ def train_dataset(config, process_index: int | None = None,
                       "allowed: a shorter seq_len or more data")
   logging.info("train windows: %d of %d+1 tokens (%d tokens)", len(windows), data.seq_len,
                len(windows.stream))
+  if steps is not None and steps * data.global_batch_size > len(windows):
+    logging.warning("train data: %d steps x global_batch_size=%d = %d windows of %d tokens, but "
+                    "the train split of config.data.source=%r (path %r) holds %d: the data "
+                    "repeats, %.2f epochs (each reshuffled)", steps, data.global_batch_size,
+                    steps * data.global_batch_size, data.seq_len, data.source, data.get("path"),
+                    len(windows), steps * data.global_batch_size / len(windows))
   ds = grain.MapDataset.source(windows).shuffle(seed=int(data.seed)).repeat(None)
   ds = ds[process_index::process_count]
   return ds.batch(data.global_batch_size // process_count, drop_remainder=True).map(_as_batch)
 
 
 def make_train_iterator(config, process_index: int | None = None,
-                        process_count: int | None = None) -> grain.DatasetIterator:
+                        process_count: int | None = None,
+                        steps: int | None = None) -> grain.DatasetIterator:
   """Iterator over this process's train batches; checkpointable (`get_state`/`set_state`).
 
   process_index/process_count default to jax.process_index()/jax.process_count().
   config.data.worker_count > 0 reads in that many worker processes (grain mp_prefetch).
+  steps: the run's length, to warn when it takes more than one epoch of the data.
   """
-  ds = train_dataset(config, process_index, process_count)
+  ds = train_dataset(config, process_index, process_count, steps)
   it_ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=READ_THREADS,
                                                prefetch_buffer_size=PREFETCH_BATCHES))
   if config.data.worker_count > 0:

@@ -136,8 +136,10 @@ def train_and_evaluate(config, workdir: str) -> dict:
     if os.path.exists(saved_config):
       config_check.check_resume(summary.read_json(saved_config), config, workdir)
     checkpoint.check_committed(workdir, summary.checkpoint_steps(workdir)[-1])
+  counts = count_params(model_cfg)
+  steps = total_steps_of(config, counts["total"])
   # Before anything is written: reading the data is where a seq_len it is too short for fails.
-  train_iter = pipeline.make_train_iterator(config, process_index, process_count)
+  train_iter = pipeline.make_train_iterator(config, process_index, process_count, steps)
   val_batches = pipeline.make_val_batches(config, process_index, process_count)
   os.makedirs(workdir, exist_ok=True)
   if process_index == 0:
@@ -145,8 +147,6 @@ def train_and_evaluate(config, workdir: str) -> dict:
 
   mesh = sharding.make_mesh(config.mesh)
   model = Transformer(model_cfg)
-  counts = count_params(model_cfg)
-  steps = total_steps_of(config, counts["total"])
   schedule = lr_schedule(config, steps)
   optimizer = make_optimizer(config, steps)
   seq_len = config.data.seq_len

@@ -1,4 +1,5 @@
 import gc
+import logging
 import pickle
 
 import numpy as np
@@ -68,6 +69,21 @@ def test_epochs_reshuffle_and_repeat_forever(make_config):
   assert rows(epoch0) == rows(epoch1) and len(rows(epoch0)) == n_windows
   assert not np.array_equal(epoch0, epoch1)
 
+
+
+def test_a_run_longer_than_one_epoch_warns_with_the_epoch_count(make_config, caplog):
+  """A budget of more tokens than the train split holds (the 1.6B suite's 20 tokens per
+  parameter on FineWeb-Edu's sample/10BT) repeats the data, as documented; it did so silently."""
+  config = make_config(seq_len=4096, global_batch_size=8)
+  n_windows = len(pipeline.WindowSource(pipeline.token_stream(config, "train"), 4096))
+  one_epoch = n_windows // 8
+  with caplog.at_level(logging.WARNING):
+    pipeline.make_train_iterator(config, 0, 1, steps=one_epoch)
+  assert "repeats" not in caplog.text
+  with caplog.at_level(logging.WARNING):
+    pipeline.make_train_iterator(config, 0, 1, steps=3 * one_epoch)
+  epochs = 3 * one_epoch * 8 / n_windows
+  assert f"the data repeats, {epochs:.2f} epochs" in caplog.text, caplog.text
 
 def test_resume_with_get_and_set_state(make_config):
   config = make_config()
