@@ -2,9 +2,10 @@
 
 For every shape of the suite and every registered design (or ``--designs``/``--shapes``): prefill
 FLOPs per sequence (analytic, causal and as computed, the paper's approximation, and XLA's
-``cost_analysis`` of an abstract bf16 compile), KV-cache, residual-state and parameter bytes, peak
-memory from ``memory_analysis`` (no allocation), training FLOPs per token and device-hours for the
-suite's Chinchilla budget at ``--mfu`` of ``--peak_flops``. Then the same prefill FLOPs as a curve
+``cost_analysis`` of an abstract ``--dtype`` compile, bf16 by default), KV-cache and
+residual-state bytes per sequence, parameter bytes, peak memory of ``--batch`` sequences from
+``memory_analysis`` (no allocation), training FLOPs per token and device-hours for the suite's
+Chinchilla budget at ``--mfu`` of ``--peak_flops``. Then the same prefill FLOPs as a curve
 over context 2k..128k (the ``T^2 L d`` term), as a PNG.
 
 Writes ``OUT/systems.json`` (rows + curve + convention), ``OUT/systems.md`` and
@@ -86,6 +87,7 @@ def build(config_path: str, seq_len: int, *, designs=None, shapes=None, with_xla
                          tokens_per_param=config.tokens_per_param, peak_flops=peak_flops,
                          mfu=mfu, dtype=dtype, xla=analysis,
                          budget_params=budget_params(config))
+    row["batch"] = batch  # The peak column's; every other column is per sequence.
     rows.append(row)
     cfgs.setdefault(design, []).append(cfg)
     log(f"  {design:14s} {shape:8s} causal {row['prefill_flops_causal'] / 1e12:6.2f} TFLOPs"

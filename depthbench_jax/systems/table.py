@@ -8,7 +8,8 @@ from typing import Sequence
 from depthbench_jax.systems import flops
 
 CONVENTION = (
-    "Prefill = one forward pass over a length-T sequence, batch 1, all T logits; a multiply-add "
+    "Prefill = one forward pass over a length-T sequence, all T logits; FLOPs, KV and state "
+    "are per sequence, peak memory for the batch named below; a multiply-add "
     "is 2 FLOPs, only contractions count. **causal**: `2 N_matmul T + 2 L T^2 H hd` + design "
     "terms (QK^T and AV counted over the keys each query sees, i.e. half of the full T x T; "
     "the flops.py convention, also used for MFU). **computed**: the attention as this code "
@@ -17,8 +18,8 @@ CONVENTION = (
     "GPU the suites' 'fused' is cuDNN, which skips masked tiles itself). **paper**: "
     "`2*12 L d^2 T + 2 L T^2 d` (no LM head, SwiGLU at exactly 8/3 d), the approximation behind "
     "the paper's 3.0 -> 4.4 TFLOPs. **XLA**: `compiled.cost_analysis()['flops']` of the abstract "
-    "bf16 compile, with the scanned layer body counted L times. KV = K and V of every layer in "
-    "bf16; state = the residual state carried between layers; peak = "
+    "compile in the dtype named below, with the scanned layer body counted L times. KV = K and "
+    "V of every layer in that dtype; state = the residual state carried between layers; peak = "
     "`memory_analysis()` arguments + outputs + temporaries - aliased, abstract compile on the "
     "backend named (no allocation).")
 
@@ -48,9 +49,9 @@ def markdown_table(rows: Sequence[dict]) -> str:
   if not rows:
     return ""
   r0 = rows[0]
-  head = (f"Prefill at T={r0['seq_len']}, {r0['dtype']}; training at T={r0['train_seq_len']}, "
-          f"Chinchilla tokens, device-hours at {r0['peak_flops'] / 1e12:.0f} TFLOP/s peak and "
-          f"MFU {r0['mfu']:.2f}.")
+  head = (f"Prefill at T={r0['seq_len']}, batch {r0.get('batch', 1)}, {r0['dtype']}; training "
+          f"at T={r0['train_seq_len']}, Chinchilla tokens, device-hours at "
+          f"{r0['peak_flops'] / 1e12:.0f} TFLOP/s peak and MFU {r0['mfu']:.2f}.")
   lines = [head, "",
            "| design | shape | AR | params | prefill TFLOPs causal | computed | XLA | paper | "
            "KV MiB | state MiB | params GiB | peak GiB | train GFLOPs/tok | device-h |",

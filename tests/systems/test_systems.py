@@ -225,6 +225,21 @@ def test_cli_flags_reach_every_row_and_bad_input_keeps_the_last_result(tmp_path,
   assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
+def test_cli_table_names_the_batch_and_dtype_of_its_bytes_and_peak(tmp_path):
+  """--batch=2 --dtype=float32 once wrote a table that said 'batch 1' and 'bf16' over a peak
+  column compiled for two fp32 sequences; the header now names the batch and dtype."""
+  from depthbench_jax.systems import __main__ as cli
+  out = tmp_path / "sys"
+  assert cli.main(["--config", os.path.join(ROOT, "configs", "smoke.py"), "--seq_len", "64",
+                   "--designs", "preln", "--shapes", "4x128", "--batch", "2",
+                   "--dtype", "float32", "--out", str(out)]) == 0
+  text = (out / "systems.md").read_text()
+  assert "batch 1" not in text and "bf16" not in text
+  assert "Prefill at T=64, batch 2, float32;" in text
+  row = json.loads((out / "systems.json").read_text())["rows"][0]
+  assert (row["batch"], row["dtype"]) == (2, "float32")
+
+
 @pytest.mark.parametrize("flag, value, allowed", [
     ("--mfu", "0", "a fraction in (0, 1]"), ("--mfu", "1.5", "a fraction in (0, 1]"),
     ("--peak_flops", "0", "FLOP/s per device > 0"), ("--seq_len", "0", "an integer >= 1"),
