@@ -8,7 +8,8 @@ wall-clock time the runs actually took (summed over the LR grid). When ``python 
 depthbench_jax.systems`` has written a ``systems.json`` in a run's directory or one of its two
 parents, its XLA FLOPs and peak memory are merged in, and its measured rows (``--measured``: the
 bench's timed steps and device-hours, ``systems/measured.py``) for the runs' (design, shape)s
-follow the table; a file at a prefill length other than ``PREFILL_SEQ_LEN`` is named, not merged.
+follow the table; a file at another prefill length, batch or dtype than the table's
+(``PREFILL_SEQ_LEN``, batch 1, bf16) is named, not merged.
 """
 
 from __future__ import annotations
@@ -20,6 +21,17 @@ from typing import Any, Iterable
 import ml_collections
 
 PREFILL_SEQ_LEN = 4096
+PREFILL_SETTING = (PREFILL_SEQ_LEN, 1, "bfloat16")  # (T, batch, dtype): systems' CLI defaults.
+
+
+def _setting_mismatch(data: dict) -> str:
+  """'' when a systems.json is at ``PREFILL_SETTING``, else what differs, e.g. 'batch 8, not
+  this table's batch 1' (rows carry batch and dtype; a file without them is at the defaults)."""
+  row = (data.get("rows") or [{}])[0]
+  theirs = (data.get("seq_len"), row.get("batch", 1), row.get("dtype", "bfloat16"))
+  differ = [i for i, (a, b) in enumerate(zip(theirs, PREFILL_SETTING)) if a != b]
+  says = lambda values: ", ".join(f"{('T=', 'batch ', '')[i]}{values[i]}" for i in differ)
+  return f"{says(theirs)}, not this table's {says(PREFILL_SETTING)}" if differ else ""
 
 
 def _deep_update(base: dict, over: dict) -> dict:
@@ -57,12 +69,12 @@ def _budget_params(record: dict) -> int | None:
 
 def _systems_rows(records: Iterable[dict]
                   ) -> tuple[dict[tuple[str, str], dict], list[dict], dict[str, Any]]:
-  """``(rows by (design, shape), measured rows, {path: seq_len} of the files not merged)`` of the
-  ``systems.json`` files near the runs; only files at ``PREFILL_SEQ_LEN`` are merged, and where
+  """``(rows by (design, shape), measured rows, {path: what differs} of the files not merged)``
+  of the ``systems.json`` files near the runs; only files at ``PREFILL_SETTING`` are merged; where
   two files hold a row (a measured one: for the same device), the first file found wins."""
   found: dict[tuple[str, str], dict] = {}
   timed: dict[tuple[str, str, str], dict] = {}
-  other_lengths: dict[str, Any] = {}
+  other_settings: dict[str, str] = {}
   seen = set()
   for r in records:
     d = r.get("workdir") or ""
@@ -76,14 +88,15 @@ def _systems_rows(records: Iterable[dict]
           data = json.load(fh)
       except (OSError, json.JSONDecodeError):
         continue
-      if data.get("seq_len") != PREFILL_SEQ_LEN:
-        other_lengths[f] = data.get("seq_len")
+      mismatch = _setting_mismatch(data)
+      if mismatch:
+        other_settings[f] = mismatch
         continue
       for row in data.get("rows", []):
         found.setdefault((row["design"], row["shape"]), row)
       for m in data.get("measured") or []:
         timed.setdefault((m["device"], m["design"], m["shape"]), m)
-  return found, list(timed.values()), other_lengths
+  return found, list(timed.values()), other_settings
 
 
 def systems_table(runs: Iterable[dict]) -> str | None:
@@ -95,7 +108,7 @@ def systems_table(runs: Iterable[dict]) -> str | None:
   groups: dict[tuple[str, str], list[dict]] = {}
   for r in records:
     groups.setdefault((r["design"], f"{r['n_layers']}x{r['d_model']}"), []).append(r)
-  xla_rows, timed, other_lengths = _systems_rows(records)
+  xla_rows, timed, other_settings = _systems_rows(records)
   rows = []
   for (design, shape), rs in sorted(groups.items(),
                                     key=lambda kv: (kv[0][0], int(kv[0][1].split("x")[0]))):
@@ -119,10 +132,10 @@ def systems_table(runs: Iterable[dict]) -> str | None:
   if not rows:
     return None
   parts = [table.CONVENTION, "", table.markdown_table(rows)]
-  for path, seq_len in other_lengths.items():
-    parts += ["", f"Not merged: {path} is at prefill T={seq_len}, not this table's "
-              f"T={PREFILL_SEQ_LEN} (python -m depthbench_jax.systems --seq_len={PREFILL_SEQ_LEN} "
-              "writes one that adds XLA FLOPs, peak memory and measured rows)."]
+  for path, mismatch in other_settings.items():
+    parts += ["", f"Not merged: {path} is at prefill {mismatch} (python -m "
+              f"depthbench_jax.systems --seq_len={PREFILL_SEQ_LEN} --batch=1 --dtype=bfloat16, "
+              "its defaults, writes one that adds XLA FLOPs, peak memory and measured rows)."]
   summary = table.depth_cost_summary(rows)
   if summary:
     parts += ["", summary]

@@ -909,3 +909,23 @@ def test_report_section_says_why_a_systems_json_of_another_prefill_length_is_not
   assert "| 1000 |" not in preln_row and preln_row.count("| - |") == 2  # XLA, peak: not merged.
   assert f"{runs / 'systems.json'} is at prefill T=256, not this table's T=4096" in section
   assert "--seq_len=4096" in section
+
+
+@pytest.mark.parametrize("setting, named", [({"batch": 8}, "batch 8"),
+                                            ({"dtype": "float32"}, "float32")])
+def test_report_section_does_not_merge_a_systems_json_of_another_batch_or_dtype(tmp_path, setting,
+                                                                                named):
+  """systems --batch=8 (or --dtype=float32) beside the runs once put that compile's peak memory
+  into the report's table, which says batch 1, bfloat16; the file is now named, not merged."""
+  import shutil
+  from depthbench_jax.report import scorecard
+  from depthbench_jax.systems import report_section
+  runs = tmp_path / "results_small"
+  shutil.copytree(os.path.join(ROOT, "tests", "fixtures", "results_small"), runs)
+  row = {"design": "preln", "shape": "16x1216", "xla_flops": 1.0e15, "peak_bytes": 2 ** 33,
+         "batch": 1, "dtype": "bfloat16", **setting}
+  (runs / "systems.json").write_text(json.dumps({"seq_len": 4096, "rows": [row]}))
+  section = report_section.systems_table(scorecard.collect_runs(str(runs)))
+  preln_row = next(l for l in section.splitlines() if l.startswith("| preln | 16x1216 |"))
+  assert "| 8.00 |" not in preln_row and preln_row.count("| - |") == 2  # XLA, peak: not merged.
+  assert f"{runs / 'systems.json'} is at prefill {named}, not this table's" in section
