@@ -93,6 +93,8 @@ def build(config_path: str, seq_len: int, *, designs=None, shapes=None, with_xla
     log(f"  {design:14s} {shape:8s} causal {row['prefill_flops_causal'] / 1e12:6.2f} TFLOPs"
         + (f"  XLA {row['xla_flops'] / 1e12:6.2f}  peak {row['peak_bytes'] / 2**30:5.2f} GiB"
            if analysis else "") + f"  ({time.perf_counter() - start:.1f}s)")
+  from depthbench_jax.report.scorecard import assign_families
+  assign_families(rows)  # Shapes from several scales (--shapes): one depth summary per scale.
   lengths = table.context_lengths()
   curve_design = "preln" if "preln" in cfgs else next(iter(cfgs))
   curve = table.context_curve(cfgs[curve_design], lengths)

@@ -128,6 +128,7 @@ def systems_table(runs: Iterable[dict]) -> str | None:
       row.update({k: extra[k] for k in ("xla_flops", "peak_bytes") if k in extra})
     walls = [r.get("wall_time_s") for r in rs if r.get("wall_time_s")]
     row["wall_s"] = sum(walls) if walls else None
+    row["family"] = rs[0].get("family", 0)   # the report's scale family (multi-scale suites)
     rows.append(row)
   if not rows:
     return None

@@ -69,12 +69,13 @@ def markdown_table(rows: Sequence[dict]) -> str:
 
 
 def depth_cost_summary(rows: Sequence[dict]) -> str:
-  """Per design: deepest over shallowest shape (prefill FLOPs, KV cache, peak memory, hours)."""
+  """Per design and scale family (``family``, ``report.scorecard.assign_families``; one when
+  absent): deepest over shallowest shape (prefill FLOPs, KV cache, peak memory, hours)."""
   out = []
-  by_design: dict[str, list[dict]] = {}
+  by_design: dict[tuple[str, int], list[dict]] = {}
   for r in rows:
-    by_design.setdefault(r["design"], []).append(r)
-  for design, rs in by_design.items():
+    by_design.setdefault((r["design"], r.get("family", 0)), []).append(r)
+  for (design, _), rs in by_design.items():
     rs = sorted(rs, key=lambda r: r["n_layers"])
     lo, hi = rs[0], rs[-1]
     if lo is hi:

@@ -929,3 +929,18 @@ def test_report_section_does_not_merge_a_systems_json_of_another_batch_or_dtype(
   preln_row = next(l for l in section.splitlines() if l.startswith("| preln | 16x1216 |"))
   assert "| 8.00 |" not in preln_row and preln_row.count("| - |") == 2  # XLA, peak: not merged.
   assert f"{runs / 'systems.json'} is at prefill {named}, not this table's" in section
+
+
+def test_depth_cost_summary_reads_shallow_to_deep_within_each_scale_family():
+  """A multi-scale sweep (configs/suite_multiscale.py: 16/32/48 layers at 200M, 300M, 500M) once
+  got one summary line per design from the 200M 16-layer shape to the 500M 48-layer one, its
+  'cost of depth' mostly the cost of 2.4x the parameters; each scale family now gets its own."""
+  from depthbench_jax.report import scorecard
+  from depthbench_jax.systems import report_section
+  model = {"vocab_size": 64, "n_heads": 4, "max_seq_len": 128, "residual": {"name": "preln"}}
+  records = [{"design": "preln", "n_layers": L, "d_model": d, "config": {"model": model},
+              "workdir": ""} for L, d in ((4, 64), (8, 48), (4, 256), (8, 192))]
+  scorecard.assign_families(records)   # as the report does before its sections
+  section = report_section.systems_table(records)
+  assert "| preln | 4x64 -> 8x48 |" in section and "| preln | 4x256 -> 8x192 |" in section
+  assert "4x64 -> 8x192" not in section
