@@ -97,7 +97,7 @@ def build(config_path: str, seq_len: int, *, designs=None, shapes=None, with_xla
   assign_families(rows)  # Shapes from several scales (--shapes): one depth summary per scale.
   lengths = table.context_lengths()
   curve_design = "preln" if "preln" in cfgs else next(iter(cfgs))
-  curve = table.context_curve(cfgs[curve_design], lengths)
+  curve = table.context_curve(cfgs[curve_design], lengths, dtype)
   measured_rows, skipped = measured.match(rows, timed, peak_flops=peak_flops)
   for line in skipped:
     log(f"  --measured: left out {line}")

@@ -101,8 +101,9 @@ def context_lengths(low: int = 2048, high: int = 131072) -> list[int]:
   return out
 
 
-def context_curve(cfgs: Sequence, lengths: Sequence[int]) -> list[dict]:
-  """Analytic causal prefill FLOPs and KV bytes per sequence for each config at each length."""
+def context_curve(cfgs: Sequence, lengths: Sequence[int], dtype: str = "bfloat16") -> list[dict]:
+  """Analytic causal prefill FLOPs and KV bytes (in ``dtype``) per sequence for each config at
+  each length."""
   from depthbench_jax.systems.costs import kv_cache_bytes
   rows = []
   for cfg in cfgs:
@@ -111,7 +112,7 @@ def context_curve(cfgs: Sequence, lengths: Sequence[int]) -> list[dict]:
                    "n_layers": cfg.n_layers, "seq_len": t,
                    "prefill_flops_causal": flops.prefill_flops(cfg, t, causal=True),
                    "attention_flops": t * flops.attention_flops_per_token(cfg, t),
-                   "kv_cache_bytes": kv_cache_bytes(cfg, t)})
+                   "kv_cache_bytes": kv_cache_bytes(cfg, t, dtype=dtype)})
   return rows
 
 

@@ -944,3 +944,14 @@ def test_depth_cost_summary_reads_shallow_to_deep_within_each_scale_family():
   section = report_section.systems_table(records)
   assert "| preln | 4x64 -> 8x48 |" in section and "| preln | 4x256 -> 8x192 |" in section
   assert "4x64 -> 8x192" not in section
+
+
+def test_context_curve_kv_bytes_in_the_asked_dtype(tmp_path):
+  """--dtype=float32 once wrote the rows' KV cache in fp32 and the curve's beside them in bf16."""
+  from depthbench_jax.systems import __main__ as cli
+  result = cli.build(os.path.join(ROOT, "configs", "smoke.py"), 64, designs=["preln"],
+                     shapes=["4x128"], with_xla=False, dtype="float32", log=lambda s: None)
+  cfg = cli.suite_configs(os.path.join(ROOT, "configs", "smoke.py"), ["preln"], ["4x128"])[1][0][2]
+  for point in result["curve"]:
+    assert point["kv_cache_bytes"] == costs.kv_cache_bytes(
+        model_config_from(cfg.model), point["seq_len"], dtype="float32")
