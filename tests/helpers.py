@@ -52,6 +52,30 @@ def saved_run(workdir: str, step: int = 5, **overrides):
   return config, params
 
 
+def fineweb_like(n, offset=0):
+  """A FineWeb-Edu-shaped table of documents offset..offset+n-1: text plus the metadata columns
+  the real shards carry (write it with ``pyarrow.parquet.write_table``)."""
+  import numpy as np
+  import pyarrow as pa
+  texts = [f"Document {i}: the quick brown fox jumps over the lazy dog. " * (1 + i % 3)
+           for i in range(offset, offset + n)]
+  return pa.table({"text": texts, "id": [f"<urn:{i}>" for i in range(offset, offset + n)],
+                   "url": ["https://example.org"] * n, "score": np.linspace(2.5, 4.5, n),
+                   "int_score": np.full(n, 3)})
+
+
+def snapshot(workdir: str) -> dict:
+  """{relative path: (mtime, bytes)} of every file under ``workdir``: equal before and after
+  a refused command means nothing there was written, replaced or removed."""
+  out = {}
+  for root, _, files in os.walk(workdir):
+    for name in files:
+      path = os.path.join(root, name)
+      with open(path, "rb") as f:
+        out[os.path.relpath(path, workdir)] = (os.stat(path).st_mtime_ns, f.read())
+  return out
+
+
 def tiny_flags(**overrides) -> list[str]:
   """``--config.x=y`` flags turning configs/base.py into ``tiny_config(**overrides)``."""
   return [f"--config.{k}={v}" for k, v in {**TINY, **overrides}.items()]

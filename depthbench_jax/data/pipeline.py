@@ -24,6 +24,7 @@ first config.data.val_batches * G windows in order (no shuffle), sharded the sam
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from absl import flags
@@ -93,11 +94,32 @@ def _process(process_index, process_count) -> tuple[int, int]:
 def token_stream(config, split: str, process_index: int = 0,
                  process_count: int = 1) -> token_cache.TokenStream:
   """The flat token stream of `split` ('train' | 'val'), tokenizing into the cache if needed."""
+  return token_cache.TokenStream.from_metas(_metas(config, process_index, process_count), split)
+
+
+def _metas(config, process_index: int, process_count: int) -> list[dict]:
+  """The token cache's metas of config.data's shards in shard order, tokenizing any not there."""
   data = config.data
   tok = tokenizer_lib.get_tokenizer(data.tokenizer)
   shards = sources.shards_for(data)
-  metas = token_cache.tokenize_shards(shards, tok, cache_dir(data), process_index, process_count)
-  return token_cache.TokenStream.from_metas(metas, split)
+  return token_cache.tokenize_shards(shards, tok, cache_dir(data), process_index, process_count)
+
+
+def train_fingerprint(config, process_index: int = 0, process_count: int = 1) -> dict:
+  """What the train windows are cut from, read off the token cache's metas (no token file read):
+
+      {'shards': n, 'train_tokens': sum of their train tokens,
+       'shard_keys_sha1': sha1 of the ordered shard keys, 12 hex digits}
+
+  A shard's key changes with its content (`sources`), so adding, removing or rewriting a shard
+  of config.data.path changes it: the stream, its window permutation and thus what a saved
+  iterator position (the step) points at are another run's. The same on every process.
+  seq_len, seed and tokenizer are config fields (`train/config_check.check_resume`).
+  """
+  metas = _metas(config, process_index, process_count)
+  keys = "\n".join(m["key"] for m in metas)
+  return {"shards": len(metas), "train_tokens": sum(int(m["n_tokens"]["train"]) for m in metas),
+          "shard_keys_sha1": hashlib.sha1(keys.encode()).hexdigest()[:12]}
 
 
 class WindowSource:

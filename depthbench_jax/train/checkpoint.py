@@ -1,7 +1,8 @@
 """Orbax checkpoints of the train state and the data iterator, and loading for post-hoc tools.
 
 Layout: ``WORKDIR/checkpoints/<step>/{state,data,progress}`` (``progress``: JSON of the
-run's wall time so far and the divergence guard's state; absent in older checkpoints). Orbax
+run's wall time so far, the divergence guard's state and the train data's fingerprint,
+``pipeline.train_fingerprint``; absent, or without the fingerprint, in older checkpoints). Orbax
 writes each step to a temporary directory and renames it only once complete, so a run killed
 mid-save restores the previous complete step; a partial checkpoint is never visible to
 ``latest_step``.
@@ -76,6 +77,17 @@ def restore_progress(manager: ocp.CheckpointManager, step: int) -> dict:
         progress=ocp.args.JsonRestore()))["progress"] or {})
   except (FileNotFoundError, KeyError, ValueError):
     return {}
+
+
+def read_progress(workdir: str, step: int) -> dict:
+  """``restore_progress`` of ``workdir``'s checkpoint ``step``, before the trainer opens its
+  manager (a resume checks it before anything is compiled or written; this writes nothing)."""
+  manager = ocp.CheckpointManager(checkpoint_dir(workdir), item_names=ITEMS,
+                                  options=ocp.CheckpointManagerOptions(create=False))
+  try:
+    return restore_progress(manager, step)
+  finally:
+    manager.close()
 
 
 def restore(manager: ocp.CheckpointManager, abstract_state: Any, data_iter: Any,

@@ -246,3 +246,22 @@ def check_resume(saved: dict, config, workdir: str) -> None:
            f"resumed run keeps every field that changes what a step computes; allowed: the "
            f"same values, a new --workdir, or changes only to "
            f"{', '.join(f.rstrip('.') for f in RESUMABLE_FIELDS)}")
+
+
+def check_resume_data(saved: dict | None, now: dict, config, workdir: str) -> None:
+  """Raises one ``ConfigError`` when the train data's fingerprint (``pipeline.train_fingerprint``)
+  differs from ``saved``, the one the run's latest checkpoint recorded: shards added to or
+  removed from config.data.path between a preemption and the resume give another window
+  permutation, and the restored iterator position would silently repeat some windows and skip
+  others. ``saved`` None (a checkpoint from before fingerprints were recorded) is accepted."""
+  if saved is None or saved == now:
+    return
+  data = config.data
+  where = f"config.data.path={data.get('path')!r} (config.data.source={data.source!r}"
+  where += f", config.data.tfds_name={data.tfds_name!r})" if data.source == "tfds" else ")"
+  held = lambda f: (f"{f.get('shards')} shards, {f.get('train_tokens'):,} train tokens (shard "
+                    f"keys sha1 {f.get('shard_keys_sha1')})")
+  raise ConfigError(
+      f"{where} now holds {held(now)}, but the checkpoints in {workdir} were trained on "
+      f"{held(saved)}: resumed on other data, the run would repeat some windows and skip "
+      f"others; allowed: the data the run started with (restore its shards), or a new --workdir")

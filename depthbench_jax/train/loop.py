@@ -132,15 +132,21 @@ def train_and_evaluate(config, workdir: str) -> dict:
   model_cfg = config_check.validate(config, jax.device_count())
   process_index, process_count = jax.process_index(), jax.process_count()
   saved_config = os.path.join(workdir, summary.CONFIG)
-  if checkpoint.has_checkpoint(workdir):
+  resumed_step = (summary.checkpoint_steps(workdir) or [None])[-1]
+  if resumed_step is not None:
     if os.path.exists(saved_config):
       config_check.check_resume(summary.read_json(saved_config), config, workdir)
-    checkpoint.check_committed(workdir, summary.checkpoint_steps(workdir)[-1])
+    checkpoint.check_committed(workdir, resumed_step)
   counts = count_params(model_cfg)
   steps = total_steps_of(config, counts["total"])
   # Before anything is written: reading the data is where a seq_len it is too short for fails.
   train_iter = pipeline.make_train_iterator(config, process_index, process_count, steps)
   val_batches = pipeline.make_val_batches(config, process_index, process_count)
+  train_data = pipeline.train_fingerprint(config, process_index, process_count)
+  if resumed_step is not None:  # Every process sees every shard's meta: all refuse alike.
+    config_check.check_resume_data(
+        checkpoint.read_progress(workdir, resumed_step).get("train_data"), train_data, config,
+        workdir)
   os.makedirs(workdir, exist_ok=True)
   if process_index == 0:
     summary.write_config(workdir, config)
@@ -266,7 +272,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
             diag_hook(step, diag_params(state.params), writer)
           if save_now or preempted:  # One save per step: a second one of the same step raises.
             checkpoint.save(manager, step, state, train_iter, force=preempted,
-                            progress={"wall_time_s": wall_s(), **guard.progress()})
+                            progress={"wall_time_s": wall_s(), **guard.progress(),
+                                      "train_data": train_data})
       if log_now and process_index == 0:  # After the eval: an eval step shows its own val loss.
         print(_progress_line(step, steps, scalars, val_loss, clock.eta_s(step, steps)),
               flush=True)

@@ -10,15 +10,7 @@ from depthbench_jax.data import sources
 from depthbench_jax.data import token_cache
 from depthbench_jax.data import tokenizer as tokenizer_lib
 from depthbench_jax.errors import ConfigError
-
-
-def fineweb_like(n, offset=0):
-  """A FineWeb-Edu-shaped table: text plus the metadata columns the real shards carry."""
-  texts = [f"Document {i}: the quick brown fox jumps over the lazy dog. " * (1 + i % 3)
-           for i in range(offset, offset + n)]
-  return pa.table({"text": texts, "id": [f"<urn:{i}>" for i in range(offset, offset + n)],
-                   "url": ["https://example.org"] * n, "score": np.linspace(2.5, 4.5, n),
-                   "int_score": np.full(n, 3)})
+from tests.helpers import fineweb_like
 
 
 @pytest.fixture
@@ -61,6 +53,29 @@ def test_parquet_cache_key_follows_content(parquet_dir):
   pq.write_table(fineweb_like(151, 0), parquet_dir / "000_00000.parquet")
   after = [s.key for s in sources.parquet_shards(str(parquet_dir))]
   assert before[0] != after[0] and before[1] == after[1]
+
+
+def test_train_fingerprint_follows_the_shards_not_the_directory(make_config, parquet_dir,
+                                                                tmp_path):
+  """Every process computes the same one; the shards moved elsewhere keep it; a shard added or
+  rewritten changes it (a resume on it would read another window permutation)."""
+  config = make_config(source="parquet", path=str(parquet_dir), tokenizer="byte")
+  first = pipeline.train_fingerprint(config)
+  assert first["shards"] == 2
+  assert first["train_tokens"] == len(pipeline.token_stream(config, "train"))
+  assert pipeline.train_fingerprint(config, 1, 2) == first
+  moved = tmp_path / "elsewhere"
+  parquet_dir.rename(moved)
+  assert pipeline.train_fingerprint(make_config(source="parquet", path=str(moved),
+                                                tokenizer="byte")) == first
+  pq.write_table(fineweb_like(10, 270), moved / "002_00000.parquet")
+  config = make_config(source="parquet", path=str(moved), tokenizer="byte")
+  added = pipeline.train_fingerprint(config)
+  assert added["shards"] == 3 and added["train_tokens"] > first["train_tokens"]
+  pq.write_table(fineweb_like(151, 0), moved / "000_00000.parquet")
+  os.remove(moved / "002_00000.parquet")
+  rewritten = pipeline.train_fingerprint(config)
+  assert rewritten["shard_keys_sha1"] != first["shard_keys_sha1"]
 
 
 def test_embedded_cache_key_follows_the_gensim_version(monkeypatch):

@@ -126,16 +126,6 @@ CLI_CASES = [
 ]
 
 
-def _snapshot(workdir):
-  out = {}
-  for root, _, files in os.walk(workdir):
-    for name in files:
-      path = os.path.join(root, name)
-      with open(path, "rb") as f:
-        out[os.path.relpath(path, workdir)] = (os.stat(path).st_mtime_ns, f.read())
-  return out
-
-
 def test_cli_bad_input_exits_nonzero_with_one_error_line_and_touches_nothing(tmp_path):
   """All cases at once (separate processes, run concurrently to keep the test short)."""
   procs = {}
@@ -148,7 +138,7 @@ def test_cli_bad_input_exits_nonzero_with_one_error_line_and_touches_nothing(tmp
       f.write("previous results")
     with open(os.path.join(workdir, "checkpoints", "10", "commit_success.txt"), "w") as f:
       f.write("a complete save, as orbax marks one")
-    before = _snapshot(workdir)
+    before = helpers.snapshot(workdir)
     cmd = helpers.main_command(workdir, helpers.tiny_flags() + flags, config=config)
     if config.startswith("configs/smoke.py"):
       cmd = helpers.main_command(workdir, flags, config=config)
@@ -163,7 +153,7 @@ def test_cli_bad_input_exits_nonzero_with_one_error_line_and_touches_nothing(tmp
     assert len(lines) == 1, (case, err[-2000:])
     assert field in lines[0] and "allowed" in lines[0], (case, lines[0])
     assert "Traceback" not in err, (case, err[-2000:])
-    assert _snapshot(workdir) == before, case
+    assert helpers.snapshot(workdir) == before, case
 
 
 def test_resume_under_another_recipe_is_refused_naming_every_changed_field():
@@ -186,6 +176,21 @@ def test_resume_under_another_recipe_is_refused_naming_every_changed_field():
                        ("data.tokenizer", "gpt2"), ("steps", 40), ("warmup_steps", 5)):
     with pytest.raises(ConfigError, match=f"config.{field}="):
       config_check.check_resume(saved, helpers.tiny_config(**{field: value}), "w")
+
+
+def test_resume_on_other_train_data_is_refused_naming_both():
+  fingerprint = {"shards": 2, "train_tokens": 35363, "shard_keys_sha1": "b4a2bf8d2173"}
+  config = helpers.tiny_config(**{"data.source": "parquet", "data.path": "/data/10BT"})
+  config_check.check_resume_data(None, fingerprint, config, "w")  # an older checkpoint
+  config_check.check_resume_data(dict(fingerprint), fingerprint, config, "w")
+  with pytest.raises(ConfigError) as err:
+    config_check.check_resume_data(
+        fingerprint, {**fingerprint, "shards": 3, "train_tokens": 53153}, config, "w")
+  message = str(err.value)
+  assert message.startswith("config.data.path='/data/10BT' (config.data.source='parquet')")
+  assert "now holds 3 shards, 53,153 train tokens" in message
+  assert "trained on 2 shards, 35,363 train tokens" in message
+  assert "allowed: the data the run started with" in message and "--workdir" in message
 
 
 def test_mesh_resolves_one_wildcard_and_refuses_two():
@@ -215,13 +220,13 @@ def test_cli_resume_with_a_changed_lr_exits_and_keeps_the_run(tmp_path):
     f.write("trained at lr 3e-3")
   with open(os.path.join(workdir, "config.json"), "w") as f:
     json.dump(helpers.tiny_config().to_dict(), f)
-  before = _snapshot(workdir)
+  before = helpers.snapshot(workdir)
   proc = helpers.run_main(workdir, helpers.tiny_flags() + ["--config.lr=0.01"], check=False,
                           timeout=180)
   assert proc.returncode == 2, proc.stderr[-2000:]
   lines = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
   assert len(lines) == 1 and "config.lr=0.01" in lines[0], proc.stderr[-2000:]
-  assert _snapshot(workdir) == before
+  assert helpers.snapshot(workdir) == before
 
 
 def test_distributed_start_only_for_several_processes_and_an_explicit_process_id_wins(

@@ -135,6 +135,46 @@ def test_sharded_2x2x2_matches_single_device(reference_run, tmp_path):
     np.testing.assert_allclose(np.asarray(got), np.asarray(ref), rtol=2e-3, atol=2e-4)
 
 
+def preempted_at_step_10(run, workdir):
+  """Copies the 20-step ``run`` to ``workdir`` as it stood after its step-10 checkpoint."""
+  shutil.copytree(run, workdir)
+  shutil.rmtree(os.path.join(workdir, "checkpoints", "20"))
+  os.remove(os.path.join(workdir, "summary.json"))
+  metrics = os.path.join(workdir, "metrics.jsonl")
+  kept = [l for l in open(metrics) if json.loads(l)["step"] <= 10]
+  with open(metrics, "w") as f:
+    f.writelines(kept)
+
+
+def test_resume_on_other_shards_is_refused_and_on_its_own_matches(tmp_path):
+  """A shard downloaded into config.data.path between a preemption and the resume gives another
+  train stream and window permutation; the restored iterator position (the step) would silently
+  repeat some windows and skip others. The resume is one error line, exit 2, the run directory
+  untouched; with the run's two shards back it resumes and matches the uninterrupted run."""
+  import pyarrow.parquet as pq
+  data = tmp_path / "fineweb-edu"
+  data.mkdir()
+  for i in range(2):
+    pq.write_table(helpers.fineweb_like(150, 150 * i), data / f"{i:03d}_00000.parquet")
+  flags = helpers.tiny_flags(**{"data.source": "parquet", "data.path": str(data),
+                                "data.cache_dir": str(tmp_path / "cache")})
+  reference, workdir = str(tmp_path / "reference"), str(tmp_path / "preempted")
+  helpers.run_main(reference, flags)
+  preempted_at_step_10(reference, workdir)
+  before = helpers.snapshot(workdir)
+  pq.write_table(helpers.fineweb_like(150, 300), data / "002_00000.parquet")
+  proc = helpers.run_main(workdir, flags, check=False)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  lines = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
+  assert len(lines) == 1 and lines[0].startswith("error: config.data.path="), proc.stderr[-2000:]
+  assert "now holds 3 shards" in lines[0] and "trained on 2 shards" in lines[0], lines[0]
+  assert "allowed: the data the run started with" in lines[0] and "--workdir" in lines[0]
+  assert helpers.snapshot(workdir) == before
+  os.remove(data / "002_00000.parquet")
+  helpers.run_main(workdir, flags)
+  assert_losses_match(workdir, reference, rtol=1e-6)
+
+
 def start_two_processes(workdir, flags, devices=1):
   """Two local gloo processes of ``main.py`` with ``devices`` CPU devices each."""
   import portpicker
@@ -173,13 +213,7 @@ def test_resume_on_two_processes_continues_a_one_process_runs_data(reference_run
   mesh: steps 11..20 read the batches the uninterrupted run read, none repeated or skipped
   (grain saves the iterator under each process count; every process's state is the step)."""
   workdir = str(tmp_path / "regrown")
-  shutil.copytree(reference_run, workdir)
-  shutil.rmtree(os.path.join(workdir, "checkpoints", "20"))
-  os.remove(os.path.join(workdir, "summary.json"))
-  metrics = os.path.join(workdir, "metrics.jsonl")
-  kept = [l for l in open(metrics) if json.loads(l)["step"] <= 10]
-  with open(metrics, "w") as f:
-    f.writelines(kept)
+  preempted_at_step_10(reference_run, workdir)
   mesh = {"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2}
   for p in start_two_processes(workdir, helpers.tiny_flags(**mesh), devices=4):
     _, err = p.communicate(timeout=300)
