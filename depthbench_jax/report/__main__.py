@@ -1,8 +1,10 @@
 """``python -m depthbench_jax.report RESULTS_DIR``: writes report.md, runs.csv and plots/."""
 
 import argparse
+import os
 import sys
 
+from depthbench_jax.errors import fail
 from depthbench_jax.report.scorecard import write_report
 
 
@@ -12,6 +14,9 @@ def main(argv=None) -> int:
   p.add_argument("--out", default=None, help="where to write (default: RESULTS_DIR)")
   p.add_argument("--no_plots", action="store_true")
   args = p.parse_args(argv)
+  if not os.path.isdir(args.results_dir):
+    fail(f"results_dir {args.results_dir}: no such directory; allowed: a sweep's results "
+         f"folder, e.g. results/smoke")
   paths = write_report(args.results_dir, out_dir=args.out, plots=not args.no_plots)
   if paths is None:
     print(f"no run under {args.results_dir}; nothing to report", file=sys.stderr)

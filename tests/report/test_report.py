@@ -64,7 +64,20 @@ def test_report_into_results_dir_and_rerun(tmp_path):
   assert paths and os.path.exists(results / "report.md")
   # Re-running over a dir that now holds report.md / runs.csv reads the same runs.
   assert len(report.collect_runs(str(results))) == 15
+  (tmp_path / "empty").mkdir()
   assert report_main.main([str(tmp_path / "empty")]) == 1
+
+
+def test_a_results_dir_that_does_not_exist_is_one_error_line(tmp_path, capsys):
+  # A typo in the path said "no run under ...; nothing to report" (exit 1), as if the sweep had
+  # not started: now one error line naming the path, exit 2, and nothing written.
+  with pytest.raises(SystemExit) as exit_info:
+    report_main.main([str(tmp_path / "reslts"), "--no_plots"])
+  assert exit_info.value.code == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith("error: ") and "reslts" in err[0], err
+  assert "allowed:" in err[0]
+  assert not os.path.exists(tmp_path / "reslts")
 
 
 def test_report_interrupted_while_rendering_keeps_the_previous_report(tmp_path, monkeypatch):
