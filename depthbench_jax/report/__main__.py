@@ -17,6 +17,9 @@ def main(argv=None) -> int:
   if not os.path.isdir(args.results_dir):
     fail(f"results_dir {args.results_dir}: no such directory; allowed: a sweep's results "
          f"folder, e.g. results/smoke")
+  if args.out and os.path.exists(args.out) and not os.path.isdir(args.out):
+    fail(f"--out={args.out} is a file; allowed: a directory, where report.md, runs.csv and "
+         f"plots/ are written")
   paths = write_report(args.results_dir, out_dir=args.out, plots=not args.no_plots)
   if paths is None:
     print(f"no run under {args.results_dir}; nothing to report", file=sys.stderr)

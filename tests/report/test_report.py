@@ -80,6 +80,19 @@ def test_a_results_dir_that_does_not_exist_is_one_error_line(tmp_path, capsys):
   assert not os.path.exists(tmp_path / "reslts")
 
 
+def test_an_out_that_is_a_file_is_one_error_line(tmp_path, capsys):
+  # --out=report.md (a file, as if --out named the report) was a FileExistsError traceback.
+  results = tmp_path / "results"
+  shutil.copytree(FIXTURE, results)
+  (tmp_path / "report.md").write_text("mine\n")
+  with pytest.raises(SystemExit) as exit_info:
+    report_main.main([str(results), "--no_plots", f"--out={tmp_path / 'report.md'}"])
+  assert exit_info.value.code == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith("error: --out=") and "allowed:" in err[0], err
+  assert (tmp_path / "report.md").read_text() == "mine\n"
+
+
 def test_report_interrupted_while_rendering_keeps_the_previous_report(tmp_path, monkeypatch):
   # Ctrl-C during the report (here in the slow systems section) must leave the last report
   # whole, not an empty report.md.
