@@ -150,6 +150,9 @@ def main(argv):
   del argv
   if not os.environ.get("DEPTHBENCH_VERBOSE"):
     logging.set_verbosity(logging.WARNING)  # Orbax and grain log every save at INFO.
+    # TensorFlow (clu's writers import it; it computes nothing here) logs that its oneDNN ops
+    # are on at INFO, past TF_CPP_MIN_LOG_LEVEL; with them off it says nothing.
+    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
   config = _CONFIG.value
   initialize_distributed(_COORD.value, _NPROC.value, _PID.value)
   import jax

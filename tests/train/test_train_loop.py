@@ -21,6 +21,8 @@ def reference_run(tmp_path_factory):
   proc = helpers.run_main(workdir, helpers.tiny_flags())
   with open(workdir + ".stdout", "w") as f:  # Beside the run dir: the progress lines.
     f.write(proc.stdout)
+  with open(workdir + ".stderr", "w") as f:
+    f.write(proc.stderr)
   return workdir
 
 
@@ -65,6 +67,15 @@ def test_progress_line_of_an_eval_step_shows_that_steps_val_loss(reference_run):
   assert f"| val {val[10]:.4f} |" in lines["10/20"], lines["10/20"]
   assert f"| val {helpers.summary(reference_run)['final_val_loss']:.4f} |" in lines["20/20"], (
       lines["20/20"])
+
+
+def test_a_run_prints_no_info_logs(reference_run):
+  """README: INFO logs are off unless DEPTHBENCH_VERBOSE=1. TensorFlow (imported by clu's
+  writers) printed its oneDNN INFO line, after absl's "All log messages before
+  absl::InitializeLog()" WARNING, twice per run, whatever TF_CPP_MIN_LOG_LEVEL said."""
+  with open(reference_run + ".stderr") as f:
+    err = f.read()
+  assert "oneDNN" not in err and "InitializeLog" not in err, err[-2000:]
 
 
 def test_steps_per_s_leaves_out_the_eval_and_save_at_step_10(reference_run):
