@@ -232,6 +232,7 @@ def solve_shape_set(shape_set: ShapeSet, model: ml_collections.ConfigDict,
 
 
 def markdown_table(solutions: Sequence[Solution], listed: Sequence[Shape] = ()) -> str:
+  from depthbench_jax.sweep import human  # Local: sweep imports this module.
   lines = ["| shape | AR d/L | ffn | total | non-embedding | embedding | target (count) | error |",
            "|---|---|---|---|---|---|---|---|"]
   listed_by_depth = {s.n_layers: s for s in listed}
@@ -242,8 +243,8 @@ def markdown_table(solutions: Sequence[Solution], listed: Sequence[Shape] = ()) 
       flag = f" (suite lists {listed_shape.name})"
     c = s.counts
     lines.append(f"| {s.shape.name}{flag} | {s.shape.aspect_ratio:.1f} | {s.ffn_dim} | "
-                 f"{c['total'] / 1e6:.1f}M | {c['non_embedding'] / 1e6:.1f}M | "
-                 f"{c['embedding'] / 1e6:.1f}M | {s.target / 1e6:.1f}M ({s.count}) | "
+                 f"{human(c['total'])} | {human(c['non_embedding'])} | "
+                 f"{human(c['embedding'])} | {human(s.target)} ({s.count}) | "
                  f"{100 * s.rel_error:+.2f}% |")
   return "\n".join(lines)
 

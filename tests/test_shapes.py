@@ -190,3 +190,13 @@ def test_cli_on_a_config_without_shape_sets_is_one_error_line(capsys):
   assert len(err) == 1 and err[0].startswith("error: "), err
   assert "configs/base.py has no SHAPE_SETS" in err[0], err
   assert "allowed: a suite config" in err[0], err
+
+
+def test_shape_table_prints_a_smoke_model_s_counts_without_rounding_them_to_zero():
+  # At one decimal of a million the smoke suite's table read embedding 0.0M at 8x96 (49,344
+  # parameters) and 0.9M for both totals beside their +1.83% difference.
+  table = shapes.suite_tables(suite("smoke"))
+  row = next(line for line in table.splitlines() if line.startswith("| 8x96 "))
+  cells = [c.strip() for c in row.strip("|").split("|")]
+  assert cells[3:6] == ["936K", "886K", "49.3K"], cells
+  assert cells[6] == "919K (total)" and cells[7] == "+1.83%", cells
