@@ -78,6 +78,22 @@ def test_a_run_prints_no_info_logs(reference_run):
   assert "oneDNN" not in err and "InitializeLog" not in err, err[-2000:]
 
 
+def test_developers_md_names_the_keys_a_run_writes(reference_run):
+  """DEVELOPERS.md, the contract page other modules build against, named metrics.jsonl's keys
+  loss, lr, ... (they are train/loss, train/lr, ...) and left n_layers, d_model, aspect_ratio and
+  lr out of summary.json's."""
+  import re
+  with open(os.path.join(helpers.ROOT, "DEVELOPERS.md")) as f:
+    text = f.read()
+  metrics_doc = re.search(r"WORKDIR/metrics\.jsonl(.*?)\nWORKDIR/", text, re.S).group(1)
+  summary_doc = re.search(r"`summary\.json` keys:(.*?)Recipe extras", text, re.S).group(1)
+  with open(os.path.join(reference_run, "metrics.jsonl")) as f:
+    metric_keys = {k for line in f for k in json.loads(line)}
+  assert {k for k in metric_keys if f"`{k}`" not in metrics_doc} == set(), metrics_doc
+  summary_keys = set(helpers.summary(reference_run))
+  assert {k for k in summary_keys if not re.search(rf"\b{k}\b", summary_doc)} == set()
+
+
 def test_steps_per_s_leaves_out_the_eval_and_save_at_step_10(reference_run):
   """Step 10 evaluates (compiling the eval step) and checkpoints; step 11's steps/s must still
   be a training step's rate (``train/throughput.py``), not one step over that pause."""
