@@ -243,8 +243,8 @@ def markdown_table(solutions: Sequence[Solution], listed: Sequence[Shape] = ()) 
       flag = f" (suite lists {listed_shape.name})"
     c = s.counts
     lines.append(f"| {s.shape.name}{flag} | {s.shape.aspect_ratio:.1f} | {s.ffn_dim} | "
-                 f"{human(c['total'])} | {human(c['non_embedding'])} | "
-                 f"{human(c['embedding'])} | {human(s.target)} ({s.count}) | "
+                 f"{human(c['total'], 4)} | {human(c['non_embedding'], 4)} | "
+                 f"{human(c['embedding'], 4)} | {human(s.target, 4)} ({s.count}) | "
                  f"{100 * s.rel_error:+.2f}% |")
   return "\n".join(lines)
 

@@ -311,12 +311,12 @@ def plan_rows(config_path: str, runs: Sequence[Run], mfu: float = DEFAULT_MFU,
   return rows
 
 
-def human(x: float) -> str:
-  """1234567 -> '1.23M' (K, M, B, T)."""
+def human(x: float, digits: int = 3) -> str:
+  """1234567 -> '1.23M' (K, M, B, T; ``digits`` significant figures)."""
   for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
     if abs(x) >= scale:
-      return f"{x / scale:.3g}{unit}"
-  return f"{x:.3g}"
+      return f"{x / scale:.{digits}g}{unit}"
+  return f"{x:.{digits}g}"
 
 
 def format_duration(seconds: float) -> str:

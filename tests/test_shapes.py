@@ -198,5 +198,5 @@ def test_shape_table_prints_a_smoke_model_s_counts_without_rounding_them_to_zero
   table = shapes.suite_tables(suite("smoke"))
   row = next(line for line in table.splitlines() if line.startswith("| 8x96 "))
   cells = [c.strip() for c in row.strip("|").split("|")]
-  assert cells[3:6] == ["936K", "886K", "49.3K"], cells
-  assert cells[6] == "919K (total)" and cells[7] == "+1.83%", cells
+  assert cells[3:6] == ["935.7K", "886.4K", "49.34K"], cells
+  assert cells[6] == "918.9K (total)" and cells[7] == "+1.83%", cells
