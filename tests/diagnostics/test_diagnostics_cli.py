@@ -95,15 +95,12 @@ def test_cli_on_a_run_without_held_out_batches_is_one_error_line(tmp_path):
   workdir = str(tmp_path / "run")
   saved_run(workdir, **{"data.val_batches": 0})
   before = sorted(os.listdir(workdir))
-  proc = subprocess.run([sys.executable, "-m", "depthbench_jax.diagnose", f"--workdir={workdir}"],
-                        cwd=ROOT, env=subprocess_env(), capture_output=True, text=True,
-                        timeout=300)
+  proc = _diagnose(workdir)
   assert proc.returncode == 2, proc.stderr[-2000:]
   lines = [l for l in proc.stderr.strip().splitlines() if l.startswith("error: ")]
   assert len(lines) == 1 and "config.data.val_batches=0" in lines[0] and "allowed" in lines[0]
   assert "--helpfull" not in proc.stderr and "--workdir: Run directory" not in proc.stderr
   assert sorted(os.listdir(workdir)) == before
-
 
 
 def test_cli_on_a_run_whose_training_data_moved_is_one_error_line(tmp_path):
@@ -115,14 +112,13 @@ def test_cli_on_a_run_whose_training_data_moved_is_one_error_line(tmp_path):
   missing = str(tmp_path / "moved" / "*.parquet")
   saved_run(workdir, **{"data.source": "parquet", "data.path": missing})
   before = sorted(os.listdir(workdir))
-  proc = subprocess.run([sys.executable, "-m", "depthbench_jax.diagnose", f"--workdir={workdir}"],
-                        cwd=ROOT, env=subprocess_env(), capture_output=True, text=True,
-                        timeout=300)
+  proc = _diagnose(workdir)
   assert proc.returncode == 2, proc.stderr[-2000:]
   lines = [l for l in proc.stderr.strip().splitlines() if l.startswith("error: ")]
   assert len(lines) == 1 and lines[0].startswith(f"error: config.data.path={missing!r}"), lines
   assert "allowed" in lines[0] and "Traceback" not in proc.stderr
   assert sorted(os.listdir(workdir)) == before
+
 
 # What a plain diagnose of a tiny run records: config.diagnostics' defaults, less the *_chunk
 # memory knobs (they do not change the numbers).
