@@ -283,8 +283,7 @@ def bench_config(p: Preset, design: str, n_layers: int | None = None, d_model: i
   from depthbench_jax import sweep
   from depthbench_jax.residual import registry
   design, overrides = design_spec(design)
-  base = sweep.load_config_module(os.path.join(sweep.REPO_ROOT, "configs", "base.py"))
-  c = base.get_config()
+  c = sweep.base_config()
   m = c.model
   m.d_model, m.n_layers = d_model or p.d_model, n_layers or p.n_layers
   m.n_heads, m.vocab_size = p.n_heads, p.vocab_size

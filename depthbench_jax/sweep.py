@@ -148,6 +148,11 @@ def load_config_module(path: str):
   return module
 
 
+def base_config() -> ml_collections.ConfigDict:
+  """A fresh ``configs/base.py`` config: the schema and single source of defaults."""
+  return load_config_module(os.path.join(REPO_ROOT, "configs", "base.py")).get_config()
+
+
 def config_of(module, arg: str | None = None) -> ml_collections.ConfigDict:
   """``module.get_config(arg)`` (no argument when ``arg`` is empty). A mistake ConfigDict
   catches in the file, a value of the wrong type for a field (``c.steps = 1e3``) or a field

@@ -44,7 +44,7 @@ def _deep_update(base: dict, over: dict) -> dict:
 def _run_model(record: dict) -> ml_collections.ConfigDict:
   """The run's saved ``config.model`` over ``configs/base.py`` defaults, at its shape."""
   from depthbench_jax import sweep
-  defaults = sweep.load_config_module(os.path.join(sweep.REPO_ROOT, "configs", "base.py")).get_config()
+  defaults = sweep.base_config()
   model = _deep_update(defaults.model.to_dict(), (record.get("config") or {}).get("model") or {})
   model["n_layers"], model["d_model"] = int(record["n_layers"]), int(record["d_model"])
   model["max_seq_len"] = max(int(model.get("max_seq_len") or 0), PREFILL_SEQ_LEN)

@@ -43,8 +43,7 @@ def validate_fields(config) -> None:
   the run would silently train with the default of the field meant. A design's own
   ``config.model.residual`` fields are checked by the design."""
   from depthbench_jax import sweep  # pylint: disable=g-import-not-at-top
-  schema = sweep.load_config_module(os.path.join(sweep.REPO_ROOT, "configs", "base.py"))
-  _known_fields(config, schema.get_config(), "config")
+  _known_fields(config, sweep.base_config(), "config")
 
 
 def _known_fields(node, schema, where: str) -> None:
