@@ -293,10 +293,7 @@ def plan_rows(config_path: str, runs: Sequence[Run], mfu: float = DEFAULT_MFU,
   for run in runs:
     config = config_of(module, run.arg)
     try:
-      config_check.validate_fields(config)
-      config_check.validate_recipe(config)
-      config_check.validate_guards(config)
-      model_config_from(config.model)
+      config_check.validate_without_devices(config)
     except ConfigError as err:
       raise ConfigError(f"run {run.name}: {err}") from None
     counts = param_counts(config.model)

@@ -185,14 +185,21 @@ def validate_data(data, model, process_count: int, data_parallel: int) -> None:
            f"{data.tokenizer!r}'s {vocab}; allowed: >= {vocab}")
 
 
-def validate(config, device_count: int, process_count: int | None = None) -> ModelConfig:
-  """Returns the model's ``ModelConfig`` or raises the first ``ConfigError``."""
-  import jax
-  process_count = jax.process_count() if process_count is None else process_count
+def validate_without_devices(config) -> ModelConfig:
+  """The checks that need neither the devices nor the data (fields, model, recipe, guards), as
+  ``--dry_run`` plans a suite; returns the ``ModelConfig`` or raises the first ``ConfigError``."""
   validate_fields(config)
   model_cfg = model_config_from(config.model)
   validate_recipe(config)
   validate_guards(config)
+  return model_cfg
+
+
+def validate(config, device_count: int, process_count: int | None = None) -> ModelConfig:
+  """Returns the model's ``ModelConfig`` or raises the first ``ConfigError``."""
+  import jax
+  process_count = jax.process_count() if process_count is None else process_count
+  model_cfg = validate_without_devices(config)
   mesh = sharding.mesh_shape(config.mesh, device_count)
   validate_data(config.data, config.model, process_count, data_parallel=mesh[0] * mesh[1])
   validate_iso(config)
