@@ -251,10 +251,10 @@ def check_finished_recipes(config_path: str, runs: Sequence[Run]) -> None:
         stale.append((run, changed))
   if stale:
     run, changed = stale[0]
+    now, finished = config_check.describe_changes(changed)
     more = f" (and {len(stale) - 1} more finished runs)" if len(stale) > 1 else ""
     raise ConfigError(
-        f"{', '.join(f'config.{f}={new!r}' for f, _, new in changed)} in {config_path}: "
-        f"{run.workdir}{more} finished with {', '.join(repr(old) for _, old, _ in changed)}, "
+        f"{now} in {config_path}: {run.workdir}{more} finished with {finished}, "
         f"and a sweep's results keep one recipe per run; allowed: the values it finished with, "
         f"a new --results_dir, or moving the finished run out of the results dir")
 

@@ -239,6 +239,12 @@ def recipe_changes(saved: dict, config) -> list[tuple[str, object, object]]:
           if old[f] != new[f] and not _resumable(f)]
 
 
+def describe_changes(changed: list[tuple[str, object, object]]) -> tuple[str, str]:
+  """``recipe_changes`` as two phrases: ``'config.f=new, ...'`` and the old values ``'old, ...'``."""
+  return (", ".join(f"config.{f}={new!r}" for f, _, new in changed),
+          ", ".join(repr(old) for _, old, _ in changed))
+
+
 def check_resume(saved: dict, config, workdir: str) -> None:
   """Raises one ``ConfigError`` naming every field whose value differs from ``saved`` (the
   run's ``config.json``, written when its checkpoints were trained) other than the
@@ -246,9 +252,9 @@ def check_resume(saved: dict, config, workdir: str) -> None:
   workdir (and ``config.json`` would no longer say how the checkpoints were made). Fields
   present on one side only (a config from an older version of the code) are not compared."""
   changed = recipe_changes(saved, config)
+  now, trained = describe_changes(changed)
   _require(not changed,
-           f"{', '.join(f'config.{f}={new!r}' for f, _, new in changed)}: the checkpoints in "
-           f"{workdir} were trained with {', '.join(repr(old) for _, old, _ in changed)}, and a "
+           f"{now}: the checkpoints in {workdir} were trained with {trained}, and a "
            f"resumed run keeps every field that changes what a step computes; allowed: the "
            f"same values, a new --workdir, or changes only to "
            f"{', '.join(f.rstrip('.') for f in RESUMABLE_FIELDS)}")
