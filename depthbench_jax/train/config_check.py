@@ -240,7 +240,8 @@ def recipe_changes(saved: dict, config) -> list[tuple[str, object, object]]:
 
 
 def describe_changes(changed: list[tuple[str, object, object]]) -> tuple[str, str]:
-  """``recipe_changes`` as two phrases: ``'config.f=new, ...'`` and the old values ``'old, ...'``."""
+  """``recipe_changes`` as two phrases: ``'config.f=new, ...'`` and the old values
+  ``'old, ...'``."""
   return (", ".join(f"config.{f}={new!r}" for f, _, new in changed),
           ", ".join(repr(old) for _, old, _ in changed))
 
