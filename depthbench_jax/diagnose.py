@@ -48,11 +48,11 @@ def diagnostics_options(config: Any, overrides: dict | None = None) -> dict:
   return diag
 
 
-def result_settings(config: Any, overrides: dict | None = None) -> dict:
-  """What decides the numbers: the held-out rows and ``probes.Options.result_settings`` (not the
-  ``*_chunk`` memory knobs). Recorded as the result's ``options``."""
+def result_settings(diag: dict) -> dict:
+  """What of ``diag`` (``diagnostics_options``) decides the numbers: the held-out rows and
+  ``probes.Options.result_settings`` (not the ``*_chunk`` memory knobs). Recorded as the
+  result's ``options``."""
   from depthbench_jax.diagnostics import probes
-  diag = diagnostics_options(config, overrides)
   return {"batch_size": int(diag.get("batch_size", 2)),
           **probes.Options.from_config(diag).result_settings()}
 
@@ -66,7 +66,7 @@ def diagnose(workdir: str, config: Any, params: Any, batch: Any, step: int | Non
   from depthbench_jax.train import summary
 
   diag = diagnostics_options(config, overrides)
-  settings = result_settings(config, overrides)
+  settings = result_settings(diag)
   cfg = model_config_from(config.model)
   tokens = probes.heldout_tokens(batch, settings["batch_size"])
   t0 = time.perf_counter()
@@ -139,7 +139,7 @@ def main(argv):
       overrides["batch_size"] = _BATCH_SIZE.value
     config, params, step = checkpoint.restore_run(workdir, _STEP.value)
     summary.check_replaceable(  # Before the probes run: a finished result is never lost.
-        out, result_settings(config, overrides), _OVERWRITE.value,
+        out, result_settings(diagnostics_options(config, overrides)), _OVERWRITE.value,
         lambda key: "--batch_size" if key == "batch_size" else f"--set={key}")
     # The run's own data (config.data.path may name shards this host does not have).
     val = pipeline.make_val_batches(config, process_index=0, process_count=1)
