@@ -70,10 +70,10 @@ def validate_recipe(config) -> None:
            f"config.budget_design={budget!r}; allowed: '' (the run's own parameters) or a "
            f"design whose parameters at the run's shape set the budget: "
            f"{', '.join(registry.names())}")
-  warmup = _number(config, "warmup_steps", low=0,
-                   allowed="an int >= 0, or a fraction in (0, 1)")
+  warmup_allowed = "an int >= 0, or a fraction in (0, 1)"
+  warmup = _number(config, "warmup_steps", low=0, allowed=warmup_allowed)
   _require(float(warmup).is_integer() or warmup < 1,  # 1.5 would be read as 1 step.
-           f"config.warmup_steps={warmup!r}; allowed: an int >= 0, or a fraction in (0, 1)")
+           f"config.warmup_steps={warmup!r}; allowed: {warmup_allowed}")
   _number(config, "min_lr_ratio", low=0, high=1.0000001, allowed="a number in [0, 1]")
   _number(config, "b1", low=0, high=1, allowed="a number in [0, 1)")
   _number(config, "b2", low=0, high=1, allowed="a number in [0, 1)")
