@@ -146,3 +146,19 @@ def assert_refused_untouched(proc: subprocess.CompletedProcess, named: str, resu
   assert "--overwrite" in lines[0] and "--out=PATH" in lines[0] and "allowed" in lines[0]
   assert open(result, "rb").read() == before
   assert sorted(os.listdir(os.path.dirname(result))) == files
+
+
+def assert_cli_refuses_before_loading(module: str, tmp_path, flags: list[str], named: str,
+                                      starts: str = "error: ") -> None:
+  """``python -m module --workdir=tmp_path *flags`` on a directory holding only a summary.json
+  (no checkpoint to load): exit 2, stderr one ``error:`` line that starts with ``starts``, names
+  ``named`` and what is allowed, and nothing written."""
+  (tmp_path / "summary.json").write_text('{"status": "ok"}')
+  proc = subprocess.run([sys.executable, "-m", module, f"--workdir={tmp_path}", *flags],
+                        cwd=ROOT, env=subprocess_env(), capture_output=True, text=True,
+                        timeout=120)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  lines = proc.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith(starts) and named in lines[0], lines
+  assert "allowed" in lines[0]
+  assert os.listdir(tmp_path) == ["summary.json"]

@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from tests.helpers import ROOT, assert_refused_untouched, run_main, subprocess_env, tiny_flags
+from tests.helpers import (ROOT, assert_cli_refuses_before_loading, assert_refused_untouched,
+                           run_main, subprocess_env, tiny_flags)
 
 
 @pytest.mark.slow
@@ -57,15 +58,7 @@ def test_cli_misspelt_set_key_is_one_error_before_the_checkpoint_loads(tmp_path)
     ("--nope=1", "nope"),                       # absl: a FATAL line and exit 1
 ])
 def test_cli_bad_flag_is_one_error_line_before_the_checkpoint_loads(tmp_path, flag, named):
-  (tmp_path / "summary.json").write_text('{"status": "ok"}')
-  proc = subprocess.run([sys.executable, "-m", "depthbench_jax.diagnose", f"--workdir={tmp_path}",
-                         flag], cwd=ROOT, env=subprocess_env(), capture_output=True, text=True,
-                        timeout=120)
-  assert proc.returncode == 2, proc.stderr[-2000:]
-  lines = proc.stderr.strip().splitlines()
-  assert len(lines) == 1 and lines[0].startswith("error: ") and named in lines[0], lines
-  assert "allowed" in lines[0]
-  assert os.listdir(tmp_path) == ["summary.json"]
+  assert_cli_refuses_before_loading("depthbench_jax.diagnose", tmp_path, [flag], named)
 
 
 @pytest.mark.parametrize("item, named", [
@@ -77,15 +70,8 @@ def test_cli_bad_flag_is_one_error_line_before_the_checkpoint_loads(tmp_path, fl
     ("run_causal=maybe", "run_causal"),             # once silently true
 ])
 def test_cli_bad_set_value_is_one_error_line_before_the_checkpoint_loads(tmp_path, item, named):
-  (tmp_path / "summary.json").write_text('{"status": "ok"}')
-  proc = subprocess.run([sys.executable, "-m", "depthbench_jax.diagnose", f"--workdir={tmp_path}",
-                         f"--set={item}"], cwd=ROOT, env=subprocess_env(), capture_output=True,
-                        text=True, timeout=120)
-  assert proc.returncode == 2, proc.stderr[-2000:]
-  lines = proc.stderr.strip().splitlines()
-  assert len(lines) == 1 and lines[0].startswith("error: --set") and named in lines[0], lines
-  assert "allowed" in lines[0]
-  assert os.listdir(tmp_path) == ["summary.json"]
+  assert_cli_refuses_before_loading("depthbench_jax.diagnose", tmp_path, [f"--set={item}"],
+                                    named, starts="error: --set")
 
 
 def test_cli_on_a_run_without_held_out_batches_is_one_error_line(tmp_path):

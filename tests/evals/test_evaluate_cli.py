@@ -59,7 +59,6 @@ def test_cli_unknown_set_is_one_error_before_the_checkpoint_loads(tmp_path):
   assert os.listdir(tmp_path) == ["summary.json"]
 
 
-
 @pytest.mark.parametrize("flag, named", [
     ("--batch_size=0", "--batch_size=0"),           # once a range() traceback after the restore
     ("--max_examples=0", "--max_examples=0"),       # once silently one example
@@ -70,15 +69,7 @@ def test_cli_unknown_set_is_one_error_before_the_checkpoint_loads(tmp_path):
     ("--nope=1", "nope"),
 ])
 def test_cli_bad_flag_is_one_error_line_before_the_checkpoint_loads(tmp_path, flag, named):
-  (tmp_path / "summary.json").write_text('{"status": "ok"}')
-  proc = subprocess.run([sys.executable, "-m", "depthbench_jax.evaluate",
-                         f"--workdir={tmp_path}", flag], cwd=helpers.ROOT,
-                        env=helpers.subprocess_env(), capture_output=True, text=True, timeout=120)
-  assert proc.returncode == 2, proc.stderr[-2000:]
-  lines = proc.stderr.strip().splitlines()
-  assert len(lines) == 1 and lines[0].startswith("error: ") and named in lines[0], lines
-  assert "allowed" in lines[0]
-  assert os.listdir(tmp_path) == ["summary.json"]
+  helpers.assert_cli_refuses_before_loading("depthbench_jax.evaluate", tmp_path, [flag], named)
 
 
 @pytest.mark.parametrize("flags, named", [
