@@ -91,21 +91,32 @@ def _process(process_index, process_count) -> tuple[int, int]:
   return process_index, process_count
 
 
-def token_stream(config, split: str, process_index: int = 0,
-                 process_count: int = 1) -> token_cache.TokenStream:
-  """The flat token stream of `split` ('train' | 'val'), tokenizing into the cache if needed."""
-  return token_cache.TokenStream.from_metas(_metas(config, process_index, process_count), split)
+def token_stream(config, split: str, process_index: int = 0, process_count: int = 1,
+                 metas: list[dict] | None = None) -> token_cache.TokenStream:
+  """The flat token stream of `split` ('train' | 'val'), tokenizing into the cache if needed.
+
+  metas: `shard_metas(config, ...)` when the caller already has them (they are looked up,
+  and a tfds builder opened, otherwise).
+  """
+  if metas is None:
+    metas = shard_metas(config, process_index, process_count)
+  return token_cache.TokenStream.from_metas(metas, split)
 
 
-def _metas(config, process_index: int, process_count: int) -> list[dict]:
-  """The token cache's metas of config.data's shards in shard order, tokenizing any not there."""
+def shard_metas(config, process_index: int = 0, process_count: int = 1) -> list[dict]:
+  """The token cache's metas of config.data's shards in shard order, tokenizing any not there.
+
+  The trainer looks them up once and passes them to `train_fingerprint`, `make_train_iterator`
+  and `make_val_batches` (each looks them up itself without).
+  """
   data = config.data
   tok = tokenizer_lib.get_tokenizer(data.tokenizer)
   shards = sources.shards_for(data)
   return token_cache.tokenize_shards(shards, tok, cache_dir(data), process_index, process_count)
 
 
-def train_fingerprint(config, process_index: int = 0, process_count: int = 1) -> dict:
+def train_fingerprint(config, process_index: int = 0, process_count: int = 1,
+                      metas: list[dict] | None = None) -> dict:
   """What the train windows are cut from, read off the token cache's metas (no token file read):
 
       {'shards': n, 'train_tokens': sum of their train tokens,
@@ -116,7 +127,8 @@ def train_fingerprint(config, process_index: int = 0, process_count: int = 1) ->
   iterator position (the step) points at are another run's. The same on every process.
   seq_len, seed and tokenizer are config fields (`train/config_check.check_resume`).
   """
-  metas = _metas(config, process_index, process_count)
+  if metas is None:
+    metas = shard_metas(config, process_index, process_count)
   keys = "\n".join(m["key"] for m in metas)
   return {"shards": len(metas), "train_tokens": sum(int(m["n_tokens"]["train"]) for m in metas),
           "shard_keys_sha1": hashlib.sha1(keys.encode()).hexdigest()[:12]}
@@ -148,7 +160,7 @@ def _as_batch(tokens: np.ndarray) -> dict[str, np.ndarray]:
 
 
 def train_dataset(config, process_index: int | None = None, process_count: int | None = None,
-                  steps: int | None = None) -> grain.MapDataset:
+                  steps: int | None = None, metas: list[dict] | None = None) -> grain.MapDataset:
   """This process's infinite MapDataset of batches {'tokens': int32 [B_local, T+1]}.
 
   With `steps`, warns when steps * G windows exceed one epoch (the data then repeats).
@@ -156,7 +168,7 @@ def train_dataset(config, process_index: int | None = None, process_count: int |
   process_index, process_count = _process(process_index, process_count)
   data = config.data
   check_data_config(data, process_count)
-  windows = WindowSource(token_stream(config, "train", process_index, process_count),
+  windows = WindowSource(token_stream(config, "train", process_index, process_count, metas),
                          data.seq_len)
   if len(windows) == 0:
     raise ConfigError(f"config.data.seq_len={data.seq_len}: the train split of "
@@ -177,14 +189,16 @@ def train_dataset(config, process_index: int | None = None, process_count: int |
 
 def make_train_iterator(config, process_index: int | None = None,
                         process_count: int | None = None,
-                        steps: int | None = None) -> grain.DatasetIterator:
+                        steps: int | None = None,
+                        metas: list[dict] | None = None) -> grain.DatasetIterator:
   """Iterator over this process's train batches; checkpointable (`get_state`/`set_state`).
 
   process_index/process_count default to jax.process_index()/jax.process_count().
   config.data.worker_count > 0 reads in that many worker processes (grain mp_prefetch).
   steps: the run's length, to warn when it takes more than one epoch of the data.
+  metas: `shard_metas`, if the caller has them.
   """
-  ds = train_dataset(config, process_index, process_count, steps)
+  ds = train_dataset(config, process_index, process_count, steps, metas)
   it_ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=READ_THREADS,
                                                prefetch_buffer_size=PREFETCH_BATCHES))
   if config.data.worker_count > 0:
@@ -195,7 +209,8 @@ def make_train_iterator(config, process_index: int | None = None,
 
 
 def make_val_batches(config, process_index: int | None = None,
-                     process_count: int | None = None) -> list[dict[str, np.ndarray]]:
+                     process_count: int | None = None,
+                     metas: list[dict] | None = None) -> list[dict[str, np.ndarray]]:
   """config.data.val_batches batches {'tokens': int32 [B_local, T+1]} of held-out text.
 
   The same for every call (no shuffle). If the held-out split has fewer than
@@ -206,7 +221,8 @@ def make_val_batches(config, process_index: int | None = None,
   check_data_config(data, process_count)
   if data.val_batches == 0:
     return []
-  windows = WindowSource(token_stream(config, "val", process_index, process_count), data.seq_len)
+  windows = WindowSource(token_stream(config, "val", process_index, process_count, metas),
+                         data.seq_len)
   if len(windows) == 0:
     raise ConfigError(f"config.data.seq_len={data.seq_len}: the held-out split of "
                       f"config.data.source={data.source!r} has fewer than seq_len+1 tokens; "

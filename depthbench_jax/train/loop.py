@@ -141,13 +141,14 @@ def train_and_evaluate(config, workdir: str) -> dict:
   steps = total_steps_of(config, counts["total"])
   # Before anything is written, and before the iterator starts any data workers: reading the
   # data is where other shards than the checkpoints' or a seq_len it is too short for fail.
-  train_data = pipeline.train_fingerprint(config, process_index, process_count)
+  metas = pipeline.shard_metas(config, process_index, process_count)
+  train_data = pipeline.train_fingerprint(config, process_index, process_count, metas)
   if resumed_step is not None:  # Every process sees every shard's meta: all refuse alike.
     config_check.check_resume_data(
         checkpoint.read_progress(workdir, resumed_step).get("train_data"), train_data, config,
         workdir)
-  train_iter = pipeline.make_train_iterator(config, process_index, process_count, steps)
-  val_batches = pipeline.make_val_batches(config, process_index, process_count)
+  train_iter = pipeline.make_train_iterator(config, process_index, process_count, steps, metas)
+  val_batches = pipeline.make_val_batches(config, process_index, process_count, metas)
   os.makedirs(workdir, exist_ok=True)
   if process_index == 0:
     summary.write_config(workdir, config)

@@ -141,6 +141,28 @@ def test_val_batches_fixed_sharded_and_held_out(make_config):
   assert pipeline.make_val_batches(make_config(val_batches=0), 0, 1) == []
 
 
+def test_metas_looked_up_once_serve_fingerprint_iterator_and_val(make_config, monkeypatch):
+  """The trainer looks the shards up once (a tfds builder, a parquet footer hash per shard) and
+  hands the metas on: given them, no entry point looks again, and the batches are the same."""
+  config = make_config(val_batches=2, global_batch_size=8)
+  want_train = take(pipeline.make_train_iterator(config, 0, 1), 2)
+  want_val = pipeline.make_val_batches(config, 0, 1)
+  want_fingerprint = pipeline.train_fingerprint(config)
+  metas = pipeline.shard_metas(config)
+
+  def looked_up_again(*args):
+    raise AssertionError("shards looked up again")
+
+  monkeypatch.setattr(pipeline.sources, "shards_for", looked_up_again)
+  assert pipeline.train_fingerprint(config, metas=metas) == want_fingerprint
+  got_train = take(pipeline.make_train_iterator(config, 0, 1, metas=metas), 2)
+  got_val = pipeline.make_val_batches(config, 0, 1, metas=metas)
+  assert all(np.array_equal(x, y) for x, y in zip(got_train, want_train))
+  assert all(np.array_equal(x["tokens"], y["tokens"]) for x, y in zip(got_val, want_val))
+  with pytest.raises(AssertionError, match="looked up again"):
+    pipeline.make_val_batches(config, 0, 1)
+
+
 def test_window_source_pickles_without_data(make_config):
   windows = pipeline.WindowSource(pipeline.token_stream(make_config(), "train"), 64)
   windows[0]  # opens the memmaps
