@@ -29,19 +29,27 @@ from typing import Sequence
 
 from depthbench_jax.errors import ConfigError
 
-DEFAULT_SUITE_KEY = "400m"
+
+def suite_shapes(config_path: str, module) -> list[str]:
+  """The shapes the suite's sweep trains, in its order (every shape set of a multi-scale suite:
+  the report's systems section covers each run); a file without a sweep: all its shape sets."""
+  from depthbench_jax import sweep
+  if hasattr(module, "sweep"):
+    return list(dict.fromkeys(str(run.shape) for run in sweep.list_runs(config_path)))
+  shape_sets = getattr(module, "SHAPE_SETS", {})
+  if not shape_sets:
+    raise ConfigError(f"--config={config_path} has neither a sweep nor SHAPE_SETS; allowed: a "
+                      "suite file, or --shapes=LxD,...")
+  return list(dict.fromkeys(s for shape_set in shape_sets.values() for s in shape_set.shapes))
 
 
 def suite_configs(config_path: str, designs: Sequence[str] | None = None,
                   shapes: Sequence[str] | None = None):
-  """``(module, [(design, shape, ml_collections config)])`` for a suite file's first shape set."""
+  """``(module, [(design, shape, ml_collections config)])``; shapes default to `suite_shapes`."""
   from depthbench_jax import sweep
   from depthbench_jax.residual import registry
   module = sweep.load_config_module(config_path)
-  shape_sets = getattr(module, "SHAPE_SETS", {})
-  if not shapes:
-    key = DEFAULT_SUITE_KEY if DEFAULT_SUITE_KEY in shape_sets else next(iter(shape_sets))
-    shapes = shape_sets[key].shapes
+  shapes = shapes or suite_shapes(config_path, module)
   designs = designs or registry.names()
   unknown = [d for d in designs if d not in registry.names()]
   if unknown:  # Named as the flag, not as the suite file's ``arch=`` argument it becomes.
@@ -135,7 +143,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   p.add_argument("--seq_len", type=int, default=4096)
   p.add_argument("--batch", type=int, default=1)
   p.add_argument("--designs", default="", help="comma list (default: every registered design)")
-  p.add_argument("--shapes", default="", help="comma list of LxD (default: the suite's)")
+  p.add_argument("--shapes", default="",
+                 help="comma list of LxD (default: every shape the suite's sweep trains)")
   p.add_argument("--xla", default="true", choices=("true", "false"),
                  help="abstract-compile each model for cost_analysis / memory_analysis")
   p.add_argument("--mfu", type=float, default=None)

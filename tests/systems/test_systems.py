@@ -225,6 +225,19 @@ def test_cli_flags_reach_every_row_and_bad_input_keeps_the_last_result(tmp_path,
   assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
+def test_default_shapes_are_every_shape_the_sweep_trains():
+  """Without --shapes the table covered only a suite's first shape set: suite_multiscale's 200M
+  shapes, while its sweep (and so its report) also trains the 300M and 500M ones."""
+  from depthbench_jax import sweep
+  from depthbench_jax.systems import __main__ as cli
+  suite = os.path.join(ROOT, "configs", "suite_multiscale.py")
+  _, entries = cli.suite_configs(suite, ["preln"])
+  want = list(dict.fromkeys(str(run.shape) for run in sweep.list_runs(suite)))
+  assert [shape for _, shape, _ in entries] == want and len(want) == 9
+  module = sweep.load_config_module(suite)
+  assert want == [s for shape_set in module.SHAPE_SETS.values() for s in shape_set.shapes]
+
+
 def test_cli_table_names_the_batch_and_dtype_of_its_bytes_and_peak(tmp_path):
   """--batch=2 --dtype=float32 once wrote a table that said 'batch 1' and 'bf16' over a peak
   column compiled for two fp32 sequences; the header now names the batch and dtype."""
