@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import socket
 import time
 import uuid
 from typing import Callable, Iterator, Sequence
@@ -81,6 +82,43 @@ def _read_meta(path: str) -> dict | None:
     return None
 
 
+def _temp_suffix() -> str:
+  """This writer's temporary-file suffix, `.tmp-<host>-<pid>-<random>`: host and PID let a later
+  writer tell a dead writer's leftovers from a live one's (`_remove_dead_writers_files`)."""
+  return f".tmp-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def _is_running(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:  # Another user's process.
+    return True
+  return True
+
+
+def _remove_dead_writers_files(paths: dict[str, str]) -> None:
+  """Deletes this shard's temporary files whose writer ran on this host and is gone (a kill -9
+  mid-shard left them; a FineWeb-Edu shard's are GBs). Another host's are left alone: its PID
+  means nothing here, and on a shared filesystem it may still be writing."""
+  root = os.path.dirname(paths["meta"])
+  prefix_of = {os.path.basename(p) + ".tmp-": p for p in paths.values()}
+  host = socket.gethostname()
+  for name in os.listdir(root):
+    for prefix in prefix_of:
+      if not name.startswith(prefix):
+        continue
+      writer, _, _ = name[len(prefix):].rpartition("-")
+      writer_host, _, pid = writer.rpartition("-")
+      if writer_host == host and pid.isdigit() and not _is_running(int(pid)):
+        try:
+          os.remove(os.path.join(root, name))
+          logging.warning("token cache: removed %s, left by a writer no longer running", name)
+        except FileNotFoundError:  # Another process removed it first.
+          pass
+
+
 def _files_match(meta: dict, paths: dict[str, str]) -> bool:
   """Whether each split's token file holds exactly the meta's n_tokens ids (a copy of the cache
   cut short leaves the .json, copied first, with a short or missing .bin)."""
@@ -105,9 +143,10 @@ def tokenize_shard(shard: Shard, tokenizer, cache_dir: str) -> dict:
     logging.warning("token cache of %s is incomplete (%s): tokenizing it again",
                     shard.description, paths["meta"])
   dtype = token_dtype(tokenizer.vocab_size)
-  tag = f".tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+  tag = _temp_suffix()
   try:
     os.makedirs(os.path.dirname(paths["meta"]), exist_ok=True)
+    _remove_dead_writers_files(paths)
     files = {s: open(paths[s] + tag, "wb") for s in SPLITS}
   except OSError as e:
     raise ConfigError(f"config.data.cache_dir={cache_dir!r} (else $DEPTHBENCH_CACHE_DIR, else "

@@ -212,6 +212,36 @@ def test_a_cached_shard_whose_token_file_is_cut_short_is_tokenized_again(tmp_pat
   assert tok.decode(stream[0:len(stream)]) == "alpha<|endoftext|>beta<|endoftext|>"
 
 
+def test_a_killed_writers_temporary_files_are_removed_and_live_or_remote_ones_kept(tmp_path):
+  """A kill -9 mid-shard (a `prepare` or a run's first start) left its `.tmp-*` token files in
+  the cache for good. The next writer of the shard removes those of a writer on this host that
+  is gone; a running writer's, another host's (its PID means nothing here) and an older-format
+  name are kept."""
+  import socket
+  import subprocess
+  import sys
+  shard, _ = _counting_shard(["alpha"], val_every=100)
+  tok = tokenizer_lib.get_tokenizer("byte")
+  root = tmp_path / "byte"
+  root.mkdir()
+  gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                        capture_output=True, text=True, check=True)
+  host = socket.gethostname()
+  names = {"dead": f"synthetic.train.bin.tmp-{host}-{gone.stdout.strip()}-0123abcd",
+           "dead_meta": f"synthetic.json.tmp-{host}-{gone.stdout.strip()}-0123abcd",
+           "live": f"synthetic.val.bin.tmp-{host}-{os.getpid()}-0123abcd",
+           "remote": f"synthetic.train.bin.tmp-{host}x-{gone.stdout.strip()}-0123abcd",
+           "old_format": f"synthetic.train.bin.tmp-{gone.stdout.strip()}-0123abcd",
+           "other_shard": f"other.train.bin.tmp-{host}-{gone.stdout.strip()}-0123abcd"}
+  for name in names.values():
+    (root / name).write_bytes(b"x" * 8)
+  token_cache.tokenize_shard(shard, tok, str(tmp_path))
+  left = set(os.listdir(root))
+  assert names["dead"] not in left and names["dead_meta"] not in left
+  assert {names[k] for k in ("live", "remote", "old_format", "other_shard")} <= left
+  assert not [n for n in left if ".tmp-" in n and n not in names.values()]  # its own: renamed
+
+
 def test_a_cache_dir_that_cannot_be_written_names_the_field(tmp_path):
   """A token cache under a regular file (or on a read-only mount) is one ConfigError naming
   config.data.cache_dir, not an OSError traceback from os.makedirs."""
