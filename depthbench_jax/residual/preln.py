@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from depthbench_jax.residual.base import Design, LayerWiring
+from depthbench_jax.residual.base import Design, LayerWiring, check_fields
 
 
 class PreLN(LayerWiring):
@@ -19,4 +19,7 @@ class PreLN(LayerWiring):
     return x + y
 
 
-DESIGN = Design(name="preln", layer=PreLN, description="x <- x + F(N(x))")
+# No fields of its own: a residual override meant for another design is refused, not ignored.
+DESIGN = Design(name="preln", layer=PreLN,
+                check=lambda residual, n_layers: check_fields(residual, {}),
+                description="x <- x + F(N(x))")

@@ -171,6 +171,8 @@ def test_config_defaults_are_merged_and_bad_fields_named():
     tiny_cfg("keel", residual={"alpha": -1})
   with pytest.raises(ConfigError, match=r"config\.model\.residual\.n_streams.*allowed: name"):
     tiny_cfg("lns", residual={"n_streams": 4})
+  with pytest.raises(ConfigError, match=r"config\.model\.residual\.n_streams.*allowed: name"):
+    tiny_cfg("preln", residual={"n_streams": 4})  # A field of another design, not ignored.
   with pytest.raises(ConfigError, match=r"config\.model\.residual\.first_layer_plain"):
     tiny_cfg("keel", residual={"first_layer_plain": "yes"})
 
