@@ -256,6 +256,19 @@ def shape_spec(spec: str, n_heads: int, flag: str = "--shapes") -> tuple[int, in
   return int(layers), int(width)
 
 
+def check_model(p: Preset, spec: str, shape: str, flag: str = "--designs") -> None:
+  """Validates the model of ``spec`` at ``shape`` (``model_config_from``) before anything is
+  compiled: a bad residual field or value would otherwise show only as that candidate's failed
+  row after every other one was timed. ValueError naming ``flag``, the entry and the field."""
+  from depthbench_jax.errors import ConfigError
+  from depthbench_jax.model.config import model_config_from
+  n_layers, d_model = shape_spec(shape, p.n_heads)
+  try:
+    model_config_from(bench_config(p, spec, n_layers, d_model).model)
+  except ConfigError as e:
+    raise ValueError(f"{flag} entry {spec!r} at {shape}: {e}") from e
+
+
 def result_path(out: str, device: str, preset: str, remat: str = "", designs: bool = False,
                 shapes: bool = False, kind: str = "") -> str:
   """``<out>/results-<device>[-<preset>][-remat-<policy>][-designs][-shapes][-<kind>].json``:
@@ -778,6 +791,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error(str(e))
   if args.remat:
     p = dataclasses.replace(p, remat=args.remat)
+  for spec in p.designs:
+    for shape in p.shapes or (f"{p.n_layers}x{p.d_model}",):
+      try:
+        check_model(p, spec, shape)
+      except ValueError as e:
+        ap.error(str(e))
   os.makedirs(args.out, exist_ok=True)
   path = result_path(args.out, device_name(), name, args.remat, bool(args.designs),
                      bool(args.shapes))

@@ -323,6 +323,9 @@ def parse_cases(p: bench.Preset, designs: str, shapes: str, contexts: str,
                        "cached decode step to time")
   for spec in shape_list:
     bench.shape_spec(spec, p.n_heads)
+  for spec in design_list:
+    for shape in shape_list:
+      bench.check_model(p, spec, shape)
   context_list = []
   for text in split(contexts):
     if not text.isdigit() or int(text) < 1:

@@ -173,12 +173,13 @@ def main(argv: Sequence[str] | None = None) -> int:
   specs = {"--design": args.design}
   if args.baseline:
     specs["--baseline"] = args.baseline
+  preset = dataclasses.replace(bench.PRESETS[args.preset], designs=(args.design,))
   for flag, spec in specs.items():
     try:
       bench.design_spec(spec, flag)
+      bench.check_model(preset, spec, f"{preset.n_layers}x{preset.d_model}", flag)
     except ValueError as e:
       ap.error(str(e))
-  preset = dataclasses.replace(bench.PRESETS[args.preset], designs=(args.design,))
   result = profile(args.design, preset, args.steps, args.hlo_out)
   ops = result["ops"]
   print(f"{args.design} ({result['remat_policy']}), preset {args.preset}: "

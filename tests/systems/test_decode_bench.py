@@ -130,6 +130,8 @@ def test_rows_are_ratios_of_medians_with_round_paired_bands():
 
 @pytest.mark.parametrize("flag,value,message", [
     ("--designs", "pre_ln", "unknown design 'pre_ln'"),
+    ("--designs", "preln,hc:n_stream=2", "'hc:n_stream=2' at 8x512: config.model.residual."
+     "n_stream: not a field of design 'hc'"),
     ("--shapes", "2x32,3x17", "'3x17': d_model 17 is not a multiple"),
     ("--contexts", "16,0", "--contexts entry '0': allowed: positive integers"),
     ("--loops", "scan,unroll", "--loops entry 'unroll': allowed: scan, unrolled"),

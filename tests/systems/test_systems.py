@@ -644,6 +644,20 @@ def test_bench_design_specs_carry_residual_overrides(capsys):
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("spec, message", [
+    ("hc:bogus=3", "'hc:bogus=3' at 2x32: config.model.residual.bogus: not a field of design"),
+    ("hc:n_streams=abc", "'hc:n_streams=abc' at 2x32: config.model.residual.n_streams='abc'")])
+def test_bench_refuses_a_bad_residual_field_before_anything_compiles(tmp_path, capsys,
+                                                                      monkeypatch, spec, message):
+  """A typo in a design's override once ran the whole bench and listed that design as failed."""
+  from depthbench_jax import bench
+  monkeypatch.setattr(bench, "run_bench", lambda *a, **k: pytest.fail("a bad flag reached run"))
+  with pytest.raises(SystemExit):
+    bench.main(["--preset=quick", f"--designs=preln,{spec}", "--out", str(tmp_path)])
+  assert f"--designs entry {message}" in capsys.readouterr().err
+  assert not os.listdir(tmp_path)
+
+
 def test_bench_keeps_going_when_one_candidate_fails(tmp_path, monkeypatch, capsys):
   """A candidate that does not compile (an untried kernel) or fit is named as failed; the
   others are still timed and written."""
@@ -872,6 +886,16 @@ def test_profile_step_unmapped_ops_top_level_bandwidth_and_gpu_kernel_names():
   assert event_name(Event) == "dot.3"
   Event.stats = [("correlation_id", 7)]
   assert event_name(Event) == "sm90_xmma_gemm_bf16"
+
+
+def test_profile_step_refuses_a_bad_design_field_before_profiling(monkeypatch, capsys):
+  """A typo in --baseline's override once profiled --design first, then died in a traceback."""
+  from depthbench_jax.systems import profile_step
+  monkeypatch.setattr(profile_step, "profile", lambda *a, **k: pytest.fail("profiled"))
+  with pytest.raises(SystemExit):
+    profile_step.main(["--design=hc", "--preset=quick", "--baseline=preln:n_streams=2"])
+  assert ("--baseline entry 'preln:n_streams=2' at 2x32: config.model.residual.n_streams: not "
+          "a field of design 'preln'") in capsys.readouterr().err
 
 
 def test_profile_step_quick_run():
