@@ -269,6 +269,13 @@ def check_model(p: Preset, spec: str, shape: str, flag: str = "--designs") -> No
     raise ValueError(f"{flag} entry {spec!r} at {shape}: {e}") from e
 
 
+def check_out_dir(out: str) -> None:
+  """ValueError naming ``--out`` when it names something other than a directory: the result is
+  written there after the run, so a file would lose every measurement to a traceback."""
+  if os.path.exists(out) and not os.path.isdir(out):
+    raise ValueError(f"--out={out!r} is a file; allowed: a directory (made if missing)")
+
+
 def result_path(out: str, device: str, preset: str, remat: str = "", designs: bool = False,
                 shapes: bool = False, kind: str = "") -> str:
   """``<out>/results-<device>[-<preset>][-remat-<policy>][-designs][-shapes][-<kind>].json``:
@@ -765,6 +772,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(render(result))
     print(f"wrote {write_plot(result, args.replot)}", file=sys.stderr)
     return 0
+  try:
+    check_out_dir(args.out)
+  except ValueError as e:
+    ap.error(str(e))
   name = args.preset or ("cpu" if jax.default_backend() == "cpu" else "gpu400m")
   p = PRESETS[name]
   if args.designs:

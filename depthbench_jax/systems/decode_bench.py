@@ -372,8 +372,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.error(f"--batch {args.batch} / --rounds {args.rounds}: allowed: positive integers")
   try:
     cases = parse_cases(p, args.designs, args.shapes, args.contexts, args.loops)
+    bench.check_out_dir(args.out)
   except ValueError as e:
     ap.error(str(e))
+  os.makedirs(args.out, exist_ok=True)
   log = lambda s: print(s, file=sys.stderr, flush=True)
   log(f"device {bench.device_name()}: {len(cases)} cases x 2 (decode step, prefill), "
       f"batch {args.batch}")
@@ -383,7 +385,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     log(str(e))
     return 2
   result["preset_name"] = name
-  os.makedirs(args.out, exist_ok=True)
   # Like the train bench: the default run owns results-<device>-decode.json; a run that changes
   # what is timed writes beside it (named by what it changed) instead of over it.
   changed = lambda flag: getattr(args, flag) != ap.get_default(flag)

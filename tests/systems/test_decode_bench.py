@@ -147,6 +147,18 @@ def test_bad_flags_fail_before_anything_compiles(tmp_path, capsys, monkeypatch, 
   assert not list(tmp_path.iterdir())
 
 
+def test_an_out_that_is_a_file_is_refused_before_anything_compiles(tmp_path, capsys,
+                                                                   monkeypatch):
+  """--out naming a file once failed only after the whole run, losing what it had timed."""
+  monkeypatch.setattr(decode_bench, "run", lambda *a, **k: pytest.fail("a bad flag reached run"))
+  taken = tmp_path / "results"
+  taken.write_text("notes")
+  with pytest.raises(SystemExit):
+    decode_bench.main(["--preset=quick", "--out", str(taken)])
+  assert f"--out={str(taken)!r} is a file; allowed: a directory" in capsys.readouterr().err
+  assert taken.read_text() == "notes"
+
+
 def test_a_design_without_a_cached_decode_step_is_refused(tmp_path, capsys, monkeypatch):
   from depthbench_jax.residual import moda
   monkeypatch.setattr(moda.MoDA, "attend_handles_kv_cache", False)

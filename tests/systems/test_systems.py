@@ -560,6 +560,19 @@ def test_bench_quick_mode(tmp_path, capsys):
     assert "--replot=" in capsys.readouterr().err
 
 
+def test_bench_refuses_an_out_that_is_a_file_before_anything_compiles(tmp_path, capsys,
+                                                                      monkeypatch):
+  """--out naming a file once ended in a FileExistsError traceback."""
+  from depthbench_jax import bench
+  monkeypatch.setattr(bench, "run_bench", lambda *a, **k: pytest.fail("a bad flag reached run"))
+  taken = tmp_path / "results"
+  taken.write_text("notes")
+  with pytest.raises(SystemExit):
+    bench.main(["--preset=quick", "--out", str(taken)])
+  assert f"--out={str(taken)!r} is a file; allowed: a directory" in capsys.readouterr().err
+  assert taken.read_text() == "notes"
+
+
 def test_bench_shapes_are_checked_and_named_in_the_result_file(tmp_path, capsys):
   """A bad ``--shapes`` entry is one error naming the entry before anything compiles; a run
   with its own shapes writes beside the device's default result, never over it."""
