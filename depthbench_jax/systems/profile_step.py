@@ -170,6 +170,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                        "also listed by the time --design adds over it (exact on a GPU, where "
                        "kernels do not overlap; indicative on a CPU)")
   args = ap.parse_args(argv)
+  if args.steps < 1:  # 0 once compiled and ran the warm-up, then divided by it.
+    ap.error(f"--steps={args.steps}; allowed: an integer >= 1")
   specs = {"--design": args.design}
   if args.baseline:
     specs["--baseline"] = args.baseline

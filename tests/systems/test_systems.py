@@ -911,6 +911,16 @@ def test_profile_step_refuses_a_bad_design_field_before_profiling(monkeypatch, c
           "a field of design 'preln'") in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("steps", ["0", "-1"])
+def test_profile_step_refuses_steps_below_one_before_profiling(monkeypatch, capsys, steps):
+  """--steps=0 once compiled and ran the step, then died dividing the trace by 0 steps."""
+  from depthbench_jax.systems import profile_step
+  monkeypatch.setattr(profile_step, "profile", lambda *a, **k: pytest.fail("profiled"))
+  with pytest.raises(SystemExit):
+    profile_step.main(["--design=hc", "--preset=quick", f"--steps={steps}"])
+  assert f"--steps={steps}; allowed: an integer >= 1" in capsys.readouterr().err
+
+
 def test_profile_step_quick_run():
   """The CLI in a fresh process (it sets the XLA trace flag before jax starts): per-part
   times for both passes of the HC sublayers."""
