@@ -24,7 +24,9 @@ PRESET=${BENCH_PRESET:-gpu400m}
   --designs="${BENCH_DESIGNS:-preln,hc,mhc,mhc:sinkhorn_kernel=pallas,attnres_full,attnres_block,moda}" \
   --shapes="${BENCH_SHAPE:-16x1216}" --rounds="${BENCH_ROUNDS:-10}" --out="$OUT_DIR" 2>&1 \
   | tee "$OUT_DIR/bench-designs.log"
-rm -f "$OUT_DIR"/results-*-designs*.png
+# This run's PNG only (it passes --designs and --shapes): with OUT unset OUT_DIR is benchmarks/,
+# whose committed results-<device>-designs.png a wider glob deleted.
+rm -f "$OUT_DIR"/results-*-designs-shapes.png
 PROFILES="$OUT_DIR/profiles"
 mkdir -p "$PROFILES"
 profile() {  # design [extra flags]: file names without ':' and '='

@@ -23,7 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def run_script(script: str, out, **env: str) -> None:
   """Runs ``benchmarks/<script>`` on the CPU with this interpreter, writing to ``out`` (the
   session's compilation cache shared, so the script's later processes reuse its compiles)."""
-  env = subprocess_env(OUT=str(out), PYTHON=sys.executable, **env)
+  env = subprocess_env(**{"OUT": str(out), "PYTHON": sys.executable, **env})
   run = subprocess.run(["bash", f"benchmarks/{script}"], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=300)
   assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
@@ -48,6 +48,18 @@ def test_gpu_profile_script_benches_and_profiles_in_miniature(tmp_path):
                             "profiles/hlo-hc_n_streams_2.txt"}
     hc_profile = tar.extractfile(members["profiles/profile-hc_n_streams_2.txt"]).read().decode()
   assert "over preln" in hc_profile and "per part (ms/step)" in hc_profile
+
+
+def test_gpu_profile_script_deletes_only_the_picture_it_wrote(tmp_path):
+  """With OUT unset the script writes to benchmarks/, where its cleanup once deleted the
+  committed results-nvidia-h200-designs.png. Python stubbed out: only the shell's own work."""
+  kept = tmp_path / "results-nvidia-h200-designs.png"
+  written = tmp_path / "results-cpu-designs-shapes.png"
+  kept.write_bytes(b"committed")
+  written.write_bytes(b"this run's")
+  run_script("gpu_profile.sh", tmp_path, PYTHON="true", PROFILE_DESIGNS="",
+             PROFILE_ONLY_DESIGNS="")
+  assert kept.exists() and not written.exists()
 
 
 def test_gpu_decode_script_times_decoding_in_miniature(tmp_path):
