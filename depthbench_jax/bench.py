@@ -21,7 +21,8 @@ ratios is reported beside each ratio. Measured:
 
 Writes ``OUT/results-<device>.json`` (``--out``, default ``benchmarks``) and its picture
 ``results-<device>.png`` (``bench_plot.py``), and prints the table and a verdict against the
-targets in ``TARGETS`` (thresholds live here, never in tests). ``--replot=JSON`` re-renders a
+targets in ``TARGETS`` (thresholds live here, never in tests). A file there of other designs or
+shapes is refused before anything is timed (``--overwrite`` replaces it). ``--replot=JSON`` re-renders a
 saved result without timing anything.
 ``--preset=quick`` is the tiny CI mode; ``--preset=gpu400m`` the bf16 400M shapes for an
 accelerator.
@@ -274,6 +275,25 @@ def check_out_dir(out: str) -> None:
   written there after the run, so a file would lose every measurement to a traceback."""
   if os.path.exists(out) and not os.path.isdir(out):
     raise ValueError(f"--out={out!r} is a file; allowed: a directory (made if missing)")
+
+
+def check_replaceable(path: str, recorded: Callable[[dict], Any], asked: Any, what: str,
+                      overwrite: bool) -> None:
+  """ValueError when ``path`` holds a result whose ``recorded(result)`` (the models it timed)
+  is not ``asked``: runs with other ``--designs`` or ``--shapes`` share one file name, so the
+  second silently replaced the first. The same models (a rerun, more rounds) or ``overwrite``
+  replace it; a file that is not such a result is left to the write."""
+  if overwrite or not os.path.exists(path):
+    return
+  try:
+    with open(path) as f:
+      before = recorded(json.load(f))
+  except (OSError, ValueError, AttributeError, KeyError, TypeError):
+    return
+  if before != json.loads(json.dumps(asked)):
+    raise ValueError(f"{path} holds a run of other {what} ({before}), which this run "
+                     f"({json.loads(json.dumps(asked))}) would replace; allowed: the same "
+                     f"{what}, --overwrite to replace it, or --out=DIR to write elsewhere")
 
 
 def result_path(out: str, device: str, preset: str, remat: str = "", designs: bool = False,
@@ -763,6 +783,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                   help="overrides the preset's ('fused' = cuDNN flash attention on GPU, bf16)")
   ap.add_argument("--replot", default="", metavar="JSON",
                   help="re-render a results JSON (table, verdict, PNG beside it); no timing")
+  ap.add_argument("--overwrite", action="store_true",
+                  help="replace a result file of other designs or shapes (else refused)")
   args = ap.parse_args(argv)
   if args.replot:
     try:
@@ -811,6 +833,11 @@ def main(argv: Sequence[str] | None = None) -> int:
   os.makedirs(args.out, exist_ok=True)
   path = result_path(args.out, device_name(), name, args.remat, bool(args.designs),
                      bool(args.shapes))
+  try:
+    check_replaceable(path, lambda r: [r["preset"]["designs"], r["preset"]["shapes"]],
+                      [p.designs, p.shapes], "designs and shapes", args.overwrite)
+  except ValueError as e:
+    ap.error(str(e))
 
   def save(result, path=path):
     result["preset_name"] = name

@@ -33,7 +33,8 @@ reason.
 
 Writes ``OUT/results-<device>-decode.json`` and ``.png`` and prints the table; a run with other
 designs, shapes, contexts, loops or batch than the defaults writes beside it, named by what it
-changed (``results-cpu-designs-decode-contexts.json``), so it never replaces the default run.
+changed (``results-cpu-designs-decode-contexts.json``), so it never replaces the default run;
+a file there of other cases or batch is refused before anything is timed (``--overwrite``).
 """
 
 from __future__ import annotations
@@ -356,6 +357,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   ap.add_argument("--rounds", type=int, default=15)
   ap.add_argument("--out", default="benchmarks")
   ap.add_argument("--replot", default="", help="re-render a saved result JSON, time nothing")
+  ap.add_argument("--overwrite", action="store_true",
+                  help="replace a result file of other cases or batch (else refused)")
   args = ap.parse_args(argv)
   if args.replot:
     try:
@@ -370,9 +373,19 @@ def main(argv: Sequence[str] | None = None) -> int:
   p = bench.PRESETS[name]
   if args.batch < 1 or args.rounds < 1:
     ap.error(f"--batch {args.batch} / --rounds {args.rounds}: allowed: positive integers")
+  # Like the train bench: the default run owns results-<device>-decode.json; a run that changes
+  # what is timed writes beside it (named by what it changed) instead of over it.
+  changed = lambda flag: getattr(args, flag) != ap.get_default(flag)
+  path = bench.result_path(
+      args.out, bench.device_name(), name, designs=changed("designs"), shapes=changed("shapes"),
+      kind="decode" + "".join(f"-{f}" for f in ("contexts", "loops", "batch") if changed(f)))
   try:
     cases = parse_cases(p, args.designs, args.shapes, args.contexts, args.loops)
     bench.check_out_dir(args.out)
+    bench.check_replaceable(
+        path, lambda r: [sorted(f"{x['design']}@{x['shape']}@ctx{x['context']}@{x['loop']}"
+                                for x in r["rows"]), r["batch"]],
+        [sorted(c.name for c in cases), args.batch], "cases and batch", args.overwrite)
   except ValueError as e:
     ap.error(str(e))
   os.makedirs(args.out, exist_ok=True)
@@ -385,12 +398,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     log(str(e))
     return 2
   result["preset_name"] = name
-  # Like the train bench: the default run owns results-<device>-decode.json; a run that changes
-  # what is timed writes beside it (named by what it changed) instead of over it.
-  changed = lambda flag: getattr(args, flag) != ap.get_default(flag)
-  path = bench.result_path(
-      args.out, result["device"], name, designs=changed("designs"), shapes=changed("shapes"),
-      kind="decode" + "".join(f"-{f}" for f in ("contexts", "loops", "batch") if changed(f)))
   with open(path, "w") as f:
     json.dump(result, f, indent=1)
   print(render(result))

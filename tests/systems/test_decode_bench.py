@@ -159,6 +159,30 @@ def test_an_out_that_is_a_file_is_refused_before_anything_compiles(tmp_path, cap
   assert taken.read_text() == "notes"
 
 
+def test_a_result_of_other_cases_is_not_replaced_without_overwrite(tmp_path, capsys,
+                                                                    monkeypatch):
+  """--designs=preln,hc then --designs=preln,mhc write one file name: the second run once
+  replaced the first without a word. The same cases, or --overwrite, still replace it."""
+  class Reached(Exception):
+    pass
+
+  def reached(*a, **k):
+    raise Reached
+  monkeypatch.setattr(decode_bench, "run", reached)
+  earlier = tmp_path / "results-cpu-quick-designs-shapes-decode-contexts.json"
+  earlier.write_text(json.dumps({"batch": 1, "rows": [
+      {"design": d, "shape": "2x32", "context": 8, "loop": "unrolled"} for d in ("preln", "hc")]}))
+  flags = ["--preset=quick", "--shapes=2x32", "--contexts=8", "--out", str(tmp_path)]
+  with pytest.raises(SystemExit):
+    decode_bench.main([*flags, "--designs=preln,mhc"])
+  err = capsys.readouterr().err
+  assert f"{earlier} holds a run of other cases and batch" in err and "--overwrite" in err
+  assert len(json.loads(earlier.read_text())["rows"]) == 2
+  for more in (["--designs=hc,preln", "--rounds=3"], ["--designs=preln,mhc", "--overwrite"]):
+    with pytest.raises(Reached):
+      decode_bench.main([*flags, *more])
+
+
 def test_a_design_without_a_cached_decode_step_is_refused(tmp_path, capsys, monkeypatch):
   from depthbench_jax.residual import moda
   monkeypatch.setattr(moda.MoDA, "attend_handles_kv_cache", False)

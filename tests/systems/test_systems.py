@@ -573,6 +573,30 @@ def test_bench_refuses_an_out_that_is_a_file_before_anything_compiles(tmp_path, 
   assert taken.read_text() == "notes"
 
 
+def test_bench_refuses_to_replace_a_result_of_other_designs(tmp_path, capsys, monkeypatch):
+  """--designs=preln,hc then --designs=preln,mhc write one file name: the second run once
+  replaced the first without a word. The same designs, or --overwrite, still replace it."""
+  from depthbench_jax import bench
+
+  class Reached(Exception):
+    pass
+
+  def reached(*a, **k):
+    raise Reached
+  monkeypatch.setattr(bench, "run_bench", reached)
+  earlier = tmp_path / "results-cpu-quick-designs.json"
+  earlier.write_text(json.dumps({"preset": {"designs": ["preln", "hc"], "shapes": []}}))
+  with pytest.raises(SystemExit):
+    bench.main(["--preset=quick", "--designs=preln,mhc", "--out", str(tmp_path)])
+  err = capsys.readouterr().err
+  assert f"{earlier} holds a run of other designs and shapes ([['preln', 'hc'], []])" in err
+  assert "--overwrite to replace it, or --out=DIR" in err
+  assert json.loads(earlier.read_text())["preset"]["designs"] == ["preln", "hc"]
+  for flags in (["--designs=preln,hc", "--rounds=3"], ["--designs=preln,mhc", "--overwrite"]):
+    with pytest.raises(Reached):
+      bench.main(["--preset=quick", *flags, "--out", str(tmp_path)])
+
+
 def test_bench_shapes_are_checked_and_named_in_the_result_file(tmp_path, capsys):
   """A bad ``--shapes`` entry is one error naming the entry before anything compiles; a run
   with its own shapes writes beside the device's default result, never over it."""
