@@ -22,8 +22,8 @@ ratios is reported beside each ratio. Measured:
 Writes ``OUT/results-<device>.json`` (``--out``, default ``benchmarks``) and its picture
 ``results-<device>.png`` (``bench_plot.py``), and prints the table and a verdict against the
 targets in ``TARGETS`` (thresholds live here, never in tests). A file there of other designs or
-shapes is refused before anything is timed (``--overwrite`` replaces it). ``--replot=JSON`` re-renders a
-saved result without timing anything.
+shapes is refused before anything is timed (``--overwrite`` replaces it). ``--replot=JSON``
+re-renders a saved result without timing anything.
 ``--preset=quick`` is the tiny CI mode; ``--preset=gpu400m`` the bf16 400M shapes for an
 accelerator.
 """
