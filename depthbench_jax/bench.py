@@ -555,6 +555,7 @@ def run_bench(p: Preset, log=print, save_partial: Callable[[dict], None] | None 
       row = {"design": design, "shape": shape, "step_s": t, "step_s_all": times[design],
              "tokens_per_s": p.batch * p.seq_len / t, "model_flops_per_step": c.flops_per_step,
              "model_flops_per_s": c.flops_per_step / t, "mfu": c.flops_per_step / t / peak,
+             "matmul_peak_flops": peak,  # this shape's rounds' ceiling, the MFU's denominator
              "step_over_preln": t / med["preln"],
              "step_over_preln_rounds": paired_ratio_band(times[design], times["preln"]),
              "step_over_first_preln": t / statistics.median(first),
@@ -579,7 +580,7 @@ def run_bench(p: Preset, log=print, save_partial: Callable[[dict], None] | None 
     # The allocator's high-water mark after this shape (cumulative: it is never reset).
     result.setdefault("device_memory", {})[shape] = device_memory()
   result["train"] = train_rows
-  result["matmul_peak_flops"] = max(peaks)
+  result["matmul_peak_flops"] = max(peaks)  # per shape in each row's matmul_peak_flops
   if save_partial is not None:
     save_partial(result)
 
@@ -695,12 +696,23 @@ def depth_cost_table(rows: Sequence[dict]) -> list[str]:
   return lines
 
 
+def _peaks(result: dict) -> str:
+  """The matmul ceiling(s) the MFUs are over: one figure, or per shape when the shapes' rounds
+  measured different ones (each row's MFU is over its own shape's; results before this record
+  only the largest)."""
+  by_shape = {r["shape"]: r["matmul_peak_flops"] for r in result["train"]
+              if "matmul_peak_flops" in r}
+  if len(set(by_shape.values())) <= 1:
+    return f"{result['matmul_peak_flops'] / 1e9:.1f}"
+  return "(per shape) " + ", ".join(f"{s} {v / 1e9:.1f}" for s, v in by_shape.items())
+
+
 def render(result: dict) -> str:
   lines = [f"DepthBench bench on {result['device']} ({result['device_kind']}, "
            f"{result['cpu_count']} CPUs, {result.get('host_cpu', 'unknown CPU')}), code "
            f"{commit_label(result)}, jax {result['jax']}, {result['preset']['dtype']}, "
            f"batch {result['preset']['batch']} x seq {result['preset']['seq_len']}; matmul peak "
-           f"{result['matmul_peak_flops'] / 1e9:.1f} GFLOP/s; host malloc "
+           f"{_peaks(result)} GFLOP/s; host malloc "
            f"{result.get('host_malloc', 'default')}", "",
            "| design | shape | remat | attention | step ms | x Pre-LN | per-round IQR | tokens/s | "
            "model GFLOP/s | MFU | peak MiB | x Pre-LN | compile s |",
@@ -722,7 +734,8 @@ def render(result: dict) -> str:
               f"{1e3 * pre['hf_step_s']:.1f} ms: ours/HF = {pre['ours_over_hf']:.3f} "
               f"(per-round IQR {_band(pre.get('ours_over_hf_rounds'))})"]
     if "hf_mfu" in pre:
-      lines += [f"GEMM ceilings: XLA {result['matmul_peak_flops'] / 1e9:.1f}, torch "
+      xla_peak = pre.get("matmul_peak_flops", result["matmul_peak_flops"])
+      lines += [f"GEMM ceilings: XLA {xla_peak / 1e9:.1f}, torch "
                 f"{pre['hf_matmul_peak_flops'] / 1e9:.1f} GFLOP/s; MFU ours {pre['mfu']:.3f}, "
                 f"HF {pre['hf_mfu']:.3f}: ours/HF at equal GEMM speed = "
                 f"{pre['ours_over_hf_at_equal_gemm']:.3f}"]

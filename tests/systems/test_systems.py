@@ -790,6 +790,14 @@ def test_bench_accelerator_preset_runs_in_miniature():
   assert pre_first["step_over_first_preln_rounds"]["median"] == 1.0
   table = bench.render(result)
   assert "Cost of depth: step over Pre-LN at 2x64" in table and "| hc | " in table
+  # Each shape's MFU is over the ceiling timed in its own rounds, and the header says so when
+  # those differ (it once printed only the largest over the rows' MFUs).
+  for r in result["train"]:
+    assert r["mfu"] == pytest.approx(r["model_flops_per_s"] / r["matmul_peak_flops"])
+  peaks = {r["shape"]: r["matmul_peak_flops"] for r in result["train"]}
+  assert max(peaks.values()) == result["matmul_peak_flops"]
+  assert (f"matmul peak (per shape) 2x64 {peaks['2x64'] / 1e9:.1f}, 4x48 "
+          f"{peaks['4x48'] / 1e9:.1f} GFLOP/s") in table
 
 
 def test_profile_step_names_model_parts():
