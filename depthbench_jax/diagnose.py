@@ -20,7 +20,7 @@ from typing import Any
 # allow_override: diagnose.py and evaluate.py share flag names and may be imported together.
 from absl import app, flags, logging
 
-from depthbench_jax.errors import ConfigError, absl_flags_parser, fail
+from depthbench_jax.errors import ConfigError, absl_flags_parser, fail, quiet_logs
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory with config.json and checkpoints/.",
                                allow_override=True)
@@ -128,6 +128,7 @@ def _check_type(item: str, key: str, value: Any) -> None:
 
 def main(argv):
   del argv
+  quiet_logs()
   from depthbench_jax.data import pipeline
   from depthbench_jax.train import checkpoint, summary
 

@@ -1,6 +1,7 @@
 """One error type for bad user input, raised before any compute starts, and the one way a CLI
-reports it."""
+reports it (and keeps library INFO logs off its console)."""
 
+import os
 import sys
 from typing import Callable, NoReturn
 
@@ -17,6 +18,18 @@ def fail(message: str, code: int = 2) -> NoReturn:
   """Ends a CLI with one ``error: <message>`` line on stderr and exit status ``code``."""
   print(f"error: {message}", file=sys.stderr, flush=True)
   sys.exit(code)
+
+
+def quiet_logs() -> None:
+  """Unless ``DEPTHBENCH_VERBOSE`` is set: absl logs at WARNING (orbax logs every save and
+  restore at INFO, a screenful per checkpoint read) and TensorFlow's oneDNN ops off (clu's
+  writers import TensorFlow, which computes nothing here but says at INFO, past
+  TF_CPP_MIN_LOG_LEVEL, that they are on; off, it says nothing). Call before TF is imported."""
+  if os.environ.get("DEPTHBENCH_VERBOSE"):
+    return
+  from absl import logging  # pylint: disable=g-import-not-at-top
+  logging.set_verbosity(logging.WARNING)
+  os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 
 
 def flag_error_line(err: Exception, usage: str) -> str:

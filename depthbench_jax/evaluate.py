@@ -35,7 +35,7 @@ from typing import Any, Sequence
 # allow_override: diagnose.py and evaluate.py share flag names and may be imported together.
 from absl import app, flags, logging
 
-from depthbench_jax.errors import ConfigError, absl_flags_parser, fail
+from depthbench_jax.errors import ConfigError, absl_flags_parser, fail, quiet_logs
 from depthbench_jax.evals import datasets
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory with config.json and checkpoints/.",
@@ -175,6 +175,7 @@ def write_evals(workdir: str, evals: dict, step: int, path: str | None = None) -
 
 def main(argv):
   del argv
+  quiet_logs()
   from depthbench_jax.data.tokenizer import get_tokenizer  # pylint: disable=g-import-not-at-top
   from depthbench_jax.model import hf  # pylint: disable=g-import-not-at-top
   from depthbench_jax.model.config import model_config_from  # pylint: disable=g-import-not-at-top

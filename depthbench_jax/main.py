@@ -25,7 +25,7 @@ import traceback
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from depthbench_jax.errors import ConfigError, fail, flag_error_line
+from depthbench_jax.errors import ConfigError, fail, flag_error_line, quiet_logs
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file.",
                                           lock_config=True)
@@ -148,11 +148,7 @@ def _env_int(name: str) -> int | None:
 
 def main(argv):
   del argv
-  if not os.environ.get("DEPTHBENCH_VERBOSE"):
-    logging.set_verbosity(logging.WARNING)  # Orbax and grain log every save at INFO.
-    # TensorFlow (clu's writers import it; it computes nothing here) logs that its oneDNN ops
-    # are on at INFO, past TF_CPP_MIN_LOG_LEVEL; with them off it says nothing.
-    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+  quiet_logs()  # Orbax and grain log every save at INFO; TF its oneDNN notice.
   config = _CONFIG.value
   initialize_distributed(_COORD.value, _NPROC.value, _PID.value)
   import jax

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -140,11 +141,13 @@ def test_cli_lesser_rerun_is_refused_and_leaves_the_finished_evals(tmp_path, fla
 
 def test_cli_rerun_with_the_same_settings_replaces_evals_and_records_them(tmp_path):
   """A later checkpoint (step 5 over step 1) under the same settings replaces the file; the
-  eval data dir named relative to the working directory is the same setting."""
+  eval data dir named relative to the working directory is the same setting. The console
+  carries no INFO lines (orbax's restore once printed ~30)."""
   workdir, _ = _run_with_evals(tmp_path, DEBUG)
   relative = f"--eval_data_dir={os.path.relpath(FIXTURES, helpers.ROOT)}"
   proc = _evaluate(workdir, *DEBUG_FLAGS, relative)
   assert proc.returncode == 0, proc.stderr[-2000:]
+  assert not re.search(r"^I\d{4} ", proc.stderr, re.M), proc.stderr[-2000:]
   evals = json.load(open(os.path.join(workdir, "evals.json")))
   assert evals["step"] == 5 and evals["options"] == DEBUG and set(evals["sets"]) == {"sciq"}
 
