@@ -15,6 +15,7 @@ import json
 import os
 from typing import Any
 
+from etils import epath
 import grain
 import jax
 import ml_collections
@@ -155,8 +156,10 @@ def restore_run(workdir: str, step: int | None = None
   # The params only, onto this process's first device whatever mesh wrote them (a pod's
   # checkpoint on one GPU): without a target orbax asks for the saving topology.
   device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-  saved = ocp.StandardCheckpointer().metadata(
-      os.path.join(checkpoint_dir(workdir), str(step), "state")).item_metadata
+  # The item's handler reads the tree metadata alone (the Checkpointer looks for a step-level
+  # metadata file inside the item too, and warns on every restore that it does not exist).
+  saved = ocp.StandardCheckpointHandler().metadata(
+      epath.Path(checkpoint_dir(workdir)) / str(step) / "state")
   target = {"params": jax.tree.map(
       lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), dict(saved)["params"])}
   restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
