@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import csv
 import importlib
+import inspect
 import json
 import math
 import os
@@ -315,10 +316,12 @@ def excluded_markdown(groups: dict) -> str | None:
   return "\n".join(lines)
 
 
-def hook_sections(records: Sequence[dict]) -> list[tuple[str, str]]:
+def hook_sections(records: Sequence[dict],
+                  relative_to: str | None = None) -> list[tuple[str, str]]:
   """Optional sections from diagnostics/evals/systems, imported lazily; skipped when the module
   or function is absent, or no run carries the file it reads. A failing hook is reported, not
-  raised."""
+  raised. A hook that links files (the diagnostics' heatmaps) and takes ``relative_to`` gets
+  the report's folder, so the links survive the results folder being copied or moved."""
   sections = []
   for package, fn_name, needed_file in HOOKS:
     runs = [r for r in records
@@ -337,7 +340,8 @@ def hook_sections(records: Sequence[dict]) -> list[tuple[str, str]]:
     if fn is None:
       continue
     try:
-      text = fn(runs)
+      takes = "relative_to" in inspect.signature(fn).parameters
+      text = fn(runs, relative_to=relative_to) if takes else fn(runs)
     except Exception as e:  # pylint: disable=broad-except
       text = f"_{package}.{fn_name} failed: {type(e).__name__}: {e}_"
     if text:
@@ -346,7 +350,10 @@ def hook_sections(records: Sequence[dict]) -> list[tuple[str, str]]:
 
 
 def build_report(records: Sequence[dict], title: str = "DepthBench scorecard",
-                 plot_files: Sequence[str] = (), unfinished: Sequence[dict] = ()) -> str:
+                 plot_files: Sequence[str] = (), unfinished: Sequence[dict] = (),
+                 relative_to: str | None = None) -> str:
+  """report.md's text; ``relative_to``: the folder it goes to (links to run files are relative
+  to it; else absolute)."""
   records = list(records)
   assign_families(records)
   groups = select_best_lr(records)
@@ -375,7 +382,7 @@ def build_report(records: Sequence[dict], title: str = "DepthBench scorecard",
   if plot_files:
     parts += ["## Loss vs aspect ratio", ""]
     parts += [f"![{os.path.basename(p)}]({p})" for p in plot_files] + [""]
-  for name, text in hook_sections(records):
+  for name, text in hook_sections(records, relative_to):
     parts += [f"## {name}", "", text, ""]
   parts += ["All runs: [runs.csv](runs.csv)."]
   return "\n".join(parts) + "\n"
@@ -417,7 +424,7 @@ def write_report(results_dir: str, out_dir: str | None = None,
   # Rendered in full first (the hook sections take seconds), then swapped in: an interrupted
   # report leaves the previous report.md whole.
   atomic_write_text(report_path, build_report(records, title=title, plot_files=rel,
-                                              unfinished=unfinished))
+                                              unfinished=unfinished, relative_to=out_dir))
   csv_path = os.path.join(out_dir, "runs.csv")
   write_csv(records, csv_path, groups)
   return [report_path, csv_path] + plot_files

@@ -228,3 +228,24 @@ def test_hook_of_a_multi_process_run_reads_the_global_batchs_first_rows(monkeypa
   hook = loop._diagnostics_hook(config, model_config_from(config.model), process_0_share)
   whole = pipeline.make_val_batches(config, process_index=0, process_count=1)[0]["tokens"]
   np.testing.assert_array_equal(hook.tokens, whole[:2])
+
+
+def test_report_links_the_heatmaps_relative_to_its_folder(run, tmp_path):
+  """report.md linked the runs' diagnostics heatmaps by absolute path (its own plots relatively):
+  a results folder copied off the pod, or moved, showed them as broken images."""
+  import re
+  from depthbench_jax.report import scorecard
+  config, _, params, batch = run
+  results = tmp_path / "results"
+  workdir = results / "preln_4x32_lr3e-3"
+  workdir.mkdir(parents=True)
+  diagnose.diagnose(str(workdir), config, params, batch, step=7)
+  (workdir / "summary.json").write_text(json.dumps(
+      {"name": workdir.name, "design": "preln", "n_layers": 4, "d_model": 32, "lr": 3e-3,
+       "status": "ok", "final_val_loss": 3.0, "final_train_loss": 3.1, "params_total": 1000,
+       "steps": 7}))
+  scorecard.write_report(str(results), plots=False)
+  copied = tmp_path / "laptop" / "results"
+  shutil.move(results, copied)
+  links = re.findall(r"!\[[^]]*\]\(([^)]*diag_[^)]*)\)", (copied / "report.md").read_text())
+  assert links and all(os.path.exists(copied / link) for link in links), links

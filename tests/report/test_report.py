@@ -101,7 +101,7 @@ def test_report_interrupted_while_rendering_keeps_the_previous_report(tmp_path, 
   scorecard.write_report(str(results), plots=False)
   before = (results / "report.md").read_text()
 
-  def interrupted(records):
+  def interrupted(records, relative_to=None):
     raise KeyboardInterrupt
   monkeypatch.setattr(scorecard, "hook_sections", interrupted)
   with pytest.raises(KeyboardInterrupt):
