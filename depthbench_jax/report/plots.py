@@ -44,7 +44,7 @@ def _axes(ax, title: str, aspect_ratios: Sequence[float]):
     ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
   ax.invert_xaxis()
   ax.set_xlabel("aspect ratio d_model / n_layers (log; deeper to the right)")
-  ax.set_ylabel("final val loss")
+  ax.set_ylabel("final val loss (nats/token)")
   ax.set_title(title)
   ax.grid(True, alpha=0.3, which="both")
 

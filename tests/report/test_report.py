@@ -276,3 +276,5 @@ def test_loss_vs_aspect_draws_the_best_lr_curve_other_lrs_and_diverged_runs(tmp_
                       "diverged": [[76.0, 0.02], [28.0, 0.02]]}
   assert [l.get_label() for l in saved["loss_vs_aspect_all.png"].lines] == [
       "attnres_block", "hc", "preln"]
+  # The loss axis names its unit (it said "final val loss"; the evals section says nats/token).
+  assert {ax.get_ylabel() for ax in saved.values()} == {"final val loss (nats/token)"}
