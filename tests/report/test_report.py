@@ -57,6 +57,16 @@ def test_report_renders(tmp_path):
   assert len(best) == 9  # one per (design, shape)
 
 
+def test_readme_names_every_runs_csv_column():
+  """README's "Where results land" named runs.csv but none of its columns (best_lr, family: what
+  are they?)."""
+  import re
+  with open(os.path.join(os.path.dirname(FIXTURE), "..", "..", "README.md")) as f:
+    text = f.read()
+  where = re.search(r"### Where results land(.*?)\n## ", text, re.S).group(1)
+  assert [k for k in scorecard.CSV_FIELDS if f"`{k}`" not in where] == [], where
+
+
 def test_report_into_results_dir_and_rerun(tmp_path):
   results = tmp_path / "results"
   shutil.copytree(FIXTURE, results)
