@@ -85,7 +85,8 @@ def _shape(summary: dict, evals: dict) -> str:
   return f"{depth or '?'}x{width}" if width else str(depth or "?")
 
 
-def evals_table(runs: Sequence[Any]) -> str | None:
+def evals_table(runs: Sequence[Any], relative_to: str | None = None) -> str | None:
+  del relative_to  # The report hook's signature (`report/__init__.py`); links nothing.
   runs = _best_lr_only(runs)
   pairs = [p for p in (_as_pair(r) for r in runs) if p is not None and p[1].get("domains")]
   if not pairs:

@@ -12,8 +12,8 @@ Optional sections come from the post-hoc modules when they exist and the runs ca
 ``depthbench_jax.diagnostics.diagnostics_table(runs)`` (runs with ``diagnostics.json``),
 ``depthbench_jax.evals.evals_table(runs)`` (``evals.json``) and
 ``depthbench_jax.systems.systems_table(runs)``; each takes the run records (dicts: the summary
-plus ``workdir``) and returns markdown, or None to skip; one that also takes ``relative_to`` gets
-the report's folder, for links to the runs' files.
+plus ``workdir``) and ``relative_to`` (the report's folder, for links to the runs' files) and
+returns markdown, or None to skip.
 """
 
 from depthbench_jax.report.scorecard import (build_report, collect_runs, depth_trend,

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import csv
 import importlib
-import inspect
 import json
 import math
 import os
@@ -320,8 +319,8 @@ def hook_sections(records: Sequence[dict],
                   relative_to: str | None = None) -> list[tuple[str, str]]:
   """Optional sections from diagnostics/evals/systems, imported lazily; skipped when the module
   or function is absent, or no run carries the file it reads. A failing hook is reported, not
-  raised. A hook that links files (the diagnostics' heatmaps) and takes ``relative_to`` gets
-  the report's folder, so the links survive the results folder being copied or moved."""
+  raised. Each hook gets the report's folder as ``relative_to``: links to run files (the
+  diagnostics' heatmaps) are relative to it, so they survive the folder being copied or moved."""
   sections = []
   for package, fn_name, needed_file in HOOKS:
     runs = [r for r in records
@@ -340,8 +339,7 @@ def hook_sections(records: Sequence[dict],
     if fn is None:
       continue
     try:
-      takes = "relative_to" in inspect.signature(fn).parameters
-      text = fn(runs, relative_to=relative_to) if takes else fn(runs)
+      text = fn(runs, relative_to=relative_to)
     except Exception as e:  # pylint: disable=broad-except
       text = f"_{package}.{fn_name} failed: {type(e).__name__}: {e}_"
     if text:

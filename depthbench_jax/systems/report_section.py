@@ -99,7 +99,8 @@ def _systems_rows(records: Iterable[dict]
   return found, list(timed.values()), other_settings
 
 
-def systems_table(runs: Iterable[dict]) -> str | None:
+def systems_table(runs: Iterable[dict], relative_to: str | None = None) -> str | None:
+  del relative_to  # The report hook's signature (`report/__init__.py`); links nothing.
   from depthbench_jax import sweep
   from depthbench_jax.systems import costs, measured, table
   records = [r for r in runs if r.get("design") and r.get("n_layers") and r.get("d_model")]

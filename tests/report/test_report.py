@@ -249,17 +249,17 @@ def test_hook_sections(tmp_path, monkeypatch):
   run_dir.mkdir()
   (run_dir / "diagnostics.json").write_text("{}")
   fake = types.ModuleType("depthbench_jax.evals")
-  fake.evals_table = lambda runs: "EVALS TABLE"
+  fake.evals_table = lambda runs, relative_to: "EVALS TABLE"
   monkeypatch.setitem(sys.modules, "depthbench_jax.evals", fake)
   diag = types.ModuleType("depthbench_jax.diagnostics")
-  diag.diagnostics_table = lambda runs: f"DIAG over {len(runs)} run(s)"
+  diag.diagnostics_table = lambda runs, relative_to: f"DIAG of {len(runs)} in {relative_to}"
   monkeypatch.setitem(sys.modules, "depthbench_jax.diagnostics", diag)
   records = [{"name": "a", "workdir": str(run_dir)}, {"name": "b", "workdir": str(tmp_path)}]
-  sections = dict(scorecard.hook_sections(records))
-  assert sections["Diagnostics"] == "DIAG over 1 run(s)"
+  sections = dict(scorecard.hook_sections(records, relative_to="/results"))
+  assert sections["Diagnostics"] == "DIAG of 1 in /results"
   assert "Evals" not in sections  # No run has evals.json.
   broken = types.ModuleType("depthbench_jax.systems")
-  broken.systems_table = lambda runs: 1 / 0
+  broken.systems_table = lambda runs, relative_to: 1 / 0
   monkeypatch.setitem(sys.modules, "depthbench_jax.systems", broken)
   assert "failed: ZeroDivisionError" in dict(scorecard.hook_sections(records))["Systems"]
 
