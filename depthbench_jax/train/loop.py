@@ -139,6 +139,13 @@ def train_and_evaluate(config, workdir: str) -> dict:
     checkpoint.check_committed(workdir, resumed_step)
   counts = count_params(model_cfg)
   steps = total_steps_of(config, counts["total"])
+  if resumed_step == steps:
+    finished = _finished_summary(workdir, steps)
+    if finished is not None:  # Nothing to train: its files stay as they are.
+      if process_index == 0:
+        print(f"{workdir}: finished at step {steps} ({summary.SUMMARY}); nothing to train",
+              flush=True)
+      return finished
   # Before anything is written, and before the iterator starts any data workers: reading the
   # data is where other shards than the checkpoints' or a seq_len it is too short for fail.
   metas = pipeline.shard_metas(config, process_index, process_count)
@@ -303,6 +310,18 @@ def train_and_evaluate(config, workdir: str) -> dict:
   if process_index == 0 and status != "interrupted":
     summary.write(workdir, result)
   return result
+
+
+def _finished_summary(workdir: str, steps: int) -> dict | None:
+  """The run's summary when it finished all ``steps`` (status ok), else None. Run again, it
+  would restore its last checkpoint, evaluate again and rewrite summary.json with the restart's
+  seconds added to wall_time_s."""
+  try:
+    done = summary.read_json(os.path.join(workdir, summary.SUMMARY))
+  except (OSError, ValueError):  # None yet, or torn: the final evaluation writes it again.
+    return None
+  ok = isinstance(done, dict) and done.get("status") == "ok" and done.get("steps") == steps
+  return done if ok else None
 
 
 def _progress_line(step, steps, scalars, val_loss, eta) -> str:

@@ -127,6 +127,23 @@ def test_a_latest_checkpoint_without_its_commit_marker_is_one_clear_error(train_
   assert not os.path.exists(os.path.join(workdir, "summary.json"))
 
 
+def test_a_finished_run_run_again_trains_nothing_and_keeps_its_files(train_in_process, tmp_path,
+                                                                      capsys):
+  # main.py on a finished run restored the last checkpoint, evaluated again and rewrote
+  # summary.json with the restart's seconds added to wall_time_s (28 s became 36 s). It now
+  # says the run is finished and leaves every file as it was.
+  workdir = str(tmp_path / "done")
+  config = helpers.tiny_config(steps=6, checkpoint_every=3, eval_every=0)
+  train_in_process(config, workdir)
+  before = helpers.snapshot(workdir)
+  capsys.readouterr()
+  result = train_in_process(config, workdir)
+  out = capsys.readouterr().out
+  assert f"{workdir}: finished at step 6 (summary.json); nothing to train" in out
+  assert helpers.snapshot(workdir) == before
+  assert result == helpers.summary(workdir)
+
+
 def test_no_validation_batches_means_no_val_loss(train_in_process, tmp_path):
   # data.val_batches=0 is allowed: the run has no val loss (None), never a 0.0 that would win
   # every best-LR selection.
