@@ -6,11 +6,12 @@ and a cluster JAX recognises (SLURM, ...), ``jax.distributed.initialize()`` auto
 On CPU the processes exchange collectives over gloo.
 
 Failures. Bad input (a flag that does not parse, an unknown config field, a bad value, a
-``ConfigError`` from the config file's ``get_config``) prints one ``error: ...`` line naming the
-field and what is allowed and exits 2, before anything is compiled or written. In a
-multi-process run, a process whose collective fails because another process died prints an
-``error:`` line and exits 1 at once, skipping JAX's shutdown barrier (which would wait for the
-dead peer until the heartbeat timeout, then abort). A process blocked outside a collective is
+``ConfigError`` from the config file's ``get_config``, a ``JAX_*`` variable that cannot start:
+``distributed_settings``) prints one ``error: ...`` line naming the field and what is allowed
+and exits 2, before anything is compiled or written. In a multi-process run, a process whose
+collective fails because another process died prints an ``error:`` line and exits 1 at once,
+skipping JAX's shutdown barrier (which would wait for the dead peer until the heartbeat
+timeout, then abort). A process blocked outside a collective is
 stopped by the coordination service after ``JAX_HEARTBEAT_TIMEOUT_S`` (default 100) seconds
 without a heartbeat from a peer.
 """
@@ -117,13 +118,46 @@ def _override_problem(config_arg: str, name: str, value: str, text: str) -> str 
   return None
 
 
+def distributed_settings(coordinator: str | None = None, num_processes: int | None = None,
+                         process_id: int | None = None) -> tuple:
+  """``(coordinator, num_processes, process_id)``: the flags, else ``JAX_COORDINATOR_ADDRESS`` /
+  ``JAX_NUM_PROCESSES`` / ``JAX_PROCESS_ID``.
+
+  A set that cannot start is a ConfigError naming the variable: a non-integer, an id outside
+  0..N-1, an address without its port (JAX's own errors are tracebacks), or some of the three
+  without the others outside a SLURM job of several tasks (that host would train alone, into
+  the run dirs the other hosts write)."""
+  coordinator = coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS") or None
+  num_processes = num_processes or _env_int("JAX_NUM_PROCESSES", "an integer >= 1")
+  process_id = (process_id if process_id is not None else
+                _env_int("JAX_PROCESS_ID", "an integer in 0..JAX_NUM_PROCESSES-1"))
+  if num_processes is not None and num_processes < 1:
+    raise ConfigError(f"JAX_NUM_PROCESSES={num_processes}; allowed: an integer >= 1")
+  if num_processes is None and (coordinator or process_id is not None):
+    if "SLURM_JOB_ID" in os.environ and int(os.environ.get("SLURM_NTASKS", "1")) > 1:
+      return coordinator, num_processes, process_id  # jax reads the rest from SLURM.
+    raise ConfigError("JAX_COORDINATOR_ADDRESS or JAX_PROCESS_ID is set without "
+                      "JAX_NUM_PROCESSES; allowed: all three on every host, or none")
+  if (num_processes or 0) > 1:
+    host, _, port = (coordinator or "").rpartition(":")
+    if not (host and port.isdigit()):
+      raise ConfigError(f"JAX_COORDINATOR_ADDRESS={coordinator!r} with JAX_NUM_PROCESSES="
+                        f"{num_processes}; allowed: host:port of process 0, e.g. node0:12345")
+  if num_processes and process_id is not None and not 0 <= process_id < num_processes:
+    raise ConfigError(f"JAX_PROCESS_ID={process_id} with JAX_NUM_PROCESSES={num_processes}; "
+                      f"allowed: an integer in 0..{num_processes - 1}")
+  if (num_processes or 0) > 1 and process_id is None:
+    raise ConfigError(f"JAX_PROCESS_ID is unset with JAX_NUM_PROCESSES={num_processes}; "
+                      f"allowed: this host's id, an integer in 0..{num_processes - 1}")
+  return coordinator, num_processes, process_id
+
+
 def initialize_distributed(coordinator: str | None, num_processes: int | None,
                            process_id: int | None) -> None:
   """Starts JAX's multi-host runtime when more than one process is asked for or detected."""
   import jax
-  coordinator = coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS")
-  num_processes = num_processes or _env_int("JAX_NUM_PROCESSES")
-  process_id = process_id if process_id is not None else _env_int("JAX_PROCESS_ID")
+  coordinator, num_processes, process_id = distributed_settings(coordinator, num_processes,
+                                                                process_id)
   if coordinator and num_processes and num_processes > 1:
     # CPU collectives over gloo (the GPU backend ignores this and uses NCCL). Must be set
     # before the backend starts, so it cannot depend on jax.default_backend().
@@ -141,16 +175,22 @@ def _timeouts() -> dict:
           "heartbeat_timeout_seconds": int(os.environ.get("JAX_HEARTBEAT_TIMEOUT_S", "100"))}
 
 
-def _env_int(name: str) -> int | None:
+def _env_int(name: str, allowed: str) -> int | None:
   value = os.environ.get(name)
-  return int(value) if value else None
+  try:
+    return int(value) if value else None
+  except ValueError:
+    raise ConfigError(f"{name}={value!r}; allowed: {allowed}") from None
 
 
 def main(argv):
   del argv
   quiet_logs()  # Orbax and grain log every save at INFO; TF its oneDNN notice.
   config = _CONFIG.value
-  initialize_distributed(_COORD.value, _NPROC.value, _PID.value)
+  try:
+    initialize_distributed(_COORD.value, _NPROC.value, _PID.value)
+  except ConfigError as err:
+    fail(str(err))
   import jax
   from depthbench_jax.train import config_check
   try:

@@ -573,6 +573,9 @@ def main(argv: Sequence[str] | None = None) -> int:
       print(f"suite {suite_name(module)} -> {results_dir}")
       print(format_plan(rows, args.mfu, args.peak_flops))
       return 0
+    if args.local_processes <= 1:  # A bad JAX_* set fails once here, not once per run.
+      from depthbench_jax.main import distributed_settings  # Local: defines main's flags.
+      distributed_settings()
     outcome = execute(args.config, runs, shlex.split(args.main_cmd), args.local_processes)
   except ConfigError as e:
     print(f"error: {e}", file=sys.stderr)

@@ -250,6 +250,33 @@ def test_local_processes_env(tiny, monkeypatch):
   assert all(c["xla"] == "--xla_foo=1" for c in got)
 
 
+@pytest.mark.parametrize("env, named", [
+    ({"JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "abc"}, "JAX_PROCESS_ID='abc'"),
+    ({"JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "2"}, "JAX_PROCESS_ID=2"),
+    ({"JAX_COORDINATOR_ADDRESS": "node0", "JAX_PROCESS_ID": "0"}, "ADDRESS='node0'"),
+    ({"JAX_NUM_PROCESSES": None, "JAX_PROCESS_ID": "1"}, "without JAX_NUM_PROCESSES"),
+])
+def test_a_bad_multi_host_env_is_one_error_line_before_any_run(tiny, monkeypatch, capsys, env,
+                                                                  named):
+  """A pod host started with a bad JAX_* set: one error line naming the variable, exit 2,
+  nothing launched (it was a traceback per run, or, with JAX_NUM_PROCESSES missing, a host that
+  trained every run alone into the shared run dirs)."""
+  monkeypatch.setenv("FAKE_LOG", tiny["log"])
+  monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+  for name, value in {"JAX_COORDINATOR_ADDRESS": "node0:1234", "JAX_NUM_PROCESSES": "2",
+                      **env}.items():
+    if value is None:
+      monkeypatch.delenv(name, raising=False)
+    else:
+      monkeypatch.setenv(name, value)
+  assert sweep.main([tiny["config"], "--results_dir", tiny["results"],
+                     "--main_cmd", " ".join(tiny["main_cmd"])]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith("error: ") and named in err[0], err
+  assert "allowed" in err[0]
+  assert not calls(tiny["log"]) and not os.path.exists(tiny["results"])
+
+
 def _rec(design, L, d, lr, loss, status="ok"):
   return {"name": f"{design}_{L}x{d}_lr{lr}", "design": design, "n_layers": L, "d_model": d,
           "lr": lr, "final_val_loss": loss, "status": status}

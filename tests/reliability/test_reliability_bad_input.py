@@ -250,6 +250,7 @@ def test_distributed_start_only_for_several_processes_and_an_explicit_process_id
                     "initialization_timeout": 300, "heartbeat_timeout_seconds": 100}]
   monkeypatch.setenv("JAX_HEARTBEAT_TIMEOUT_S", "7")
   assert main._timeouts()["heartbeat_timeout_seconds"] == 7
+  monkeypatch.delenv("JAX_PROCESS_ID")  # Alone, it is refused (the next test).
   monkeypatch.setenv("SLURM_JOB_ID", "9")
   monkeypatch.setenv("SLURM_NTASKS", "1")
   main.initialize_distributed(None, None, None)
@@ -257,6 +258,39 @@ def test_distributed_start_only_for_several_processes_and_an_explicit_process_id
   monkeypatch.setenv("SLURM_NTASKS", "2")
   main.initialize_distributed(None, None, None)
   assert len(calls) == 2
+
+
+def test_distributed_settings_refuse_what_cannot_start_or_would_train_alone(monkeypatch):
+  """A non-integer or out-of-range id, an address without its port, or a host given an id but
+  no process count (it trained alone, as process 0 of 1, into the run dirs the other hosts
+  share): one ConfigError naming the variable; SLURM of several tasks fills in the rest."""
+  from depthbench_jax import main
+  for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID",
+               "SLURM_JOB_ID", "SLURM_NTASKS"):
+    monkeypatch.delenv(name, raising=False)
+  assert main.distributed_settings() == (None, None, None)
+  refused = {("node0:1", "2", "abc"): "JAX_PROCESS_ID='abc'", ("node0:1", "x", "0"):
+             "JAX_NUM_PROCESSES='x'", ("node0:1", "2", "2"): "JAX_PROCESS_ID=2",
+             ("node0:1", "2", "-1"): "JAX_PROCESS_ID=-1", ("node0", "2", "0"): "'node0'",
+             ("", "2", "1"): "JAX_COORDINATOR_ADDRESS=None", ("node0:1", "2", ""):
+             "JAX_PROCESS_ID is unset", ("", "", "1"): "without JAX_NUM_PROCESSES",
+             ("node0:1", "0", "0"): "JAX_NUM_PROCESSES=0"}
+  for (coord, num, pid), named in refused.items():
+    for name, value in zip(("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"),
+                           (coord, num, pid)):
+      monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError, match="allowed") as err:
+      main.distributed_settings()
+    assert named in str(err.value), (coord, num, pid, err.value)
+  monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "node0:12345")
+  monkeypatch.setenv("JAX_NUM_PROCESSES", "4")
+  monkeypatch.setenv("JAX_PROCESS_ID", "3")
+  assert main.distributed_settings() == ("node0:12345", 4, 3)
+  assert main.distributed_settings(None, None, 0) == ("node0:12345", 4, 0)
+  monkeypatch.setenv("JAX_NUM_PROCESSES", "")
+  monkeypatch.setenv("SLURM_JOB_ID", "9")
+  monkeypatch.setenv("SLURM_NTASKS", "4")
+  assert main.distributed_settings() == ("node0:12345", None, 3)
 
 
 def test_flag_error_keeps_the_config_errors_own_last_line():
