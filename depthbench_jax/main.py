@@ -18,6 +18,7 @@ without a heartbeat from a peer.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -168,6 +169,41 @@ def initialize_distributed(coordinator: str | None, num_processes: int | None,
     jax.distributed.initialize(**_timeouts())
 
 
+def check_same_run(config, workdir: str) -> None:
+  """Every process trains the same config in the same workdir, else a ConfigError on each.
+
+  Hosts started with other suite files or ``--results_dir``s, or a host restarted mid-sweep
+  while the others had gone on to the next run, join one cluster all the same: they trained
+  two recipes as one run, or crashed at its first checkpoint. Each process posts its run to
+  JAX's key-value store and compares every other process's, before anything is written."""
+  import jax
+  if jax.process_count() == 1:
+    return
+  from jax._src import distributed  # pylint: disable=g-import-not-at-top
+  from depthbench_jax.train import config_check
+  client, me = distributed.global_state.client, jax.process_index()
+  mine = {"workdir": os.path.abspath(workdir), **json.loads(json.dumps(config.to_dict()))}
+  client.key_value_set(f"depthbench/run/{me}", json.dumps(mine))
+  timeout_ms = 1000 * _timeouts()["initialization_timeout"]
+  for other in range(jax.process_count()):
+    theirs = json.loads(client.blocking_key_value_get(f"depthbench/run/{other}", timeout_ms))
+    if theirs == mine:
+      continue
+    if theirs["workdir"] != mine["workdir"]:
+      differ = f"--workdir={mine['workdir']}, process {other} --workdir={theirs['workdir']}"
+    else:
+      flatten = config_check._flatten  # pylint: disable=protected-access
+      a, b = flatten(mine), flatten(theirs)
+      fields = sorted(f for f in a.keys() | b.keys() if a.get(f) != b.get(f))
+      differ = ", ".join(f"config.{f}={a.get(f)!r} (process {other}: {b.get(f)!r})"
+                         for f in fields[:3])
+      differ += f" and {len(fields) - 3} more fields" if len(fields) > 3 else ""
+    raise ConfigError(
+        f"process {me} of {jax.process_count()} runs {differ}; allowed: the same suite file, "
+        f"run and --results_dir on every host (a host restarted mid-sweep: restart "
+        f"run_sweep.sh on every host)")
+
+
 def _timeouts() -> dict:
   """Seconds to wait for all processes to join, and without a peer's heartbeat before the
   coordination service stops every process (a process that died, or hangs)."""
@@ -194,6 +230,7 @@ def main(argv):
   import jax
   from depthbench_jax.train import config_check
   try:
+    check_same_run(config, _WORKDIR.value)
     # Before the trainer is imported (it pulls in TensorFlow via clu): bad input fails fast.
     config_check.validate(config, jax.device_count())
     from depthbench_jax.train.loop import train_and_evaluate

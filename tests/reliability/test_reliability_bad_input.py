@@ -293,6 +293,46 @@ def test_distributed_settings_refuse_what_cannot_start_or_would_train_alone(monk
   assert main.distributed_settings() == ("node0:12345", None, 3)
 
 
+def test_processes_of_one_run_refuse_other_configs_or_workdirs(monkeypatch, tmp_path):
+  """Hosts given other suite files or --results_dirs (or one restarted mid-sweep while the
+  others went on) joined one cluster: they trained two recipes as one run, or died at the first
+  checkpoint (orbax: FileNotFoundError). Each process now compares its run with every other's,
+  through JAX's key-value store, and refuses naming the field or the workdir."""
+  import jax
+  from jax._src import distributed
+  from depthbench_jax import main
+
+  class Store:  # JAX's key-value client, in one process.
+    def __init__(self):
+      self.kv = {}
+
+    def key_value_set(self, key, value):
+      self.kv[key] = value
+
+    def blocking_key_value_get(self, key, timeout_in_ms):
+      return self.kv[key]
+
+  store = Store()
+  monkeypatch.setattr(distributed.global_state, "client", store)
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  workdir = str(tmp_path / "run")
+
+  def post(process, config, where=workdir):
+    monkeypatch.setattr(jax, "process_index", lambda: process)
+    main.check_same_run(config, where)
+
+  config = helpers.tiny_config()
+  with pytest.raises(KeyError):  # Process 1 has not posted: waits (here: the fake's KeyError).
+    post(0, config)
+  post(1, config)
+  post(0, config)  # Same run: nothing raised.
+  with pytest.raises(ConfigError, match=r"process 1 of 2 runs config.warmup_steps=3 "
+                                        r"\(process 0: 2\); allowed: .*every host"):
+    post(1, helpers.tiny_config(warmup_steps=3))
+  with pytest.raises(ConfigError, match=r"--workdir=.*other.*process 0 --workdir=.*run;"):
+    post(1, config, str(tmp_path / "other"))
+
+
 def test_flag_error_keeps_the_config_errors_own_last_line():
   """config_flags wraps a get_config ConfigError (a chained one names it twice): the message is
   the innermost error's text, the last one."""
