@@ -14,6 +14,11 @@ class ConfigError(ValueError):
   """
 
 
+# main.py's exit status when the processes of one run were given other runs (hosts out of step,
+# ``main.check_same_run``): the sweep stops there, since every later run would differ too.
+HOSTS_DIFFER = 4
+
+
 def fail(message: str, code: int = 2) -> NoReturn:
   """Ends a CLI with one ``error: <message>`` line on stderr and exit status ``code``."""
   print(f"error: {message}", file=sys.stderr, flush=True)

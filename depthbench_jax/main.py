@@ -27,7 +27,7 @@ import traceback
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from depthbench_jax.errors import ConfigError, fail, flag_error_line, quiet_logs
+from depthbench_jax.errors import HOSTS_DIFFER, ConfigError, fail, flag_error_line, quiet_logs
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file.",
                                           lock_config=True)
@@ -231,6 +231,9 @@ def main(argv):
   from depthbench_jax.train import config_check
   try:
     check_same_run(config, _WORKDIR.value)
+  except ConfigError as err:
+    fail(str(err), HOSTS_DIFFER)
+  try:
     # Before the trainer is imported (it pulls in TensorFlow via clu): bad input fails fast.
     config_check.validate(config, jax.device_count())
     from depthbench_jax.train.loop import train_and_evaluate

@@ -14,7 +14,8 @@ unfinished run is launched again with the same workdir, and ``main.py`` resumes 
 local JAX processes (coordinator on a free localhost port). On a multi-host pod, start this
 once per host (``srun``, or ``JAX_COORDINATOR_ADDRESS/JAX_NUM_PROCESSES/JAX_PROCESS_ID``); every
 host walks the same list, so the results dir must be on a filesystem all hosts share.
-A run that crashes or diverges is recorded and the sweep goes on.
+A run that crashes or diverges is recorded and the sweep goes on; one whose hosts were given
+different runs (``main.check_same_run``: a host restarted mid-sweep) stops it on every host.
 
 Plan FLOPs are ``systems.flops.train_flops_per_token`` (PaLM convention: 6 N_matmul per token
 plus the causal attention term, forward + backward) times tokens; device-hours assume
@@ -41,7 +42,7 @@ from typing import Any, Iterable, Sequence
 
 import ml_collections
 
-from depthbench_jax.errors import ConfigError
+from depthbench_jax.errors import HOSTS_DIFFER, ConfigError
 from depthbench_jax.shapes import FFNRule, Shape, parse_shape, shaped_model
 from depthbench_jax.train.summary import SUMMARY
 
@@ -462,6 +463,11 @@ def _execute(config_path, runs, main_cmd, local_processes) -> dict[str, list[str
     if _STOP.requested and not summary:
       print(f"[sweep] {run.name}: stopped by SIGTERM (exit {code}); the next sweep resumes it "
             "from its checkpoint", flush=True)
+      break
+    if code == HOSTS_DIFFER:  # Every later run would differ too: all hosts stop, to restart.
+      outcome["failed"].append(run.name)
+      print(f"[sweep] {run.name}: the hosts were given different runs; stopping. Restart "
+            f"run_sweep.sh on every host", flush=True)
       break
     if status == "ok" and code == 0:
       outcome["ok"].append(run.name)

@@ -39,6 +39,8 @@ FAKE_MAIN = textwrap.dedent("""
       sys.exit(0)
     if os.path.basename(workdir) in os.environ.get("FAKE_CRASH", "").split(","):
       sys.exit(3)
+    if os.path.basename(workdir) == os.environ.get("FAKE_HOSTS_DIFFER"):
+      sys.exit(4)  # errors.HOSTS_DIFFER
     os.makedirs(workdir, exist_ok=True)
     with open(os.path.join(workdir, "summary.json"), "w") as f:
       json.dump({"name": os.path.basename(workdir), "status": "ok", "final_val_loss": 3.0}, f)
@@ -237,6 +239,21 @@ def test_crashed_run_does_not_stop_the_sweep(tiny, monkeypatch):
   assert outcome["failed"] == ["preln_4x128_lr3e-3"] and len(outcome["ok"]) == 3
   assert sweep.main([tiny["config"], "--results_dir", tiny["results"], "--main_cmd",
                      " ".join(tiny["main_cmd"])]) == 1  # Retried, crashes again: exit 1.
+
+
+def test_hosts_given_different_runs_stop_the_sweep(tiny, monkeypatch, capsys):
+  """A host restarted mid-sweep joins the others on an earlier run and main.check_same_run
+  refuses: each host stops there (it went on failing every later run, out of step, and the
+  last host waited JAX_INIT_TIMEOUT_S for a coordinator that had finished, then aborted)."""
+  from depthbench_jax.errors import HOSTS_DIFFER
+  assert HOSTS_DIFFER == 4  # What FAKE_MAIN exits with.
+  monkeypatch.setenv("FAKE_LOG", tiny["log"])
+  monkeypatch.setenv("FAKE_HOSTS_DIFFER", "preln_4x128_lr3e-3")
+  assert sweep.main([tiny["config"], "--results_dir", tiny["results"], "--main_cmd",
+                     " ".join(tiny["main_cmd"])]) == 1
+  assert [os.path.basename(c["workdir"]) for c in calls(tiny["log"])] == [
+      "preln_4x128_lr1e-3", "preln_4x128_lr3e-3"]
+  assert "Restart run_sweep.sh on every host" in capsys.readouterr().out
 
 
 def test_local_processes_env(tiny, monkeypatch):
