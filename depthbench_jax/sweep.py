@@ -460,9 +460,15 @@ def _execute(config_path, runs, main_cmd, local_processes) -> dict[str, list[str
       code = -1
     summary = read_summary(run.workdir)
     status = (summary or {}).get("status")
+    # Saved and stopped without a SIGTERM here: on a pod another host's process was signalled
+    # (JAX's preemption service stops them all) and that host's sweep stops; so does this one.
+    elsewhere = code == 0 and not summary and not _STOP.requested
+    _STOP.requested = _STOP.requested or elsewhere
     if _STOP.requested and not summary:
-      print(f"[sweep] {run.name}: stopped by SIGTERM (exit {code}); the next sweep resumes it "
-            "from its checkpoint", flush=True)
+      why = ("a process of the run was preempted" if elsewhere else
+             f"stopped by SIGTERM (exit {code})")
+      print(f"[sweep] {run.name}: {why}; the next sweep resumes it from its checkpoint",
+            flush=True)
       break
     if code == HOSTS_DIFFER:  # Every later run would differ too: all hosts stop, to restart.
       outcome["failed"].append(run.name)

@@ -41,6 +41,8 @@ FAKE_MAIN = textwrap.dedent("""
       sys.exit(3)
     if os.path.basename(workdir) == os.environ.get("FAKE_HOSTS_DIFFER"):
       sys.exit(4)  # errors.HOSTS_DIFFER
+    if os.path.basename(workdir) == os.environ.get("FAKE_PREEMPTED"):
+      sys.exit(0)  # Saved and stopped at a preemption: no summary.
     os.makedirs(workdir, exist_ok=True)
     with open(os.path.join(workdir, "summary.json"), "w") as f:
       json.dump({"name": os.path.basename(workdir), "status": "ok", "final_val_loss": 3.0}, f)
@@ -254,6 +256,22 @@ def test_hosts_given_different_runs_stop_the_sweep(tiny, monkeypatch, capsys):
   assert [os.path.basename(c["workdir"]) for c in calls(tiny["log"])] == [
       "preln_4x128_lr1e-3", "preln_4x128_lr3e-3"]
   assert "Restart run_sweep.sh on every host" in capsys.readouterr().out
+
+
+def test_a_run_preempted_on_another_host_stops_this_hosts_sweep(tiny, monkeypatch, capsys):
+  """On a pod a SIGTERM to one host's run_sweep.sh makes every process of the run save and exit
+  0 without a summary (JAX's preemption service). The other hosts' sweeps called that a failed
+  run and went on to the next, where each waited JAX_INIT_TIMEOUT_S for a coordinator that had
+  stopped, then aborted; now they stop too (exit 143, no report) and the next sweep resumes."""
+  monkeypatch.setenv("FAKE_LOG", tiny["log"])
+  monkeypatch.setenv("FAKE_PREEMPTED", "preln_4x128_lr3e-3")
+  assert sweep.main([tiny["config"], "--results_dir", tiny["results"], "--main_cmd",
+                     " ".join(tiny["main_cmd"])]) == 143
+  assert [os.path.basename(c["workdir"]) for c in calls(tiny["log"])] == [
+      "preln_4x128_lr1e-3", "preln_4x128_lr3e-3"]
+  out = capsys.readouterr().out
+  assert "preln_4x128_lr3e-3: a process of the run was preempted; the next sweep resumes" in out
+  assert "stopped 3" in out
 
 
 def test_local_processes_env(tiny, monkeypatch):
