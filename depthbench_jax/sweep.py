@@ -588,6 +588,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.local_processes <= 1:  # A bad JAX_* set fails once here, not once per run.
       from depthbench_jax.main import distributed_settings  # Local: defines main's flags.
       distributed_settings()
+    else:  # Each host would run its own local cluster, every run, into the shared run dirs.
+      pod = [f"{k}={os.environ[k]}" for k in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES")
+             if os.environ.get(k)]
+      if pod:
+        raise ConfigError(f"--local_processes (LOCAL_PROCESSES)={args.local_processes} with "
+                          f"{' '.join(pod)}: it replaces them; allowed: LOCAL_PROCESSES on one "
+                          f"machine, or the JAX_* variables on a pod, not both")
     outcome = execute(args.config, runs, shlex.split(args.main_cmd), args.local_processes)
   except ConfigError as e:
     print(f"error: {e}", file=sys.stderr)

@@ -312,6 +312,20 @@ def test_a_bad_multi_host_env_is_one_error_line_before_any_run(tiny, monkeypatch
   assert not calls(tiny["log"]) and not os.path.exists(tiny["results"])
 
 
+def test_local_processes_with_a_pods_jax_env_is_refused(tiny, monkeypatch, capsys):
+  """LOCAL_PROCESSES left exported on a pod host replaced its JAX_* variables: each host ran
+  every run as its own local cluster, all of them into the same shared run dirs."""
+  monkeypatch.setenv("FAKE_LOG", tiny["log"])
+  monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "node0:1234")
+  monkeypatch.setenv("JAX_NUM_PROCESSES", "4")
+  monkeypatch.setenv("LOCAL_PROCESSES", "2")
+  assert sweep.main([tiny["config"], "--results_dir", tiny["results"],
+                     "--main_cmd", " ".join(tiny["main_cmd"])]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "LOCAL_PROCESSES" in err[0] and "JAX_NUM_PROCESSES=4" in err[0], err
+  assert "allowed" in err[0] and not calls(tiny["log"])
+
+
 def _rec(design, L, d, lr, loss, status="ok"):
   return {"name": f"{design}_{L}x{d}_lr{lr}", "design": design, "n_layers": L, "d_model": d,
           "lr": lr, "final_val_loss": loss, "status": status}
