@@ -563,7 +563,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   p.add_argument("config", help="suite config file, e.g. configs/suite_400m.py")
   p.add_argument("--results_dir", default=None, help="default: results/<suite NAME>")
   p.add_argument("--dry_run", action="store_true", help="print the plan and exit")
-  p.add_argument("--mfu", type=float, default=DEFAULT_MFU)
+  p.add_argument("--mfu", type=float, default=DEFAULT_MFU,
+                 help="fraction of --peak_flops the plan's device-hours assume, in (0, 1]")
   p.add_argument("--peak_flops", type=float, default=DEFAULT_PEAK_FLOPS,
                  help="per-device peak FLOP/s for device-hours (default H100 bf16 dense)")
   p.add_argument("--local_processes", type=int,
@@ -573,6 +574,10 @@ def main(argv: Sequence[str] | None = None) -> int:
   p.add_argument("--print_results_dir", action="store_true", help=argparse.SUPPRESS)
   args = p.parse_args(argv)
   try:
+    if not 0 < args.mfu <= 1:  # Device-hours divide by mfu * peak_flops.
+      raise ConfigError(f"--mfu={args.mfu}; allowed: a fraction of the peak in (0, 1]")
+    if not 0 < args.peak_flops < math.inf:
+      raise ConfigError(f"--peak_flops={args.peak_flops}; allowed: a positive FLOP/s per device")
     module = load_config_module(args.config)
     results_dir = args.results_dir or os.path.join("results", suite_name(module))
     if args.print_results_dir:
