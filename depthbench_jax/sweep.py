@@ -567,13 +567,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                  help="fraction of --peak_flops the plan's device-hours assume, in (0, 1]")
   p.add_argument("--peak_flops", type=float, default=DEFAULT_PEAK_FLOPS,
                  help="per-device peak FLOP/s for device-hours (default H100 bf16 dense)")
-  p.add_argument("--local_processes", type=int,
-                 default=int(os.environ.get("LOCAL_PROCESSES", "0") or 0))
+  p.add_argument("--local_processes", default=os.environ.get("LOCAL_PROCESSES") or "0",
+                 help="each run as N local JAX processes (default: $LOCAL_PROCESSES, else 0)")
   p.add_argument("--main_cmd", default=f"{shlex.quote(sys.executable)} -m depthbench_jax.main",
                  help="command prefix that trains one run (gets --config and --workdir)")
   p.add_argument("--print_results_dir", action="store_true", help=argparse.SUPPRESS)
   args = p.parse_args(argv)
   try:
+    if not str(args.local_processes).isdigit():
+      raise ConfigError(f"--local_processes (LOCAL_PROCESSES)={args.local_processes!r}; allowed: "
+                        f"a whole number, 0 or 1 for one process per run")
+    args.local_processes = int(args.local_processes)
     if not 0 < args.mfu <= 1:  # Device-hours divide by mfu * peak_flops.
       raise ConfigError(f"--mfu={args.mfu}; allowed: a fraction of the peak in (0, 1]")
     if not 0 < args.peak_flops < math.inf:

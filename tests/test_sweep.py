@@ -326,6 +326,15 @@ def test_local_processes_with_a_pods_jax_env_is_refused(tiny, monkeypatch, capsy
   assert "allowed" in err[0] and not calls(tiny["log"])
 
 
+def test_local_processes_that_is_not_a_number_is_one_error_line(tiny, monkeypatch, capsys):
+  """LOCAL_PROCESSES=two was a ValueError traceback from argparse's default."""
+  monkeypatch.setenv("LOCAL_PROCESSES", "two")
+  assert sweep.main([tiny["config"], "--results_dir", tiny["results"], "--dry_run"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "LOCAL_PROCESSES)='two'" in err[0] and "allowed" in err[0], err
+  assert sweep.main([tiny["config"], "--local_processes=-2", "--dry_run"]) == 2
+
+
 def _rec(design, L, d, lr, loss, status="ok"):
   return {"name": f"{design}_{L}x{d}_lr{lr}", "design": design, "n_layers": L, "d_model": d,
           "lr": lr, "final_val_loss": loss, "status": status}
