@@ -15,7 +15,8 @@ local JAX processes (coordinator on a free localhost port). On a multi-host pod,
 once per host (``srun``, or ``JAX_COORDINATOR_ADDRESS/JAX_NUM_PROCESSES/JAX_PROCESS_ID``); every
 host walks the same list, so the results dir must be on a filesystem all hosts share.
 A run that crashes or diverges is recorded and the sweep goes on; one whose hosts were given
-different runs (``main.check_same_run``: a host restarted mid-sweep) stops it on every host.
+different runs (``main.check_same_run``: a host restarted mid-sweep) stops it on every host,
+and so does one whose hosts did not all join (JAX aborts after ``JAX_INIT_TIMEOUT_S``).
 
 Plan FLOPs are ``systems.flops.train_flops_per_token`` (PaLM convention: 6 N_matmul per token
 plus the causal attention term, forward + backward) times tokens; device-hours assume
@@ -444,6 +445,8 @@ def execute(config_path: str, runs: Sequence[Run], main_cmd: Sequence[str],
 
 def _execute(config_path, runs, main_cmd, local_processes) -> dict[str, list[str]]:
   outcome = {"skipped": [], "ok": [], "diverged": [], "failed": [], "stopped": []}
+  pod = local_processes <= 1 and max(int(os.environ.get("JAX_NUM_PROCESSES") or 1),
+                                     int(os.environ.get("SLURM_NTASKS") or 1)) > 1
   todo = []
   for run in runs:
     (outcome["skipped"] if run_state(run.workdir) == "done" else todo).append(run)
@@ -474,6 +477,12 @@ def _execute(config_path, runs, main_cmd, local_processes) -> dict[str, list[str
       outcome["failed"].append(run.name)
       print(f"[sweep] {run.name}: the hosts were given different runs; stopping. Restart "
             f"run_sweep.sh on every host", flush=True)
+      break
+    if code == -signal.SIGABRT and pod:  # JAX's coordination service gave up on a host.
+      outcome["failed"].append(run.name)
+      print(f"[sweep] {run.name}: the processes did not all join (or one was lost) within "
+            f"JAX_INIT_TIMEOUT_S / JAX_HEARTBEAT_TIMEOUT_S; stopping, as every later run would "
+            f"wait as long. Start run_sweep.sh on every host", flush=True)
       break
     if status == "ok" and code == 0:
       outcome["ok"].append(run.name)

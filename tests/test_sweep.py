@@ -43,6 +43,10 @@ FAKE_MAIN = textwrap.dedent("""
       sys.exit(4)  # errors.HOSTS_DIFFER
     if os.path.basename(workdir) == os.environ.get("FAKE_PREEMPTED"):
       sys.exit(0)  # Saved and stopped at a preemption: no summary.
+    if os.path.basename(workdir) == os.environ.get("FAKE_ABORT"):
+      import resource
+      resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+      os.abort()  # JAX's coordination service: a host did not join in time.
     os.makedirs(workdir, exist_ok=True)
     with open(os.path.join(workdir, "summary.json"), "w") as f:
       json.dump({"name": os.path.basename(workdir), "status": "ok", "final_val_loss": 3.0}, f)
@@ -272,6 +276,25 @@ def test_a_run_preempted_on_another_host_stops_this_hosts_sweep(tiny, monkeypatc
   out = capsys.readouterr().out
   assert "preln_4x128_lr3e-3: a process of the run was preempted; the next sweep resumes" in out
   assert "stopped 3" in out
+
+
+def test_a_pod_run_whose_hosts_never_joined_stops_the_sweep(tiny, monkeypatch, capsys):
+  """A host that never starts: JAX aborts process 0 after JAX_INIT_TIMEOUT_S (300 s), and the
+  sweep went on to the next run to wait as long again, run after run. On a pod it now stops;
+  on one machine an aborted run is a failed run, and the sweep goes on."""
+  monkeypatch.setenv("FAKE_LOG", tiny["log"])
+  monkeypatch.setenv("FAKE_ABORT", "preln_4x128_lr1e-3")
+  for name in ("SLURM_NTASKS", "JAX_NUM_PROCESSES", "JAX_COORDINATOR_ADDRESS", "JAX_PROCESS_ID"):
+    monkeypatch.delenv(name, raising=False)
+  args = [tiny["config"], "--results_dir", tiny["results"], "--main_cmd",
+          " ".join(tiny["main_cmd"])]
+  assert sweep.main(args) == 1 and len(calls(tiny["log"])) == 4
+  monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "localhost:1")
+  monkeypatch.setenv("JAX_NUM_PROCESSES", "2")
+  monkeypatch.setenv("JAX_PROCESS_ID", "0")
+  open(tiny["log"], "w").close()
+  assert sweep.main(args) == 1 and len(calls(tiny["log"])) == 1
+  assert "did not all join" in capsys.readouterr().out
 
 
 def test_local_processes_env(tiny, monkeypatch):
