@@ -15,7 +15,9 @@ columns) and prints the tables.
 ``--xla=false`` skips the compiles (analytic columns only, a second or two). ``--measured`` takes
 bench result JSONs (``python -m depthbench_jax.bench``) and adds what the bench timed of the same
 models: tokens/s, step over Pre-LN and device-hours measured beside the analytic ones
-(``systems/measured.py``).
+(``systems/measured.py``). A ``systems.json`` made with other designs, shapes, prefill setting
+or ``--xla`` (its ``options``) is not replaced without ``--overwrite``: a one-shape check would
+otherwise drop the suite's table, or ``--xla=false`` its compiled counts.
 """
 
 from __future__ import annotations
@@ -156,9 +158,23 @@ def main(argv: Sequence[str] | None = None) -> int:
   p.add_argument("--out", default="",
                  help="output dir (default results/<suite NAME>: the sweep's results dir, "
                       "which the report reads)")
+  p.add_argument("--overwrite", action="store_true",
+                 help="replace a systems.json made with other options")
   args = p.parse_args(argv)
   split = lambda s: [x.strip() for x in s.split(",") if x.strip()] or None
   try:
+    from depthbench_jax import sweep
+    from depthbench_jax.train.summary import check_replaceable
+    mfu = sweep.DEFAULT_MFU if args.mfu is None else args.mfu
+    peak = sweep.DEFAULT_PEAK_FLOPS if args.peak_flops is None else args.peak_flops
+    check_numbers(seq_len=args.seq_len, batch=args.batch, mfu=mfu, peak_flops=peak)
+    module, entries = suite_configs(args.config, split(args.designs), split(args.shapes))
+    out = args.out or os.path.join("results", sweep.suite_name(module))
+    # What decides the file's rows and columns; checked before any compile.
+    options = {"designs": list(dict.fromkeys(d for d, _, _ in entries)),
+               "shapes": list(dict.fromkeys(s for _, s, _ in entries)), "seq_len": args.seq_len,
+               "batch": args.batch, "dtype": args.dtype, "xla": args.xla == "true"}
+    check_replaceable(os.path.join(out, "systems.json"), options, args.overwrite)
     result = build(args.config, args.seq_len, designs=split(args.designs),
                    shapes=split(args.shapes), with_xla=args.xla == "true", mfu=args.mfu,
                    peak_flops=args.peak_flops, dtype=args.dtype, batch=args.batch,
@@ -167,7 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
-  out = args.out or os.path.join("results", str(result["suite"]))
+  result["options"] = options
   os.makedirs(out, exist_ok=True)
   from depthbench_jax.systems import table
   png = table.plot_context_curve(result["curve"], os.path.join(out, "context_curve.png"))

@@ -225,6 +225,32 @@ def test_cli_flags_reach_every_row_and_bad_input_keeps_the_last_result(tmp_path,
   assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
+def test_cli_keeps_a_table_of_other_options_unless_overwrite(tmp_path, capsys):
+  """A one-shape check (or --xla=false) into the sweep's results dir silently replaced the
+  suite's systems.json, which the report then merged for that shape only; now it is one error
+  naming what differs, before any compile, the file kept; the same options or --overwrite
+  replace it."""
+  from depthbench_jax.systems import __main__ as cli
+  out = tmp_path / "sys"
+  argv = ["--config", os.path.join(ROOT, "configs", "smoke.py"), "--seq_len", "64",
+          "--shapes", "4x128,8x96", "--xla", "false", "--out", str(out)]
+  assert cli.main(argv + ["--designs", "preln,hc"]) == 0
+  full = (out / "systems.json").read_text()
+  assert json.loads(full)["options"]["shapes"] == ["4x128", "8x96"]
+  capsys.readouterr()
+  for narrower in (["--designs", "preln,hc", "--shapes", "4x128"], ["--designs", "preln"],
+                   ["--designs", "preln,hc", "--xla", "true"]):
+    assert cli.main(argv + narrower) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --") and "--overwrite" in err[0], err
+    assert (out / "systems.json").read_text() == full
+  assert "--xla=true" in err[0] and "xla=false" in err[0]
+  assert cli.main(argv + ["--designs", "preln,hc"]) == 0   # the same options: a rerun replaces
+  assert cli.main(argv + ["--designs", "preln", "--overwrite"]) == 0
+  assert {r["design"] for r in json.loads((out / "systems.json").read_text())["rows"]} == {
+      "preln"}
+
+
 def test_default_shapes_are_every_shape_the_sweep_trains():
   """Without --shapes the table covered only a suite's first shape set: suite_multiscale's 200M
   shapes, while its sweep (and so its report) also trains the 300M and 500M ones."""
