@@ -32,6 +32,12 @@ def _num(v: float, decimals: int) -> str:
   return f"{v:.2g}"
 
 
+def _hours(v: float) -> str:
+  """Device-hours to three significant figures below 100, whole hours above: whole hours printed
+  a 120M suite's 1.47 as 1 (and 0.96 beside it as 0.96), where the sweep plan says 1.47."""
+  return _num(v, 2 if abs(v) < 10 else 1 if abs(v) < 100 else 0)
+
+
 def _t(x) -> str:
   return "-" if x is None else _num(x / 1e12, 2)
 
@@ -64,7 +70,7 @@ def markdown_table(rows: Sequence[dict]) -> str:
         f"{_t(r['prefill_flops_paper'])} | {_mb(r['kv_cache_bytes'])} | "
         f"{_mb(r['residual_state_bytes'])} | {_gb(r['param_bytes'])} | "
         f"{_gb(r.get('peak_bytes'))} | {_num(r['train_flops_per_token'] / 1e9, 2)} | "
-        f"{_num(r['device_hours'], 0)} |")
+        f"{_hours(r['device_hours'])} |")
   return "\n".join(lines)
 
 

@@ -382,6 +382,21 @@ def test_table_shows_a_small_model_in_significant_figures():
                   "0.016 | 0.0017 | - | 0.0057 | 7.4e-05 |")
 
 
+def test_table_device_hours_agree_with_the_plan_to_three_figures():
+  """Whole device-hours printed a 120M suite's 0.96, 1.47 and 1.99 h as 0.96, 1 and 2, against
+  the sweep plan's 0.96, 1.47 and 1.99: the deepest shape's 1.55x cost read as 1.0x."""
+  from depthbench_jax.systems import table
+  assert [table._hours(v) for v in (0.9612, 1.4712, 1.994, 13.27, 142.6, 1234.4)] == [
+      "0.96", "1.47", "1.99", "13.3", "143", "1,234"]
+  row = {"design": "preln", "shape": "48x384", "aspect_ratio": 8.0, "params_total": 123.6e6,
+         "prefill_flops_causal": 1.47e12, "prefill_flops_computed": 1.55e12,
+         "prefill_flops_paper": 1.31e12, "kv_cache_bytes": 288 * 2**20,
+         "residual_state_bytes": 3 * 2**20, "param_bytes": 247e6, "train_flops_per_token": 8.5e8,
+         "device_hours": 1.4712, "seq_len": 4096, "dtype": "bfloat16", "train_seq_len": 2048,
+         "peak_flops": 989e12, "mfu": 0.4}
+  assert table.markdown_table([row]).splitlines()[-1].endswith("| 0.85 | 1.47 |")
+
+
 def test_interleaved_rotates_the_order_each_round():
   from depthbench_jax.bench import interleaved
   calls = []
