@@ -107,12 +107,13 @@ def lrs_for(design: str) -> tuple[float, ...]:
   return LR_GRID.get(design, DEFAULT_LRS)
 
 
-def sweep(shape_sets: dict[str, ShapeSet] | None = None) -> list[dict]:
+def sweep(shape_sets: dict[str, ShapeSet] | None = None, lrs=None) -> list[dict]:
   """Every registered design x every shape of ``shape_sets`` (default: this suite's seven) x
-  that design's LR grid; the control suites pass their own ``SHAPE_SETS``."""
+  that design's LR grid ``lrs(design)`` (default: ``lrs_for``); the control suites pass their
+  own ``SHAPE_SETS`` and ``lrs_for``, so a copy of one that edits its grid sweeps that grid."""
   from depthbench_jax.residual import registry
   return [{"arch": arch, "shape": shape, "lr": lr}
           for arch in registry.names()
           for shape_set in (SHAPE_SETS if shape_sets is None else shape_sets).values()
           for shape in shape_set.shapes
-          for lr in lrs_for(arch)]
+          for lr in (lrs or lrs_for)(arch)]

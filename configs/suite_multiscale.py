@@ -30,4 +30,4 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
 
 def sweep() -> list[dict]:
-  return suite_400m.sweep(SHAPE_SETS)
+  return suite_400m.sweep(SHAPE_SETS, lrs_for)

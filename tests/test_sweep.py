@@ -136,6 +136,21 @@ def test_entries_differing_beyond_the_run_name_are_refused(tmp_path):
     sweep.list_runs(str(config), str(tmp_path / "results"))
 
 
+@pytest.mark.parametrize("suite", ["suite_multiscale", "suite_300m_isobackbone"])
+def test_a_copy_of_a_control_suite_sweeps_its_own_lr_grid(tmp_path, suite):
+  """A new suite modelled on a control suite, with its own ``lrs_for`` (a 120M model's higher
+  LRs), silently swept suite_400m's grid: the control suites' sweep() read suite_400m's."""
+  text = open(os.path.join(REPO, "configs", f"{suite}.py")).read()
+  assert "lrs_for = suite_400m.lrs_for" in text
+  mine = tmp_path / "my_suite.py"
+  mine.write_text(text.replace("lrs_for = suite_400m.lrs_for",
+                               "def lrs_for(design):\n  return (3e-3, 6e-3)"))
+  runs = sweep.list_runs(str(mine), str(tmp_path / "results"))
+  assert {r.lr for r in runs} == {3e-3, 6e-3}
+  assert {r.lr for r in sweep.list_runs(os.path.join(REPO, "configs", f"{suite}.py"))} == {
+      5e-4, 1e-3, 2e-3, 4e-3}
+
+
 def test_format_duration():
   assert [sweep.format_duration(s) for s in (0, 52.9, 60, 3125, 45000, float("inf"))] == [
       "0s", "52s", "1m00s", "52m05s", "12h30m", "?"]
