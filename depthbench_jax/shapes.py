@@ -97,6 +97,17 @@ class ShapeSet:
   shapes: tuple[str, ...]
   tolerance: float = 0.02
 
+  def __post_init__(self):
+    """One width per depth: a depth listed twice (a duplicate, or a second width) would share
+    the report's one cell for that depth, and the shapes table would flag the wrong row."""
+    seen: dict[int, str] = {}
+    for shape in self.parsed():
+      if shape.n_layers in seen:
+        raise ConfigError(f"ShapeSet shapes={tuple(self.shapes)}: {shape.n_layers} layers listed "
+                          f"twice ({seen[shape.n_layers]}, {shape.name}); allowed: one width per "
+                          f"depth (the iso-parameter one: python -m depthbench_jax.shapes SUITE)")
+      seen[shape.n_layers] = shape.name
+
   def parsed(self) -> tuple[Shape, ...]:
     return tuple(parse_shape(s) for s in self.shapes)
 

@@ -200,3 +200,21 @@ def test_shape_table_prints_a_smoke_model_s_counts_without_rounding_them_to_zero
   cells = [c.strip() for c in row.strip("|").split("|")]
   assert cells[3:6] == ["935.7K", "886.4K", "49.34K"], cells
   assert cells[6] == "918.9K (total)" and cells[7] == "+1.83%", cells
+
+
+@pytest.mark.parametrize("listed", [("16x576", "16x608", "32x448"), ("16x576", "32x448", "16x576")])
+def test_a_shape_set_listing_a_depth_twice_is_one_error_line(tmp_path, capsys, listed):
+  """Two widths at one depth in one shape set: the report showed one of them as 'val loss at 16
+  layers' and the shapes table flagged both rows '(suite lists 16x608)'; an exact duplicate
+  printed its row twice. Now the suite is refused, naming the depth and both shapes."""
+  text = open(os.path.join(REPO, "configs", "suite_multiscale.py")).read()
+  mine = tmp_path / "my_suite.py"
+  mine.write_text(text.replace('("16x800", "32x608", "48x512")', repr(listed)))
+  assert shapes.main([str(mine)]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  a, b = sorted(s for s in listed if s.startswith("16x"))
+  assert err == [f"error: ShapeSet shapes={listed}: 16 layers listed twice ({a}, {b}); allowed: "
+                 f"one width per depth (the iso-parameter one: python -m depthbench_jax.shapes "
+                 f"SUITE)"]
+  assert sweep.main([str(mine), "--dry_run"]) == 2
+  assert "16 layers listed twice" in capsys.readouterr().err
