@@ -279,8 +279,12 @@ def suite_tables(suite_module: Any) -> str:
 
 
 def main(argv: Sequence[str]) -> int:
+  usage = "usage: python -m depthbench_jax.shapes configs/SUITE.py"
+  if list(argv) in (["-h"], ["--help"]):  # Not a config file named '--help'.
+    print(f"{usage}\n\n{__doc__}")
+    return 0
   if len(argv) != 1:
-    print("usage: python -m depthbench_jax.shapes configs/SUITE.py", file=sys.stderr)
+    print(usage, file=sys.stderr)
     return 2
   # Through the package (not __main__), so Shape/ShapeSet are the classes the configs use.
   from depthbench_jax import shapes, sweep

@@ -218,3 +218,13 @@ def test_a_shape_set_listing_a_depth_twice_is_one_error_line(tmp_path, capsys, l
                  f"SUITE)"]
   assert sweep.main([str(mine), "--dry_run"]) == 2
   assert "16 layers listed twice" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_cli_help_prints_the_usage(capsys, flag):
+  """``python -m depthbench_jax.shapes --help`` said ``error: config file '--help' does not
+  exist``; it prints the usage and what the tool does, exit 0."""
+  assert shapes.main([flag]) == 0
+  out = capsys.readouterr()
+  assert out.out.startswith("usage: python -m depthbench_jax.shapes configs/SUITE.py")
+  assert "iso_param_width" in out.out and not out.err
