@@ -36,6 +36,17 @@ def _best_curves(records: Sequence[dict], groups: dict, design: str) -> dict[int
   return {f: sorted(c, reverse=True) for f, c in curves.items()}
 
 
+def design_colors(designs: Sequence[str]) -> dict:
+  """One colour per design, in order: matplotlib's ten-colour cycle (C0..C9) while it is long
+  enough, else ``tab20`` (an eleventh design took C0 again: two lines alike in one legend)."""
+  designs = list(dict.fromkeys(designs))
+  if len(designs) <= 10:
+    return {d: f"C{i}" for i, d in enumerate(designs)}
+  cmap = matplotlib.colormaps["tab20" if len(designs) <= 20 else "turbo"]
+  return {d: cmap(i if len(designs) <= 20 else i / (len(designs) - 1))
+          for i, d in enumerate(designs)}
+
+
 def _axes(ax, title: str, aspect_ratios: Sequence[float]):
   ax.set_xscale("log")
   ticks = sorted(set(round(a, 1) for a in aspect_ratios))
@@ -84,11 +95,15 @@ def loss_vs_aspect(records: Sequence[dict], groups: dict, out_dir: str) -> list[
     plt.close(fig)
     paths.append(path)
 
+  # A colour per design, a line style per scale family: no two lines drawn alike.
   fig, ax = plt.subplots(figsize=(7, 4.5))
+  colors = design_colors(designs)
   for design in designs:
     for family, curve in sorted(_best_curves(records, groups, design).items()):
       xs, ys, _ = zip(*curve)
-      ax.plot(xs, ys, "o-", ms=3, label=design if not family else f"{design} ({family})")
+      ax.plot(xs, ys, marker="o", ms=3, color=colors[design],
+              linestyle=("-", "--", ":", "-.")[family % 4],
+              label=design if not family else f"{design} ({family})")
   _axes(ax, "best-LR val loss vs aspect ratio, all designs", [r["aspect_ratio"] for r in records])
   if ax.get_legend_handles_labels()[0]:
     ax.legend(fontsize=7, ncol=2)

@@ -274,12 +274,13 @@ def plot(result: dict, path: str) -> str:
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  from depthbench_jax.report.plots import design_colors  # pylint: disable=g-import-not-at-top
   rows = result["rows"]
   fig, axes = plt.subplots(1, 3, figsize=(15, 4.4))
   series = dict.fromkeys((r["design"], r["context"], r["loop"]) for r in rows)
   several = {k: len({s[i] for s in series}) > 1 for i, k in enumerate(("design", "ctx", "loop"))}
   # One colour per design, a line style per loop (scan dashed), a marker per context.
-  colors = {d: f"C{i % 10}" for i, d in enumerate(dict.fromkeys(s[0] for s in series))}
+  colors = design_colors([s[0] for s in series])
   markers = {c: "osD^v"[i % 5] for i, c in enumerate(dict.fromkeys(s[1] for s in series))}
   for design, context, loop in series:
     pts = sorted((r for r in rows if (r["design"], r["context"], r["loop"]) ==

@@ -288,3 +288,25 @@ def test_loss_vs_aspect_draws_the_best_lr_curve_other_lrs_and_diverged_runs(tmp_
       "attnres_block", "hc", "preln"]
   # The loss axis names its unit (it said "final val loss"; the evals section says nats/token).
   assert {ax.get_ylabel() for ax in saved.values()} == {"final val loss (nats/token)"}
+
+
+def test_loss_vs_aspect_all_draws_no_two_lines_alike_with_eleven_designs(tmp_path, monkeypatch):
+  """An eleventh design took the ten-colour cycle's first colour again, and a second scale
+  family of one design another design's: two lines drawn alike in one legend."""
+  import matplotlib.colors
+  import matplotlib.figure
+  from depthbench_jax.report import plots
+  designs = [f"design{i:02d}" for i in range(11)]
+  records = [{"name": f"{d}_{L}x{w}_lr1e-3", "design": d, "n_layers": L, "d_model": w,
+              "lr": 1e-3, "aspect_ratio": w / L, "status": "ok", "final_val_loss": 2.8 - i / 100,
+              "family": family, "workdir": f"/r/{d}_{L}x{w}"}
+             for i, d in enumerate(designs)
+             for L, w, family in ((4, 128, 0), (8, 96, 0)) + (((8, 192, 1),) if i == 1 else ())]
+  saved = {}
+  monkeypatch.setattr(matplotlib.figure.Figure, "savefig",
+                      lambda fig, path, **kw: saved.__setitem__(os.path.basename(path), fig.axes[0]))
+  plots.loss_vs_aspect(records, scorecard.select_best_lr(records), str(tmp_path))
+  lines = saved["loss_vs_aspect_all.png"].lines
+  assert len(lines) == 12
+  styles = {(matplotlib.colors.to_hex(l.get_color()), l.get_linestyle()) for l in lines}
+  assert len(styles) == 12, [(l.get_label(), l.get_color(), l.get_linestyle()) for l in lines]

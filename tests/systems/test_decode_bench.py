@@ -240,3 +240,22 @@ def test_memory_maps_reads_this_process_and_the_kernel_limit():
     pytest.skip("no /proc/self/maps")
   held, limit = maps
   assert 0 < held < limit
+
+
+def test_the_plot_draws_eleven_designs_in_eleven_colours(tmp_path, monkeypatch):
+  """The ten-colour cycle gave an eleventh design the first one's colour (and its marker and
+  line style): two lines alike in the legend."""
+  import matplotlib.colors
+  import matplotlib.figure
+  rows = [{"design": f"design{i:02d}", "context": 8, "loop": "unrolled", "n_layers": L,
+           "shape": f"{L}x32", "token_ms": 1.0, "read_gb_per_s": 1.0, "prefill_ms": 1.0}
+          for i in range(11) for L in (2, 4)]
+  result = {"rows": rows, "device": "cpu", "host_cpu": "x", "preset": {"dtype": "float32"},
+            "batch": 1}
+  saved = []
+  monkeypatch.setattr(matplotlib.figure.Figure, "savefig",
+                      lambda fig, path, **kw: saved.append(fig.axes[0]))
+  decode_bench.plot(result, str(tmp_path / "decode.png"))
+  lines = saved[0].lines
+  assert len(lines) == 11
+  assert len({matplotlib.colors.to_hex(l.get_color()) for l in lines}) == 11
