@@ -130,6 +130,24 @@ def test_design_terms_of_mhc_block_attnres_and_moda_by_hand():
   assert design_costs.extra_flops_per_token(moda, causal=True) == 4 * d * 6
 
 
+def test_a_new_design_declares_its_costs_on_its_registry_entry(monkeypatch):
+  """flops.py reads a design's own ``Design.extra_matmul_params`` / ``extra_flops_per_token``,
+  as its docstring says; Design had no such fields, so an eleventh design with a projection of
+  its own could not declare it and its FLOPs, MFU and device-hours left it out."""
+  from depthbench_jax.residual import preln, registry
+  from depthbench_jax.residual.base import Design
+  gated = Design(name="gated", layer=preln.PreLN, check=preln.DESIGN.check,
+                 extra_matmul_params=lambda cfg: 2 * cfg.n_layers * cfg.d_model,
+                 extra_flops_per_token=lambda cfg: 5.0 * cfg.d_model)
+  monkeypatch.setitem(registry._MODULES, "gated", "unused")
+  monkeypatch.setitem(registry._cache, "gated", gated)
+  pre, new = model_cfg("preln"), model_cfg("gated")
+  assert flops.matmul_params(new) - flops.matmul_params(pre) == 2 * new.n_layers * new.d_model
+  assert flops.design_flops_per_token(new) == 5.0 * new.d_model
+  assert flops.forward_flops_per_token(new, 64) - flops.forward_flops_per_token(pre, 64) == (
+      4 * new.n_layers * new.d_model + 5 * new.d_model)
+
+
 def test_matmul_params_follow_gqa():
   """Every parameter but the input table and the norm gains takes part in a matmul, with K < H
   KV heads too (the 1.6B Qwen3 layout): the count must match the model's own."""
