@@ -162,3 +162,14 @@ def assert_cli_refuses_before_loading(module: str, tmp_path, flags: list[str], n
   assert len(lines) == 1 and lines[0].startswith(starts) and named in lines[0], lines
   assert "allowed" in lines[0]
   assert os.listdir(tmp_path) == ["summary.json"]
+
+
+class RunReached(Exception):
+  """Raised by a CLI's stubbed run (`stub_run`): the command got past every check."""
+
+
+def stub_run(monkeypatch, module, name: str) -> None:
+  """Replaces ``module.name`` (the CLI's timed run) by one raising `RunReached`."""
+  def reached(*args, **kwargs):
+    raise RunReached
+  monkeypatch.setattr(module, name, reached)

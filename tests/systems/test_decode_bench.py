@@ -18,6 +18,7 @@ from depthbench_jax.model import decode
 from depthbench_jax.model.transformer import init_params
 from depthbench_jax.systems import decode_bench
 from depthbench_jax.systems.decode_bench import Case
+from tests import helpers
 
 QUICK = bench.PRESETS["quick"]   # d 32, 2 heads, vocab 64, float32
 
@@ -147,28 +148,11 @@ def test_bad_flags_fail_before_anything_compiles(tmp_path, capsys, monkeypatch, 
   assert not list(tmp_path.iterdir())
 
 
-def test_an_out_that_is_a_file_is_refused_before_anything_compiles(tmp_path, capsys,
-                                                                   monkeypatch):
-  """--out naming a file once failed only after the whole run, losing what it had timed."""
-  monkeypatch.setattr(decode_bench, "run", lambda *a, **k: pytest.fail("a bad flag reached run"))
-  taken = tmp_path / "results"
-  taken.write_text("notes")
-  with pytest.raises(SystemExit):
-    decode_bench.main(["--preset=quick", "--out", str(taken)])
-  assert f"--out={str(taken)!r} is a file; allowed: a directory" in capsys.readouterr().err
-  assert taken.read_text() == "notes"
-
-
 def test_a_result_of_other_cases_is_not_replaced_without_overwrite(tmp_path, capsys,
                                                                     monkeypatch):
   """--designs=preln,hc then --designs=preln,mhc write one file name: the second run once
   replaced the first without a word. The same cases, or --overwrite, still replace it."""
-  class Reached(Exception):
-    pass
-
-  def reached(*a, **k):
-    raise Reached
-  monkeypatch.setattr(decode_bench, "run", reached)
+  helpers.stub_run(monkeypatch, decode_bench, "run")
   earlier = tmp_path / "results-cpu-quick-designs-shapes-decode-contexts.json"
   earlier.write_text(json.dumps({"batch": 1, "rows": [
       {"design": d, "shape": "2x32", "context": 8, "loop": "unrolled"} for d in ("preln", "hc")]}))
@@ -179,7 +163,7 @@ def test_a_result_of_other_cases_is_not_replaced_without_overwrite(tmp_path, cap
   assert f"{earlier} holds a run of other cases and batch" in err and "--overwrite" in err
   assert len(json.loads(earlier.read_text())["rows"]) == 2
   for more in (["--designs=hc,preln", "--rounds=3"], ["--designs=preln,mhc", "--overwrite"]):
-    with pytest.raises(Reached):
+    with pytest.raises(helpers.RunReached):
       decode_bench.main([*flags, *more])
 
 

@@ -16,6 +16,7 @@ import pytest
 from depthbench_jax.model.config import model_config_from
 from depthbench_jax.residual.base import static_prefix
 from depthbench_jax.systems import costs, design_costs, flops, xla
+from tests import helpers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -619,15 +620,19 @@ def test_bench_quick_mode(tmp_path, capsys):
     assert "--replot=" in capsys.readouterr().err
 
 
-def test_bench_refuses_an_out_that_is_a_file_before_anything_compiles(tmp_path, capsys,
-                                                                      monkeypatch):
-  """--out naming a file once ended in a FileExistsError traceback."""
-  from depthbench_jax import bench
-  monkeypatch.setattr(bench, "run_bench", lambda *a, **k: pytest.fail("a bad flag reached run"))
+@pytest.mark.parametrize("tool, runner", [("bench", "run_bench"),
+                                          ("systems.decode_bench", "run")])
+def test_an_out_that_is_a_file_is_refused_before_anything_compiles(tmp_path, capsys,
+                                                                   monkeypatch, tool, runner):
+  """--out naming a file once ended in a FileExistsError traceback (bench), or only after the
+  whole run, losing what it had timed (decode_bench)."""
+  import importlib
+  module = importlib.import_module(f"depthbench_jax.{tool}")
+  monkeypatch.setattr(module, runner, lambda *a, **k: pytest.fail("a bad flag reached the run"))
   taken = tmp_path / "results"
   taken.write_text("notes")
   with pytest.raises(SystemExit):
-    bench.main(["--preset=quick", "--out", str(taken)])
+    module.main(["--preset=quick", "--out", str(taken)])
   assert f"--out={str(taken)!r} is a file; allowed: a directory" in capsys.readouterr().err
   assert taken.read_text() == "notes"
 
@@ -636,13 +641,7 @@ def test_bench_refuses_to_replace_a_result_of_other_designs(tmp_path, capsys, mo
   """--designs=preln,hc then --designs=preln,mhc write one file name: the second run once
   replaced the first without a word. The same designs, or --overwrite, still replace it."""
   from depthbench_jax import bench
-
-  class Reached(Exception):
-    pass
-
-  def reached(*a, **k):
-    raise Reached
-  monkeypatch.setattr(bench, "run_bench", reached)
+  helpers.stub_run(monkeypatch, bench, "run_bench")
   earlier = tmp_path / "results-cpu-quick-designs.json"
   earlier.write_text(json.dumps({"preset": {"designs": ["preln", "hc"], "shapes": []}}))
   with pytest.raises(SystemExit):
@@ -652,7 +651,7 @@ def test_bench_refuses_to_replace_a_result_of_other_designs(tmp_path, capsys, mo
   assert "--overwrite to replace it, or --out=DIR" in err
   assert json.loads(earlier.read_text())["preset"]["designs"] == ["preln", "hc"]
   for flags in (["--designs=preln,hc", "--rounds=3"], ["--designs=preln,mhc", "--overwrite"]):
-    with pytest.raises(Reached):
+    with pytest.raises(helpers.RunReached):
       bench.main(["--preset=quick", *flags, "--out", str(tmp_path)])
 
 
