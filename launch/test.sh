@@ -12,6 +12,6 @@ args=("$@")
 # Two xdist workers unless told otherwise (-n N, or TEST_WORKERS=0 for one process): on the
 # 2-core reference machine the suite takes ~14 min this way (673 tests at 0defb47), longer serially.
 if [[ " $* " != *" -n "* && " $* " != *" -n"[0-9a]* && "${TEST_WORKERS:-2}" != "0" ]]; then
-  args=(-n "${TEST_WORKERS:-2}" "${args[@]}")
+  args=(-n "${TEST_WORKERS:-2}" --dist loadgroup "${args[@]}")  # xdist_group: one worker each
 fi
 exec "$ROOT/.venv/bin/python" -m pytest "${args[@]}"

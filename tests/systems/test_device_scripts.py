@@ -48,6 +48,10 @@ def test_gpu_profile_script_benches_and_profiles_in_miniature(tmp_path):
                             "profiles/hlo-hc_n_streams_2.txt"}
     hc_profile = tar.extractfile(members["profiles/profile-hc_n_streams_2.txt"]).read().decode()
   assert "over preln" in hc_profile and "per part (ms/step)" in hc_profile
+  # Per-part times of both passes of the HC sublayers (the profile CLI's own quick run, which
+  # this one replaces: it sets the XLA trace flag before jax starts).
+  assert "fwd residual.sublayer" in hc_profile and "bwd residual.sublayer" in hc_profile
+  assert "residual.maps/hc_attn" in hc_profile
 
 
 def test_gpu_profile_script_deletes_only_the_picture_it_wrote(tmp_path):

@@ -1011,23 +1011,6 @@ def test_profile_step_refuses_steps_below_one_before_profiling(monkeypatch, caps
   assert f"--steps={steps}; allowed: an integer >= 1" in capsys.readouterr().err
 
 
-def test_profile_step_quick_run():
-  """The CLI in a fresh process (it sets the XLA trace flag before jax starts): per-part
-  times for both passes of the HC sublayers."""
-  import subprocess
-  import sys
-  from tests.helpers import ROOT, subprocess_env
-  out = subprocess.run(
-      [sys.executable, "-m", "depthbench_jax.systems.profile_step", "--design=hc",
-       "--preset=quick", "--top=40", "--baseline=preln"], capture_output=True, text=True,
-      env=subprocess_env(),
-      cwd=ROOT, timeout=600)
-  assert out.returncode == 0, out.stderr[-2000:]
-  assert "fwd residual.sublayer" in out.stdout and "bwd residual.sublayer" in out.stdout
-  assert "residual.maps/hc_attn" in out.stdout
-  assert "hc over preln:" in out.stdout
-
-
 def test_hf_baseline_is_our_shape_and_builds_no_kv_cache_in_training():
   # The ours/HF comparison: same parameter count, and HF's training forward carries no KV cache
   # (LlamaConfig's default use_cache=True copied K and V in every layer, favouring us).
