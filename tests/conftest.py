@@ -5,6 +5,12 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from tests.helpers import TEST_XLA_FLAGS  # pylint: disable=wrong-import-position
+
+# Before jax starts (xdist workers inherit it): see helpers.TEST_XLA_FLAGS.
+if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
+
 
 def pytest_configure(config):
   """A fresh compilation cache directory per session, shared by the xdist workers (they inherit
