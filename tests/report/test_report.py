@@ -273,8 +273,9 @@ def test_loss_vs_aspect_draws_the_best_lr_curve_other_lrs_and_diverged_runs(tmp_
   records = scorecard.collect_runs(FIXTURE)
   scorecard.assign_families(records)
   saved = {}
-  monkeypatch.setattr(matplotlib.figure.Figure, "savefig",
-                      lambda fig, path, **kw: saved.__setitem__(os.path.basename(path), fig.axes[0]))
+  monkeypatch.setattr(
+      matplotlib.figure.Figure, "savefig",
+      lambda fig, path, **kw: saved.__setitem__(os.path.basename(path), fig.axes[0]))
   plots.loss_vs_aspect(records, scorecard.select_best_lr(records), str(tmp_path))
   ar = [76.0, pytest.approx(1024 / 24), 28.0]
   line = lambda ax: (list(ax.lines[0].get_xdata()), list(ax.lines[0].get_ydata()))
@@ -303,8 +304,9 @@ def test_loss_vs_aspect_all_draws_no_two_lines_alike_with_eleven_designs(tmp_pat
              for i, d in enumerate(designs)
              for L, w, family in ((4, 128, 0), (8, 96, 0)) + (((8, 192, 1),) if i == 1 else ())]
   saved = {}
-  monkeypatch.setattr(matplotlib.figure.Figure, "savefig",
-                      lambda fig, path, **kw: saved.__setitem__(os.path.basename(path), fig.axes[0]))
+  monkeypatch.setattr(
+      matplotlib.figure.Figure, "savefig",
+      lambda fig, path, **kw: saved.__setitem__(os.path.basename(path), fig.axes[0]))
   plots.loss_vs_aspect(records, scorecard.select_best_lr(records), str(tmp_path))
   lines = saved["loss_vs_aspect_all.png"].lines
   assert len(lines) == 12
