@@ -77,7 +77,11 @@ def check_numbers(*, seq_len: int, batch: int, mfu: float, peak_flops: float) ->
 
 def build(config_path: str, seq_len: int, *, designs=None, shapes=None, with_xla: bool = True,
           mfu: float | None = None, peak_flops: float | None = None, dtype: str = "bfloat16",
-          batch: int = 1, measured_paths: Sequence[str] = (), log=print) -> dict:
+          batch: int = 1, measured_paths: Sequence[str] = (), log=print,
+          suite: tuple | None = None) -> dict:
+  """The table's rows, context curve and measured rows. ``suite``: ``suite_configs``'s
+  ``(module, entries)`` when the caller has built them (the CLI does, to check the file it
+  would replace), else built here from ``config_path``, ``designs`` and ``shapes``."""
   from depthbench_jax import sweep
   from depthbench_jax.model.config import model_config_from
   from depthbench_jax.shapes import budget_params
@@ -85,7 +89,7 @@ def build(config_path: str, seq_len: int, *, designs=None, shapes=None, with_xla
   mfu = sweep.DEFAULT_MFU if mfu is None else mfu
   peak_flops = sweep.DEFAULT_PEAK_FLOPS if peak_flops is None else peak_flops
   check_numbers(seq_len=seq_len, batch=batch, mfu=mfu, peak_flops=peak_flops)
-  module, entries = suite_configs(config_path, designs, shapes)
+  module, entries = suite or suite_configs(config_path, designs, shapes)
   timed = measured.bench_rows(measured_paths)  # Read first: a wrong path fails before compiles.
   rows, cfgs = [], {}
   for design, shape, config in entries:
@@ -113,7 +117,6 @@ def build(config_path: str, seq_len: int, *, designs=None, shapes=None, with_xla
     log(f"  --measured: left out {line}")
   for path in sorted(set(measured_paths) - {r["source"] for r in measured_rows}):
     log(f"  --measured: {path} timed none of the table's (design, shape)s")
-  from depthbench_jax import sweep
   return {"suite": sweep.suite_name(module),
           "seq_len": seq_len, "convention": table.CONVENTION, "rows": rows, "curve": curve,
           "curve_design": curve_design, "measured": measured_rows,
@@ -168,18 +171,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     mfu = sweep.DEFAULT_MFU if args.mfu is None else args.mfu
     peak = sweep.DEFAULT_PEAK_FLOPS if args.peak_flops is None else args.peak_flops
     check_numbers(seq_len=args.seq_len, batch=args.batch, mfu=mfu, peak_flops=peak)
-    module, entries = suite_configs(args.config, split(args.designs), split(args.shapes))
+    suite = suite_configs(args.config, split(args.designs), split(args.shapes))
+    module, entries = suite
     out = args.out or os.path.join("results", sweep.suite_name(module))
     # What decides the file's rows and columns; checked before any compile.
     options = {"designs": list(dict.fromkeys(d for d, _, _ in entries)),
                "shapes": list(dict.fromkeys(s for _, s, _ in entries)), "seq_len": args.seq_len,
                "batch": args.batch, "dtype": args.dtype, "xla": args.xla == "true"}
     check_replaceable(os.path.join(out, "systems.json"), options, args.overwrite)
-    result = build(args.config, args.seq_len, designs=split(args.designs),
-                   shapes=split(args.shapes), with_xla=args.xla == "true", mfu=args.mfu,
-                   peak_flops=args.peak_flops, dtype=args.dtype, batch=args.batch,
+    result = build(args.config, args.seq_len, with_xla=args.xla == "true", mfu=mfu,
+                   peak_flops=peak, dtype=args.dtype, batch=args.batch,
                    measured_paths=split(args.measured) or (),
-                   log=lambda s: print(s, file=sys.stderr, flush=True))
+                   log=lambda s: print(s, file=sys.stderr, flush=True), suite=suite)
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
