@@ -315,6 +315,16 @@ def plan_rows(config_path: str, runs: Sequence[Run], mfu: float = DEFAULT_MFU,
   return rows
 
 
+def check_device_hours_inputs(mfu: float, peak_flops: float) -> None:
+  """One ``ConfigError`` naming ``--mfu`` or ``--peak_flops`` (the plan's and the systems
+  table's): device-hours divide by ``mfu * peak_flops``, so zero is a ZeroDivisionError, and an
+  MFU over 1, nan or an infinite peak give hours no device reaches."""
+  if not 0 < mfu <= 1:
+    raise ConfigError(f"--mfu={mfu}; allowed: a fraction in (0, 1]")
+  if not 0 < peak_flops < math.inf:
+    raise ConfigError(f"--peak_flops={peak_flops}; allowed: FLOP/s per device > 0")
+
+
 def human(x: float, digits: int = 3) -> str:
   """1234567 -> '1.23M' (K, M, B, T; ``digits`` significant figures)."""
   for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
@@ -587,10 +597,7 @@ def main(argv: Sequence[str] | None = None) -> int:
       raise ConfigError(f"--local_processes (LOCAL_PROCESSES)={args.local_processes!r}; allowed: "
                         f"a whole number, 0 or 1 for one process per run")
     args.local_processes = int(args.local_processes)
-    if not 0 < args.mfu <= 1:  # Device-hours divide by mfu * peak_flops.
-      raise ConfigError(f"--mfu={args.mfu}; allowed: a fraction of the peak in (0, 1]")
-    if not 0 < args.peak_flops < math.inf:
-      raise ConfigError(f"--peak_flops={args.peak_flops}; allowed: a positive FLOP/s per device")
+    check_device_hours_inputs(args.mfu, args.peak_flops)
     module = load_config_module(args.config)
     results_dir = args.results_dir or os.path.join("results", suite_name(module))
     if args.print_results_dir:
