@@ -219,6 +219,26 @@ def test_multistream_at_init_equals_preln(name, res_init):
   assert not np.allclose(run(cfg, moved, tokens)[0], want, atol=1e-3)
 
 
+def test_static_hc_with_one_stream_is_preln():
+  """n = 1, static weights A_m = A_r = B = 1: ``H <- H + F(N(H))`` and the readout ``N_f(H)`` are
+  Pre-LN's equations, so with the same (perturbed, off-init) backbone every layer's hidden state
+  and the logits equal Pre-LN's, not only at init."""
+  tokens = jnp.asarray(text_batch(2, 12))
+  pre = tiny_cfg("preln")
+  pre_params = perturb(init(pre), scale=0.1)
+  want_logits, want = run(pre, pre_params, tokens)
+  cfg = tiny_cfg("hc", residual={"n_streams": 1, "dynamic": False})
+  params = transplant(pre_params, init(cfg))
+  for name in ("hc_attn", "hc_mlp"):
+    conn = params["layers"]["residual"][name]
+    assert set(conn) == {"static_alpha", "static_beta"}                 # no dynamic part
+    np.testing.assert_array_equal(conn["static_alpha"], 1.0)
+    np.testing.assert_array_equal(conn["static_beta"], 1.0)
+  logits, got = run(cfg, params, tokens)
+  np.testing.assert_allclose(got["hidden"], want["hidden"], atol=1e-6, rtol=1e-6)
+  np.testing.assert_allclose(logits, want_logits, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("name", ["hc", "mhc"])
 def test_hidden_and_readout_read_the_sum_of_distinct_streams(name):
   """``hidden`` (what every diagnostic measures) is sum_i H_i and the head reads N_f(sum_i H_i),
