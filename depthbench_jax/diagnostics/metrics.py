@@ -19,7 +19,11 @@ repository; choices where the paper is silent):
   Entries with ``s >= t`` are NaN. A token whose clean update is zero scores 0 (nothing to
   change). "Update" is the ungated sum of layer t's two sublayer outputs in every design (for
   Pre-LN exactly Csordas's ``h_(t+1) - h_t``); skipping sets layer s's contribution to the state
-  to zero through the design's own ``skip`` (Pre-LN: ``h_(s+1) := h_s``).
+  to zero through the design's own ``skip`` (Pre-LN: ``h_(s+1) := h_s``). In every design that
+  is Csordas's "layer absent", which equals the spec's "update set to zero" for Pre-LN only:
+  HC/mHC also undo the layer's stream mixing (``y = 0`` would still apply ``A_r``), DeepNorm and
+  KEEL skip the post-norm too, AttnRes and MoDA mask the layer's sources (a zero source would
+  still take softmax weight).
 * **Permutation score** ``P[i, j] = (loss_swapped - loss) / loss`` for ``i < j``: signed, as the
   spec and the seed's "how much swapping raises LM loss". [DIAG] takes ``|.|``; the two differ
   only for a swap that *lowers* the loss, which the signed score never counts above a positive
