@@ -22,6 +22,7 @@ import importlib
 import json
 import math
 import os
+import re
 import statistics
 from typing import Any, Iterable, Sequence
 
@@ -86,8 +87,9 @@ def collect_runs(results_dir: str) -> list[dict]:
 def collect_unfinished(results_dir: str) -> list[dict]:
   """Run folders without a readable ``summary.json`` (training, interrupted, or crashed, or a
   torn summary, which a sweep re-launches too): ``{'name', 'workdir', 'step', 'train_loss',
-  'checkpoint_step'}`` from ``metrics.jsonl`` and ``checkpoints/``; a folder with neither is not
-  a run."""
+  'checkpoint_step', 'key', 'lr', 'torn'}`` from ``metrics.jsonl``, ``checkpoints/`` and
+  ``config.json`` (``key``: ``(design, L, d)``, None when unknown); a folder with none of
+  ``metrics.jsonl``, checkpoints or a summary file is not a run."""
   from depthbench_jax.train.summary import checkpoint_steps, read_metrics  # Local, and light.
   out = []
   for root, files in _folders(results_dir):
@@ -95,13 +97,58 @@ def collect_unfinished(results_dir: str) -> list[dict]:
       continue
     saved = checkpoint_steps(root)
     losses = read_metrics(root) if "metrics.jsonl" in files else {}
-    if not saved and not losses:
+    if not saved and not losses and "summary.json" not in files:
       continue
     last = max(losses) if losses else None
+    key, lr = _planned_run(root)
     out.append({"name": os.path.basename(root), "workdir": root, "step": last,
                 "train_loss": losses.get(last) if last is not None else None,
-                "checkpoint_step": saved[-1] if saved else None})
+                "checkpoint_step": saved[-1] if saved else None, "key": key, "lr": lr,
+                "torn": "summary.json" in files})
   return sorted(out, key=lambda r: r["name"])
+
+
+def _planned_run(workdir: str) -> tuple[tuple[str, int, int] | None, float | None]:
+  """``((design, L, d), lr)`` of a run without a summary, from its ``config.json`` (written
+  when it starts), else its folder name ``<design>_<L>x<d>_lr<lr>``; ``(None, None)`` if
+  neither says."""
+  try:
+    with open(os.path.join(workdir, "config.json")) as f:
+      record = {"config": json.load(f)}
+    return shape_key(record), record_lr(record)
+  except (OSError, json.JSONDecodeError, TypeError, ValueError, KeyError, AttributeError):
+    pass
+  match = re.fullmatch(r"(.+)_(\d+)x(\d+)_lr([0-9.eE+-]+)", os.path.basename(workdir))
+  if not match:
+    return None, None
+  try:
+    return (match[1], int(match[2]), int(match[3])), float(match[4])
+  except ValueError:
+    return None, None
+
+
+def grid_gaps(records: Sequence[dict], unfinished: Sequence[dict] = ()) -> dict:
+  """``{(design, L, d): {'pending': [lr], 'missing': [lr]}}`` for every shape whose best LR was
+  picked from an incomplete grid. A design's grid is every LR it ran at any shape (a suite sweeps
+  one grid per design); ``pending``: LRs started there without a summary yet, ``missing``: LRs
+  of the grid with no folder there at all."""
+  grid: dict[str, set[float]] = {}
+  tried: dict[tuple[str, int, int], set[float]] = {}
+  waiting: dict[tuple[str, int, int], set[float]] = {}
+  for r in records:
+    grid.setdefault(r["design"], set()).add(r["lr"])
+    tried.setdefault(shape_key(r), set()).add(r["lr"])
+  for u in unfinished:
+    if u.get("key") is not None and u.get("lr") is not None:
+      grid.setdefault(u["key"][0], set()).add(u["lr"])
+      waiting.setdefault(u["key"], set()).add(u["lr"])
+  gaps = {}
+  for key in set(tried) | set(waiting):
+    pending = sorted(waiting.get(key, set()) - tried.get(key, set()))
+    missing = sorted(grid[key[0]] - tried.get(key, set()) - set(pending))
+    if pending or missing:
+      gaps[key] = {"pending": pending, "missing": missing}
+  return gaps
 
 
 def unfinished_markdown(rows: Sequence[dict]) -> str | None:
@@ -109,7 +156,8 @@ def unfinished_markdown(rows: Sequence[dict]) -> str | None:
     return None
   lines = ["| run | last logged step | train loss there | last checkpoint |", "|---|---|---|---|"]
   for r in rows:
-    lines.append(f"| {r['name']} | {'' if r['step'] is None else r['step']} | "
+    name = r["name"] + (" (summary.json unreadable)" if r.get("torn") else "")
+    lines.append(f"| {name} | {'' if r['step'] is None else r['step']} | "
                  f"{_fmt(r['train_loss'])} | "
                  f"{'' if r['checkpoint_step'] is None else r['checkpoint_step']} |")
   return "\n".join(lines)
@@ -173,13 +221,29 @@ def reference_depths(records: Sequence[dict]) -> tuple[int, int]:
   return (depths[0], depths[-1]) if depths else (0, 0)
 
 
-def scorecard_rows(records: Sequence[dict], groups: dict | None = None) -> list[dict]:
-  """One row per (family, design): losses at the reference depths, trend, best shape."""
+def lr_marks(key: tuple[str, int, int], groups: dict, gaps: dict | None = None) -> str:
+  """The caveats on one (design, shape)'s best LR: ``†`` at an edge of the grid tried (the
+  optimum may lie outside it), ``‡`` the only LR tried, ``§`` picked from an incomplete grid
+  (``grid_gaps``: LRs still training or never run there)."""
+  group = groups.get(key)
+  if group is None or group["best"] is None:
+    return ""
+  marks = "†" if group["lr_at_edge"] else "‡" if group["lr_untuned"] else ""
+  return marks + ("§" if gaps and key in gaps else "")
+
+
+def scorecard_rows(records: Sequence[dict], groups: dict | None = None,
+                   gaps: dict | None = None) -> list[dict]:
+  """One row per (family, design): losses at the reference depths, trend, best shape, each
+  with its best LR's ``lr_marks``; ``missing_shapes``: shapes of the family (any design's) where
+  this design has no usable run."""
   groups = groups if groups is not None else select_best_lr(records)
+  gaps = gaps or {}
   rows = []
   for family in sorted({r["family"] for r in records}):
     fam = [r for r in records if r["family"] == family]
     ref = reference_depths(fam)
+    family_shapes = sorted({(r["n_layers"], r["d_model"]) for r in fam})
     for design in _design_order(fam):
       best = {}
       for r in fam:
@@ -191,14 +255,20 @@ def scorecard_rows(records: Sequence[dict], groups: dict | None = None) -> list[
       losses = {L: rec["final_val_loss"] for L, rec in best.items()}
       winner = min(best.values(), key=lambda rec: rec["final_val_loss"], default=None)
       shapes_run = {(r["n_layers"], r["d_model"]) for r in fam if r["design"] == design}
+      marks = {L: lr_marks(shape_key(rec), groups, gaps) for L, rec in best.items()}
       rows.append({
           "family": family, "design": design, "ref_depths": ref,
           "loss_lo": losses.get(ref[0]),
           "loss_hi": losses.get(ref[1]) if ref[1] != ref[0] else None,
+          "marks_lo": marks.get(ref[0], ""),
+          "marks_hi": marks.get(ref[1], "") if ref[1] != ref[0] else "",
           "trend": depth_trend(losses, ref), "best": winner,
+          "best_marks": lr_marks(shape_key(winner), groups, gaps) if winner else "",
           "best_lr_at_edge": bool(winner and groups[shape_key(winner)]["lr_at_edge"]),
           "best_lr_untuned": bool(winner and groups[shape_key(winner)]["lr_untuned"]),
           "n_shapes": len(shapes_run), "n_shapes_usable": len(best),
+          "missing_shapes": [s for s in family_shapes
+                             if groups.get((design, *s), {}).get("best") is None],
           "params_median": statistics.median(r["params_total"] for r in fam
                                              if r.get("params_total")) if any(
                                                  r.get("params_total") for r in fam) else None,
@@ -229,6 +299,10 @@ def _params(n: float | None) -> str:
   return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.0f}M" if n >= 1e6 else f"{n / 1e3:.0f}K"
 
 
+def _with_marks(value: str, marks: str) -> str:
+  return f"{value} {marks}" if marks and value != "–" else value
+
+
 def scorecard_markdown(rows: Sequence[dict]) -> str:
   out = []
   for family in sorted({r["family"] for r in rows}):
@@ -244,15 +318,27 @@ def scorecard_markdown(rows: Sequence[dict]) -> str:
     for r in fam:
       b = r["best"]
       shape = f"{b['n_layers']}x{b['d_model']} ({b['aspect_ratio']:.1f})" if b else "–"
-      mark = " †" if r["best_lr_at_edge"] else " ‡" if r["best_lr_untuned"] else ""
-      lr = f"{format_lr(b['lr'])}{mark}" if b else "–"
-      out.append(f"| {r['design']} | {_fmt(r['loss_lo'])} | {_fmt(r['loss_hi'])} | "
+      lr = _with_marks(format_lr(b["lr"]), r["best_marks"]) if b else "–"
+      out.append(f"| {r['design']} | {_with_marks(_fmt(r['loss_lo']), r['marks_lo'])} | "
+                 f"{_with_marks(_fmt(r['loss_hi']), r['marks_hi'])} | "
                  f"{r['trend']} | {shape} | {_fmt(b['final_val_loss'] if b else None)} | {lr} |")
     out.append("")
-  if any(r["best_lr_at_edge"] for r in rows):
+    lacking = [r for r in fam if r["missing_shapes"]]
+    if lacking:
+      out.append("Not every design has a result at every shape, so best shapes and trends "
+                 "compare different shape sets: " + "; ".join(
+                     f"{r['design']} has none at "
+                     + ", ".join(f"{L}x{d} (AR {d / L:.1f})" for L, d in r["missing_shapes"])
+                     for r in lacking) + ".")
+      out.append("")
+  marks = "".join(r["marks_lo"] + r["marks_hi"] + r["best_marks"] for r in rows)
+  if "†" in marks:
     out.append("† best LR at an edge of the grid tried: the optimum may lie outside it.")
-  if any(r["best_lr_untuned"] for r in rows):
+  if "‡" in marks:
     out.append("‡ the only LR tried at that shape: the LR is not tuned there.")
+  if "§" in marks:
+    out.append("§ best of an incomplete LR grid: some of the design's LRs are still training or "
+               "were not run at that shape (see the LR table).")
   return "\n".join(out)
 
 
@@ -266,36 +352,51 @@ def paper_comparison(rows: Sequence[dict]) -> str | None:
            "our trend |", "|---|---|---|---|---|---|---|"]
   for r in fam:
     p16, p32, note = PAPER_400M[r["design"]]
-    lines.append(f"| {r['design']} | {_fmt(p16)} | {_fmt(r['loss_lo'])} | {_fmt(p32)} | "
-                 f"{_fmt(r['loss_hi'])} | {note} | {r['trend']} |")
+    ours16 = _with_marks(_fmt(r["loss_lo"]), r["marks_lo"])
+    ours32 = _with_marks(_fmt(r["loss_hi"]), r["marks_hi"])
+    lines.append(f"| {r['design']} | {_fmt(p16)} | {ours16} | {_fmt(p32)} | {ours32} | {note} | "
+                 f"{r['trend']} |")
   return "\n".join(lines)
 
 
-def lr_table(records: Sequence[dict], groups: dict) -> str:
-  """Per (design, shape): val loss at every LR tried; best in bold, diverged marked."""
-  lrs = sorted({r["lr"] for r in records})
+def _unusable_cell(r: dict) -> str:
+  """Why a run is not in the best-LR choice: diverged (at its step), a non-finite val loss
+  under status 'ok', or its status."""
+  if r.get("status") == "diverged":
+    step = r.get("diverged_step")
+    return f"diverged{f' @{step}' if step is not None else ''}"
+  if r.get("status") == "ok":
+    return f"val loss {r.get('final_val_loss')}"
+  return str(r.get("status") or "unfinished")
+
+
+def lr_table(records: Sequence[dict], groups: dict, gaps: dict | None = None) -> str:
+  """Per (design, shape): val loss at every LR tried; best in bold with its ``lr_marks``,
+  diverged marked; an LR of the design's grid without a result there says ``no summary yet`` (a
+  folder without a summary) or ``not run`` (``grid_gaps``)."""
+  gaps = gaps or {}
+  lrs = sorted({r["lr"] for r in records} | {lr for g in gaps.values() for lr in g["pending"]})
   lines = ["| design | shape | AR | " + " | ".join(f"lr {format_lr(lr)}" for lr in lrs) + " |",
            "|---|---|---|" + "---|" * len(lrs)]
   for key in sorted(groups, key=lambda k: (_design_order(records).index(k[0]), k[1], k[2])):
-    group = groups[key]
+    group, gap = groups[key], gaps.get(key, {"pending": [], "missing": []})
     cells = []
     for lr in lrs:
       runs = [r for r in group["runs"] if r["lr"] == lr]
       if not runs:
-        cells.append("")
+        cells.append("no summary yet" if lr in gap["pending"] else
+                     "not run" if lr in gap["missing"] else "")
         continue
       # Several runs at one LR (a copy in another folder): the best if it is one of them, else
       # a usable one, and the count, so no run that decides the scorecard is hidden.
       r = next((x for x in runs if x is group["best"]), None) or next(
           (x for x in runs if is_usable(x)), runs[0])
       more = f" ({len(runs)} runs)" if len(runs) > 1 else ""
-      if r.get("status") == "diverged":
-        step = r.get("diverged_step")
-        cells.append(f"diverged{f' @{step}' if step is not None else ''}{more}")
-      elif not is_usable(r):
-        cells.append(str(r.get("status") or "unfinished") + more)
+      if not is_usable(r):
+        cells.append(_unusable_cell(r) + more)
       elif r is group["best"]:
-        cells.append(f"**{r['final_val_loss']:.3f}**{more}")
+        cells.append(_with_marks(f"**{r['final_val_loss']:.3f}**", lr_marks(key, groups, gaps))
+                     + more)
       else:
         cells.append(f"{r['final_val_loss']:.3f}{more}")
     design, L, d = key
@@ -309,9 +410,11 @@ def excluded_markdown(groups: dict) -> str | None:
     return None
   lines = ["| run | status | step | reason |", "|---|---|---|---|"]
   for r in sorted(rows, key=lambda r: r["name"]):
+    reason = r.get("diverged_reason") or (
+        f"final val loss {r.get('final_val_loss')}" if r.get("status") == "ok" else "")
     lines.append(f"| {r['name']} | {r.get('status') or 'unfinished'} | "
                  f"{r.get('diverged_step') if r.get('diverged_step') is not None else ''} | "
-                 f"{r.get('diverged_reason') or ''} |")
+                 f"{reason} |")
   return "\n".join(lines)
 
 
@@ -355,11 +458,13 @@ def build_report(records: Sequence[dict], title: str = "DepthBench scorecard",
   records = list(records)
   assign_families(records)
   groups = select_best_lr(records)
-  rows = scorecard_rows(records, groups)
+  gaps = grid_gaps(records, unfinished)
+  rows = scorecard_rows(records, groups, gaps)
   n_div = sum(r.get("status") == "diverged" for r in records)
   parts = [f"# {title}", "",
            f"{len(records)} runs, {len({r['design'] for r in records})} designs, "
-           f"{len({(r['n_layers'], r['d_model']) for r in records})} shapes; {n_div} diverged. "
+           f"{len({(r['n_layers'], r['d_model']) for r in records})} shapes; {n_div} diverged; "
+           f"{len(unfinished)} without a summary. "
            "Every shape at its design's best LR (lowest final val loss; diverged runs "
            "excluded).", "", "## Val loss and depth trend", "", scorecard_markdown(rows), "",
            "Depth trend: the deeper reference depth against the shallower one at each "
@@ -368,7 +473,7 @@ def build_report(records: Sequence[dict], title: str = "DepthBench scorecard",
   paper = paper_comparison(rows)
   if paper:
     parts += ["## Against the paper (400M)", "", paper, ""]
-  parts += ["## Val loss by LR", "", lr_table(records, groups), ""]
+  parts += ["## Val loss by LR", "", lr_table(records, groups, gaps), ""]
   excluded = excluded_markdown(groups)
   if excluded:
     parts += ["## Diverged and unfinished runs (excluded from best-LR selection)", "",

@@ -39,8 +39,11 @@ def test_report_renders(tmp_path):
   out = tmp_path / "out"
   assert report_main.main([FIXTURE, "--out", str(out)]) == 0
   text = (out / "report.md").read_text()
-  assert "| preln | 2.759 | 2.782 | worse when deeper | 16x1216 (76.0) | 2.759 | 2e-3 † |" in text
-  assert "| hc | 2.729 | 2.699 | better when deeper | 32x896 (28.0) | 2.699 | 1e-3 † |" in text
+  # Two LRs per shape: every best LR is at an edge, at both reference depths and best shape.
+  assert ("| preln | 2.759 † | 2.782 † | worse when deeper | 16x1216 (76.0) | 2.759 | 2e-3 † |"
+          in text)
+  assert ("| hc | 2.729 † | 2.699 † | better when deeper | 32x896 (28.0) | 2.699 | 1e-3 † |"
+          in text)
   assert "peak in the middle (L=24) | 24x1024 (42.7) | 2.715 | 1e-3 ‡ |" in text  # one LR tried
   assert "‡ the only LR tried at that shape" in text
   assert "## Against the paper (400M)" in text
@@ -162,7 +165,7 @@ def test_a_torn_summary_lists_its_run_as_unfinished(tmp_path):
   (torn / "checkpoints" / "1200").mkdir(parents=True)
   scorecard.write_report(str(results), plots=False)
   text = (results / "report.md").read_text()
-  assert "| hc_24x1024_lr1e-3 | 1200 | 2.750 | 1200 |" in text
+  assert "| hc_24x1024_lr1e-3 (summary.json unreadable) | 1200 | 2.750 | 1200 |" in text
 
 
 def test_multiscale_families():
@@ -236,7 +239,7 @@ def test_lr_table_shows_the_best_of_two_runs_at_one_lr_and_csv_marks_by_run(tmp_
   records = [stale, good, other]
   groups = scorecard.select_best_lr(records)
   table = scorecard.lr_table(records, groups)
-  assert "| **2.780** (2 runs) | 2.900 |" in table
+  assert "| **2.780** † (2 runs) | 2.900 |" in table
   scorecard.assign_families(records)
   scorecard.write_csv(records, str(tmp_path / "runs.csv"), groups)
   with open(tmp_path / "runs.csv") as f:
@@ -312,3 +315,89 @@ def test_loss_vs_aspect_all_draws_no_two_lines_alike_with_eleven_designs(tmp_pat
   assert len(lines) == 12
   styles = {(matplotlib.colors.to_hex(l.get_color()), l.get_linestyle()) for l in lines}
   assert len(styles) == 12, [(l.get_label(), l.get_color(), l.get_linestyle()) for l in lines]
+
+
+def _finished(root, design, L, d, lr, loss, status="ok", **extra):
+  """A run folder with a hand-written summary.json (no training)."""
+  import json
+  name = f"{design}_{L}x{d}_lr{lr:g}"
+  os.makedirs(root / name)
+  (root / name / "summary.json").write_text(json.dumps(dict(
+      name=name, design=design, n_layers=L, d_model=d, aspect_ratio=d / L, lr=lr,
+      final_val_loss=loss, status=status, params_total=1e6, **extra)))
+  return root / name
+
+
+def _grid(root, design, losses, lrs=(5e-4, 1e-3, 2e-3, 4e-3)):
+  for (L, d), row in losses.items():
+    for lr, loss in zip(lrs, row):
+      if loss is not None:
+        _finished(root, design, L, d, lr, loss)
+
+
+def _scorecard_row(text, design):
+  return next(l for l in text.splitlines() if l.startswith(f"| {design} |"))
+
+
+def test_an_edge_lr_at_a_reference_depth_is_flagged_though_the_best_shape_is_not(tmp_path):
+  """Pre-LN's 32-layer loss, which decides 'worse when deeper', came from the grid's top LR
+  (4e-3): only the best shape's LR (16L, 1e-3, inside the grid) carried the † mark, so the
+  trend read as settled though the paper's protocol says to extend the grid there."""
+  _grid(tmp_path, "preln", {(16, 1216): (2.80, 2.759, 2.77, 2.79),
+                            (32, 896): (2.85, 2.83, 2.80, 2.782)})
+  text = scorecard.build_report(scorecard.collect_runs(str(tmp_path)))
+  assert ("| preln | 2.759 | 2.782 † | worse when deeper | 16x1216 (76.0) | 2.759 | 1e-3 |"
+          == _scorecard_row(text, "preln"))
+  assert "| preln | 32x896 | 28.0 | 2.850 | 2.830 | 2.800 | **2.782** † |" in text
+  assert "† best LR at an edge of the grid tried" in text
+
+
+def test_a_best_lr_from_an_incomplete_grid_says_which_lrs_it_lacks(tmp_path):
+  """Full AttnRes at 24L: lr 1e-3 still training (config.json, metrics, a checkpoint) and the
+  best picked from the other three with nothing in the scorecard or the LR table saying so (the
+  cell was blank, as for an LR never in the grid); at 20L only 1e-3 ran; a 32L run whose
+  summary.json was torn, with no metrics or checkpoint yet, vanished from the report."""
+  import json
+  _grid(tmp_path, "attnres_full", {(16, 1216): (2.78, 2.751, 2.76, 2.77),
+                                   (24, 1024): (2.75, None, 2.73, 2.74),
+                                   (32, 896): (None, 2.718, 2.725, 2.73)})
+  _finished(tmp_path, "attnres_full", 20, 1088, 1e-3, 2.74)
+  live = tmp_path / "attnres_full_24x1024_lr0.001"
+  (live / "checkpoints" / "3000").mkdir(parents=True)
+  (live / "metrics.jsonl").write_text('{"step": 3100, "train/loss": 2.9}\n')
+  (live / "config.json").write_text(json.dumps(
+      {"lr": 1e-3, "model": {"n_layers": 24, "d_model": 1024,
+                             "residual": {"name": "attnres_full"}}}))
+  torn = tmp_path / "attnres_full_32x896_lr0.0005"
+  torn.mkdir()
+  (torn / "summary.json").write_text('{"name": "attnres_full_32x896_lr5e-4", "sta')
+  scorecard.write_report(str(tmp_path), plots=False)
+  text = (tmp_path / "report.md").read_text()
+  assert _scorecard_row(text, "attnres_full") == (
+      "| attnres_full | 2.751 | 2.718 †§ | better when deeper | 32x896 (28.0) | 2.718 "
+      "| 1e-3 †§ |")
+  assert "§ best of an incomplete LR grid" in text
+  assert "| attnres_full | 20x1088 | 54.4 | not run | **2.740** ‡§ | not run | not run |" in text
+  assert ("| attnres_full | 24x1024 | 42.7 | 2.750 | no summary yet | **2.730** § | 2.740 |"
+          in text)
+  assert "| attnres_full | 16x1216 | 76.0 | 2.780 | **2.751** | 2.760 | 2.770 |" in text
+  assert "| attnres_full_32x896_lr0.0005 (summary.json unreadable) |  | – |  |" in text
+  assert "5 runs without a summary" not in text and "2 without a summary" in text
+
+
+def test_designs_compared_on_different_shape_sets_say_so(tmp_path):
+  """Block AttnRes has no 32L run and only mHC ran 70x640: the scorecard set mHC's best shape
+  (70x640) beside designs that never ran it, and Block AttnRes's n/a, with no word of it."""
+  for design in ("preln", "mhc", "attnres_block"):
+    _finished(tmp_path, design, 16, 1216, 1e-3, 2.76)
+    if design != "attnres_block":
+      _finished(tmp_path, design, 32, 896, 1e-3, 2.75)
+  _finished(tmp_path, "mhc", 70, 640, 1e-3, 2.70)
+  _finished(tmp_path, "attnres_block", 32, 896, 1e-3, float("nan"))
+  text = scorecard.build_report(scorecard.collect_runs(str(tmp_path)))
+  assert _scorecard_row(text, "mhc").endswith("| 70x640 (9.1) | 2.700 | 1e-3 ‡ |")
+  assert ("compare different shape sets: preln has none at 70x640 (AR 9.1); attnres_block has "
+          "none at 32x896 (AR 28.0), 70x640 (AR 9.1).") in text
+  # The NaN run (status 'ok') says why it is excluded, not 'ok'.
+  assert "| attnres_block | 32x896 | 28.0 | val loss nan |" in text
+  assert "| attnres_block_32x896_lr0.001 | ok |  | final val loss nan |" in text
