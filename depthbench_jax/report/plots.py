@@ -2,12 +2,14 @@
 
 x: aspect ratio on a log axis, reversed, so depth grows to the right (shallow-wide on the left,
 deep-narrow on the right, as the paper reads). y: final val loss. The line joins each shape's
-best-LR run (per scale family); grey dots are the other LRs; diverged runs are red crosses on
-the lower edge, at their aspect ratio.
+best-LR run (per scale family), broken at a shape another design ran where this one has no
+usable run; grey dots are the other LRs; diverged runs are red crosses on the lower edge, at
+their aspect ratio.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Sequence
 
@@ -21,19 +23,21 @@ from depthbench_jax.sweep import is_usable, shape_key  # pylint: disable=wrong-i
 
 
 def _best_curves(records: Sequence[dict], groups: dict, design: str) -> dict[int, list]:
-  """{family: [(aspect_ratio, loss, n_layers), ...] sorted by AR} at the best LR."""
+  """{family: [(aspect_ratio, loss, n_layers), ...] sorted by AR} at the best LR; a shape of the
+  family (any design's) where ``design`` has no usable run has loss NaN, which breaks the line
+  there rather than joining its neighbours across the gap."""
   curves: dict[int, list] = {}
   seen = set()
   for r in records:
-    key = shape_key(r)
-    if r["design"] != design or key in seen:
+    key = (design, r["n_layers"], r["d_model"])
+    if key in seen:
       continue
     seen.add(key)
-    best = groups[key]["best"]
-    if best is not None:
-      curves.setdefault(r["family"], []).append(
-          (r["aspect_ratio"], best["final_val_loss"], r["n_layers"]))
-  return {f: sorted(c, reverse=True) for f, c in curves.items()}
+    best = groups.get(key, {}).get("best")
+    curves.setdefault(r["family"], []).append(
+        (r["aspect_ratio"], best["final_val_loss"] if best else math.nan, r["n_layers"]))
+  return {f: sorted(c, reverse=True) for f, c in curves.items()
+          if any(math.isfinite(loss) for _, loss, _ in c)}
 
 
 def design_colors(designs: Sequence[str]) -> dict:
@@ -80,8 +84,9 @@ def loss_vs_aspect(records: Sequence[dict], groups: dict, out_dir: str) -> list[
       ax.plot(xs, ys, "o-", label=f"best LR (family {family})" if family else "best LR",
               zorder=3)
       for x, y, L in curve:
-        ax.annotate(f"{L}L", (x, y), textcoords="offset points", xytext=(0, 5), fontsize=7,
-                    ha="center")
+        if math.isfinite(y):
+          ax.annotate(f"{L}L", (x, y), textcoords="offset points", xytext=(0, 5), fontsize=7,
+                      ha="center")
     diverged = [r for r in mine if r.get("status") == "diverged"]
     if diverged:
       ax.scatter([r["aspect_ratio"] for r in diverged], [0.02] * len(diverged), marker="x",

@@ -401,3 +401,28 @@ def test_designs_compared_on_different_shape_sets_say_so(tmp_path):
   # The NaN run (status 'ok') says why it is excluded, not 'ok'.
   assert "| attnres_block | 32x896 | 28.0 | val loss nan |" in text
   assert "| attnres_block_32x896_lr0.001 | ok |  | final val loss nan |" in text
+
+
+def test_a_shape_without_a_usable_run_breaks_the_line_instead_of_bridging_it(tmp_path,
+                                                                             monkeypatch):
+  """HC's 24-layer runs all diverged (Pre-LN's finished): its line joined 16L straight to 32L,
+  drawing a 24L value that was never measured; now the line stops at the gap, in both figures."""
+  import math
+  import matplotlib.figure
+  from depthbench_jax.report import plots
+  for L, d in ((16, 1216), (24, 1024), (32, 896)):
+    _finished(tmp_path, "preln", L, d, 1e-3, 2.75)
+    _finished(tmp_path, "hc", L, d, 1e-3, float("nan") if L == 24 else 2.70 - L / 1000,
+              status="diverged" if L == 24 else "ok")
+  records = scorecard.collect_runs(str(tmp_path))
+  scorecard.assign_families(records)
+  saved = {}
+  monkeypatch.setattr(
+      matplotlib.figure.Figure, "savefig",
+      lambda fig, path, **kw: saved.__setitem__(os.path.basename(path), fig.axes[0]))
+  plots.loss_vs_aspect(records, scorecard.select_best_lr(records), str(tmp_path / "plots"))
+  hc_lines = [saved["loss_vs_aspect_hc.png"].lines[0]] + [
+      l for l in saved["loss_vs_aspect_all.png"].lines if l.get_label() == "hc"]
+  for line in hc_lines:
+    ys = list(line.get_ydata())
+    assert len(ys) == 3 and ys[0] == 2.684 and math.isnan(ys[1]) and ys[2] == 2.668, ys
