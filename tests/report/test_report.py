@@ -68,6 +68,9 @@ def test_readme_names_every_runs_csv_column():
     text = f.read()
   where = re.search(r"### Where results land(.*?)\n## ", text, re.S).group(1)
   assert [k for k in scorecard.CSV_FIELDS if f"`{k}`" not in where] == [], where
+  # And the marks report.md puts on a best-LR loss, which it explains only in footnotes.
+  assert [m for m in ("`†`", "`‡`", "`§`", "`no summary yet`", "`not run`")
+          if m not in where] == [], where
 
 
 def test_report_into_results_dir_and_rerun(tmp_path):
