@@ -47,6 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from depthbench_jax import hostmem
+from depthbench_jax.train import summary
 
 # Targets (on 2 CPU cores for the default preset); ratios are "<=", mfu is ">=".
 TARGETS = {"mfu": 0.45, "hc_over_preln": 1.10, "attnres_full_over_preln": 1.15,
@@ -275,25 +276,6 @@ def check_out_dir(out: str) -> None:
   written there after the run, so a file would lose every measurement to a traceback."""
   if os.path.exists(out) and not os.path.isdir(out):
     raise ValueError(f"--out={out!r} is a file; allowed: a directory (made if missing)")
-
-
-def check_replaceable(path: str, recorded: Callable[[dict], Any], asked: Any, what: str,
-                      overwrite: bool) -> None:
-  """ValueError when ``path`` holds a result whose ``recorded(result)`` (the models it timed)
-  is not ``asked``: runs with other ``--designs`` or ``--shapes`` share one file name, so the
-  second silently replaced the first. The same models (a rerun, more rounds) or ``overwrite``
-  replace it; a file that is not such a result is left to the write."""
-  if overwrite or not os.path.exists(path):
-    return
-  try:
-    with open(path) as f:
-      before = recorded(json.load(f))
-  except (OSError, ValueError, AttributeError, KeyError, TypeError):
-    return
-  if before != json.loads(json.dumps(asked)):
-    raise ValueError(f"{path} holds a run of other {what} ({before}), which this run "
-                     f"({json.loads(json.dumps(asked))}) would replace; allowed: the same "
-                     f"{what}, --overwrite to replace it, or --out=DIR to write elsewhere")
 
 
 def result_path(out: str, device: str, preset: str, remat: str = "", designs: bool = False,
@@ -847,8 +829,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   path = result_path(args.out, device_name(), name, args.remat, bool(args.designs),
                      bool(args.shapes))
   try:
-    check_replaceable(path, lambda r: [r["preset"]["designs"], r["preset"]["shapes"]],
-                      [p.designs, p.shapes], "designs and shapes", args.overwrite)
+    summary.check_replaceable(  # Before timing: a finished result is never lost.
+        path, {"designs": p.designs, "shapes": p.shapes}, args.overwrite,
+        recorded=lambda r: {k: r["preset"][k] for k in ("designs", "shapes")})
   except ValueError as e:
     ap.error(str(e))
 

@@ -150,7 +150,7 @@ def assert_refused_untouched(proc: subprocess.CompletedProcess, named: str, resu
   lines = [l for l in proc.stderr.strip().splitlines() if l.startswith("error: ")]
   assert len(lines) == 1 and lines[0].startswith(f"error: {named}"), proc.stderr[-2000:]
   assert result in lines[0]
-  assert "--overwrite" in lines[0] and "--out=PATH" in lines[0] and "allowed" in lines[0]
+  assert "--overwrite" in lines[0] and "another --out" in lines[0] and "allowed" in lines[0]
   assert open(result, "rb").read() == before
   assert sorted(os.listdir(os.path.dirname(result))) == files
 

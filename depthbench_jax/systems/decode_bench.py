@@ -53,6 +53,7 @@ import jax
 import jax.numpy as jnp
 
 from depthbench_jax import bench, hostmem
+from depthbench_jax.train import summary
 
 DESIGNS = ("preln", "hc", "mhc", "attnres_full", "attnres_block", "moda")
 SHAPES = ("8x512", "16x368", "32x256", "64x176")  # the bench's depth run: ~26M layer params each
@@ -383,10 +384,12 @@ def main(argv: Sequence[str] | None = None) -> int:
   try:
     cases = parse_cases(p, args.designs, args.shapes, args.contexts, args.loops)
     bench.check_out_dir(args.out)
-    bench.check_replaceable(
-        path, lambda r: [sorted(f"{x['design']}@{x['shape']}@ctx{x['context']}@{x['loop']}"
-                                for x in r["rows"]), r["batch"]],
-        [sorted(c.name for c in cases), args.batch], "cases and batch", args.overwrite)
+    summary.check_replaceable(  # Before timing: a finished result is never lost.
+        path, {"cases": sorted(c.name for c in cases), "batch": args.batch}, args.overwrite,
+        flag=lambda key: "--designs/--shapes/--contexts/--loops" if key == "cases" else "--batch",
+        recorded=lambda r: {"cases": sorted(
+            f"{x['design']}@{x['shape']}@ctx{x['context']}@{x['loop']}" for x in r["rows"]),
+                            "batch": r["batch"]})
   except ValueError as e:
     ap.error(str(e))
   os.makedirs(args.out, exist_ok=True)

@@ -42,32 +42,40 @@ def read_json(path: str) -> Any:
     return json.load(f)
 
 
+def recorded_options(result: dict) -> dict:
+  """The settings a post-hoc result records under ``options`` ({} for older code)."""
+  return result.get("options") or {}
+
+
 def check_replaceable(path: str, settings: dict, overwrite: bool,
-                      flag: Callable[[str], str] = "--{}".format) -> None:
-  """Raises one ``ConfigError`` when ``path`` holds a result whose recorded ``options`` differ
-  from ``settings`` (the values that decide its numbers; ``flag(key)`` is how the user sets
-  one): a debug rerun (fewer examples, other thresholds) would silently replace a finished
-  result with a lesser one. The same settings (a rerun, a later checkpoint) or ``overwrite``
-  replace it; a key the file does not record (older code) counts as different."""
+                      flag: Callable[[str], str] = "--{}".format,
+                      recorded: Callable[[dict], dict] = recorded_options) -> None:
+  """Raises one ``ConfigError`` when ``path`` holds a result whose ``recorded(result)`` settings
+  differ from ``settings`` (the values that decide its numbers; ``flag(key)`` is how the user
+  sets one): a debug rerun (fewer examples, other designs, other thresholds) would silently
+  replace a finished result with a lesser one. The same settings (a rerun, a later checkpoint,
+  more rounds) or ``overwrite`` replace it; a key the file does not record (older code, or a
+  file ``recorded`` cannot read) counts as different. One check for every tool that writes a
+  result: evaluate, diagnose, systems, bench and decode_bench."""
   if os.path.isdir(path):
-    raise ConfigError(f"--out={path} is a directory; allowed: a file path")
+    raise ConfigError(f"{path} is a directory; allowed: a file path for the result (--out)")
   if overwrite or not os.path.exists(path):
     return
   try:
-    recorded = read_json(path).get("options") or {}
-  except (ValueError, AttributeError):  # Not a JSON object: nothing recorded.
-    recorded = {}
+    before = recorded(read_json(path))
+  except (ValueError, AttributeError, KeyError, TypeError, IndexError):  # Not such a result.
+    before = {}
   asked = json.loads(json.dumps(settings))  # Tuples as lists, as the file holds them.
-  changed = [k for k in asked if k not in recorded or recorded[k] != asked[k]]
+  changed = [k for k in asked if k not in before or before[k] != asked[k]]
   if not changed:
     return
-  there = lambda k: json.dumps(recorded[k]) if k in recorded else "(not recorded)"
-  made = (f"made with {', '.join(f'{k}={there(k)}' for k in changed)}" if recorded else
+  there = lambda k: json.dumps(before[k]) if k in before else "(not recorded)"
+  made = (f"made with {', '.join(f'{k}={there(k)}' for k in changed)}" if before else
           "that records no settings (older code)")
   raise ConfigError(
       f"{', '.join(f'{flag(k)}={json.dumps(asked[k])}' for k in changed)}: {path} holds a "
       f"result {made}, which this run would replace; allowed: the same settings, --overwrite "
-      f"to replace it, or --out=PATH to write this result elsewhere")
+      f"to replace it, or another --out to write this result elsewhere")
 
 
 def checkpoint_steps(workdir: str) -> list[int]:

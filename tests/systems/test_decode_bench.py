@@ -160,7 +160,8 @@ def test_a_result_of_other_cases_is_not_replaced_without_overwrite(tmp_path, cap
   with pytest.raises(SystemExit):
     decode_bench.main([*flags, "--designs=preln,mhc"])
   err = capsys.readouterr().err
-  assert f"{earlier} holds a run of other cases and batch" in err and "--overwrite" in err
+  assert "--designs/--shapes/--contexts/--loops=" in err and f"{earlier} holds a result" in err
+  assert "--overwrite" in err
   assert len(json.loads(earlier.read_text())["rows"]) == 2
   for more in (["--designs=hc,preln", "--rounds=3"], ["--designs=preln,mhc", "--overwrite"]):
     with pytest.raises(helpers.RunReached):

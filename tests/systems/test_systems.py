@@ -647,8 +647,9 @@ def test_bench_refuses_to_replace_a_result_of_other_designs(tmp_path, capsys, mo
   with pytest.raises(SystemExit):
     bench.main(["--preset=quick", "--designs=preln,mhc", "--out", str(tmp_path)])
   err = capsys.readouterr().err
-  assert f"{earlier} holds a run of other designs and shapes ([['preln', 'hc'], []])" in err
-  assert "--overwrite to replace it, or --out=DIR" in err
+  assert (f'--designs=["preln", "mhc"]: {earlier} holds a result made with '
+          f'designs=["preln", "hc"]') in err
+  assert "--overwrite to replace it, or another --out" in err
   assert json.loads(earlier.read_text())["preset"]["designs"] == ["preln", "hc"]
   for flags in (["--designs=preln,hc", "--rounds=3"], ["--designs=preln,mhc", "--overwrite"]):
     with pytest.raises(helpers.RunReached):
