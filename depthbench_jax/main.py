@@ -192,8 +192,7 @@ def check_same_run(config, workdir: str) -> None:
     if theirs["workdir"] != mine["workdir"]:
       differ = f"--workdir={mine['workdir']}, process {other} --workdir={theirs['workdir']}"
     else:
-      flatten = config_check._flatten  # pylint: disable=protected-access
-      a, b = flatten(mine), flatten(theirs)
+      a, b = config_check.flatten_fields(mine), config_check.flatten_fields(theirs)
       fields = sorted(f for f in a.keys() | b.keys() if a.get(f) != b.get(f))
       differ = ", ".join(f"config.{f}={a.get(f)!r} (process {other}: {b.get(f)!r})"
                          for f in fields[:3])

@@ -216,11 +216,13 @@ RESUMABLE_FIELDS = ("name", "log_every", "eval_every", "eval_batches", "checkpoi
                     "iso_tolerance")
 
 
-def _flatten(tree: dict, prefix: str = "") -> dict:
+def flatten_fields(tree: dict, prefix: str = "") -> dict:
+  """``{'model.d_model': 512, ...}``: a nested config dict as dotted field names (the names the
+  ``--config.`` flags and every config error use)."""
   out = {}
   for key, value in tree.items():
     if isinstance(value, dict):
-      out.update(_flatten(value, f"{prefix}{key}."))
+      out.update(flatten_fields(value, f"{prefix}{key}."))
     else:
       out[f"{prefix}{key}"] = value
   return out
@@ -233,8 +235,8 @@ def _resumable(field: str) -> bool:
 def recipe_changes(saved: dict, config) -> list[tuple[str, object, object]]:
   """``[(field, saved value, config's value)]`` for every field outside ``RESUMABLE_FIELDS``
   that differs (fields on one side only are not compared)."""
-  old = _flatten(saved)
-  new = _flatten(json.loads(json.dumps(config.to_dict())))
+  old = flatten_fields(saved)
+  new = flatten_fields(json.loads(json.dumps(config.to_dict())))
   return [(f, old[f], new[f]) for f in sorted(old.keys() & new.keys())
           if old[f] != new[f] and not _resumable(f)]
 
