@@ -1,10 +1,11 @@
-"""``python -m depthbench_jax.report RESULTS_DIR``: writes report.md, runs.csv and plots/."""
+"""``python -m depthbench_jax.report RESULTS_DIR [--config=SUITE.py]``: writes report.md,
+runs.csv and plots/; with the suite that was swept, also how far its plan is (``report.plan``)."""
 
 import argparse
 import os
 import sys
 
-from depthbench_jax.errors import fail
+from depthbench_jax.errors import ConfigError, fail
 from depthbench_jax.report.scorecard import write_report
 
 
@@ -13,6 +14,9 @@ def main(argv=None) -> int:
   p.add_argument("results_dir", help="a sweep's results folder, e.g. results/suite_400m")
   p.add_argument("--out", default=None, help="where to write (default: RESULTS_DIR)")
   p.add_argument("--no_plots", action="store_true")
+  p.add_argument("--config", default=None,
+                 help="the suite file swept into RESULTS_DIR (e.g. configs/suite_400m.py): the "
+                      "report then counts its planned runs and marks those not started")
   args = p.parse_args(argv)
   if not os.path.isdir(args.results_dir):
     fail(f"results_dir {args.results_dir}: no such directory; allowed: a sweep's results "
@@ -20,7 +24,11 @@ def main(argv=None) -> int:
   if args.out and os.path.exists(args.out) and not os.path.isdir(args.out):
     fail(f"--out={args.out} is a file; allowed: a directory, where report.md, runs.csv and "
          f"plots/ are written")
-  paths = write_report(args.results_dir, out_dir=args.out, plots=not args.no_plots)
+  try:  # A bad --config fails in write_report before anything is written.
+    paths = write_report(args.results_dir, out_dir=args.out, plots=not args.no_plots,
+                         config_path=args.config)
+  except ConfigError as err:
+    fail(str(err))
   if paths is None:
     print(f"no run under {args.results_dir}; nothing to report", file=sys.stderr)
     return 1

@@ -127,14 +127,20 @@ def _planned_run(workdir: str) -> tuple[tuple[str, int, int] | None, float | Non
     return None, None
 
 
-def grid_gaps(records: Sequence[dict], unfinished: Sequence[dict] = ()) -> dict:
-  """``{(design, L, d): {'pending': [lr], 'missing': [lr]}}`` for every shape whose best LR was
-  picked from an incomplete grid. A design's grid is every LR it ran at any shape (a suite sweeps
-  one grid per design); ``pending``: LRs started there without a summary yet, ``missing``: LRs
-  of the grid with no folder there at all."""
+def grid_gaps(records: Sequence[dict], unfinished: Sequence[dict] = (),
+              plan: Sequence[dict] | None = None) -> dict:
+  """``{(design, L, d): {'pending': [lr], 'missing': [lr], 'not_started': [lr]}}`` for every
+  shape whose grid is incomplete (``pending``: LRs started there without a summary yet).
+
+  Without ``plan``, inferred from disk: a design's grid is every LR it ran at any shape (a suite
+  sweeps one grid per design), ``missing``: LRs of that grid with no folder there at all. With
+  ``plan`` (``report.plan.load_plan``: the suite's runs and their states) the grid is what the
+  suite plans: ``not_started``: planned LRs with no folder yet, and ``missing`` is empty (an LR
+  the suite does not plan at a shape is no gap), so shapes no run has reached appear too."""
   grid: dict[str, set[float]] = {}
   tried: dict[tuple[str, int, int], set[float]] = {}
   waiting: dict[tuple[str, int, int], set[float]] = {}
+  unstarted: dict[tuple[str, int, int], set[float]] = {}
   for r in records:
     grid.setdefault(r["design"], set()).add(r["lr"])
     tried.setdefault(shape_key(r), set()).add(r["lr"])
@@ -142,12 +148,17 @@ def grid_gaps(records: Sequence[dict], unfinished: Sequence[dict] = ()) -> dict:
     if u.get("key") is not None and u.get("lr") is not None:
       grid.setdefault(u["key"][0], set()).add(u["lr"])
       waiting.setdefault(u["key"], set()).add(u["lr"])
+  for p in plan or ():
+    if p["state"] in ("started", "not started"):
+      (waiting if p["state"] == "started" else unstarted).setdefault(p["key"], set()).add(p["lr"])
   gaps = {}
-  for key in set(tried) | set(waiting):
-    pending = sorted(waiting.get(key, set()) - tried.get(key, set()))
-    missing = sorted(grid[key[0]] - tried.get(key, set()) - set(pending))
-    if pending or missing:
-      gaps[key] = {"pending": pending, "missing": missing}
+  for key in set(tried) | set(waiting) | set(unstarted):
+    done = tried.get(key, set())
+    pending = sorted(waiting.get(key, set()) - done)
+    not_started = sorted(unstarted.get(key, set()) - done - set(pending))
+    missing = [] if plan is not None else sorted(grid[key[0]] - done - set(pending))
+    if pending or missing or not_started:
+      gaps[key] = {"pending": pending, "missing": missing, "not_started": not_started}
   return gaps
 
 
@@ -224,7 +235,7 @@ def reference_depths(records: Sequence[dict]) -> tuple[int, int]:
 def lr_marks(key: tuple[str, int, int], groups: dict, gaps: dict | None = None) -> str:
   """The caveats on one (design, shape)'s best LR: ``†`` at an edge of the grid tried (the
   optimum may lie outside it), ``‡`` the only LR tried, ``§`` picked from an incomplete grid
-  (``grid_gaps``: LRs still training or never run there)."""
+  (``grid_gaps``: LRs still training, not started or never run there)."""
   group = groups.get(key)
   if group is None or group["best"] is None:
     return ""
@@ -337,8 +348,8 @@ def scorecard_markdown(rows: Sequence[dict]) -> str:
   if "‡" in marks:
     out.append("‡ the only LR tried at that shape: the LR is not tuned there.")
   if "§" in marks:
-    out.append("§ best of an incomplete LR grid: some of the design's LRs are still training or "
-               "were not run at that shape (see the LR table).")
+    out.append("§ best of an incomplete LR grid: some of the design's LRs are still training, "
+               "not started or were not run at that shape (see the LR table).")
   return "\n".join(out)
 
 
@@ -372,19 +383,24 @@ def _unusable_cell(r: dict) -> str:
 
 def lr_table(records: Sequence[dict], groups: dict, gaps: dict | None = None) -> str:
   """Per (design, shape): val loss at every LR tried; best in bold with its ``lr_marks``,
-  diverged marked; an LR of the design's grid without a result there says ``no summary yet`` (a
-  folder without a summary) or ``not run`` (``grid_gaps``)."""
+  diverged marked; an LR of the grid without a result there says ``no summary yet`` (a folder
+  without a summary), ``not started`` (planned, no folder) or ``not run`` (``grid_gaps``); a
+  shape the plan lists that no run has reached is a row of such cells."""
   gaps = gaps or {}
-  lrs = sorted({r["lr"] for r in records} | {lr for g in gaps.values() for lr in g["pending"]})
+  lrs = sorted({r["lr"] for r in records} | {lr for g in gaps.values()
+                                             for lr in g["pending"] + g.get("not_started", [])})
   lines = ["| design | shape | AR | " + " | ".join(f"lr {format_lr(lr)}" for lr in lrs) + " |",
            "|---|---|---|" + "---|" * len(lrs)]
-  for key in sorted(groups, key=lambda k: (_design_order(records).index(k[0]), k[1], k[2])):
-    group, gap = groups[key], gaps.get(key, {"pending": [], "missing": []})
+  order = _design_order(list(records) + [{"design": k[0]} for k in gaps])
+  for key in sorted(set(groups) | set(gaps), key=lambda k: (order.index(k[0]), k[1], k[2])):
+    group = groups.get(key, {"runs": [], "best": None})
+    gap = gaps.get(key, {"pending": [], "missing": []})
     cells = []
     for lr in lrs:
       runs = [r for r in group["runs"] if r["lr"] == lr]
       if not runs:
         cells.append("no summary yet" if lr in gap["pending"] else
+                     "not started" if lr in gap.get("not_started", []) else
                      "not run" if lr in gap["missing"] else "")
         continue
       # Several runs at one LR (a copy in another folder): the best if it is one of them, else
@@ -452,16 +468,18 @@ def hook_sections(records: Sequence[dict],
 
 def build_report(records: Sequence[dict], title: str = "DepthBench scorecard",
                  plot_files: Sequence[str] = (), unfinished: Sequence[dict] = (),
-                 relative_to: str | None = None) -> str:
+                 relative_to: str | None = None, plan: Sequence[dict] | None = None,
+                 progress: str | None = None) -> str:
   """report.md's text; ``relative_to``: the folder it goes to (links to run files are relative
-  to it; else absolute)."""
+  to it; else absolute). ``plan``: the suite's planned runs (``report.plan.load_plan``), whose
+  grid the LR table and ``§`` then read; ``progress``: its markdown, put under the title."""
   records = list(records)
   assign_families(records)
   groups = select_best_lr(records)
-  gaps = grid_gaps(records, unfinished)
+  gaps = grid_gaps(records, unfinished, plan)
   rows = scorecard_rows(records, groups, gaps)
   n_div = sum(r.get("status") == "diverged" for r in records)
-  parts = [f"# {title}", "",
+  parts = [f"# {title}", ""] + ([progress, ""] if progress else []) + [
            f"{len(records)} runs, {len({r['design'] for r in records})} designs, "
            f"{len({(r['n_layers'], r['d_model']) for r in records})} shapes; {n_div} diverged; "
            f"{len(unfinished)} without a summary. "
@@ -501,21 +519,32 @@ def write_csv(records: Sequence[dict], path: str, groups: dict) -> None:
                        "best_lr": any(r is b for b in best)})   # not by name: names repeat
 
 
-def write_report(results_dir: str, out_dir: str | None = None,
-                 plots: bool = True) -> list[str] | None:
+def write_report(results_dir: str, out_dir: str | None = None, plots: bool = True,
+                 config_path: str | None = None) -> list[str] | None:
   """Writes report.md, runs.csv and plots/ for ``results_dir``; returns the paths (None if no
-  runs). Before any run has finished, report.md is where the runs stand (``unfinished``)."""
+  runs and no plan). Before any run has finished, report.md is where the runs stand
+  (``unfinished``). With ``config_path`` (the suite swept) it also reads the plan
+  (``report.plan``): progress, ``not started`` cells and the run folders the suite lacks; a bad
+  suite is a ConfigError before anything is written."""
+  from depthbench_jax.report import plan as plan_lib
   from depthbench_jax.train.summary import atomic_write_text  # Local, and light.
+  plan = plan_lib.load_plan(config_path, results_dir) if config_path is not None else None
   records, unfinished = collect_runs(results_dir), collect_unfinished(results_dir)
-  if not records and not unfinished:
+  if not records and not unfinished and plan is None:
     return None
+  progress = None
+  if plan is not None:
+    extra = plan_lib.off_plan(plan, [r["workdir"] for r in records + unfinished], results_dir)
+    progress = plan_lib.progress_markdown(plan, config_path, extra)
   out_dir = out_dir or results_dir
   os.makedirs(out_dir, exist_ok=True)
   title = f"DepthBench scorecard: {os.path.basename(os.path.normpath(results_dir))}"
   report_path = os.path.join(out_dir, "report.md")
   if not records:
-    atomic_write_text(report_path, f"# {title}\n\n{len(unfinished)} runs started; no run has "
-                      f"finished yet.\n\n{unfinished_markdown(unfinished)}\n")
+    head = f"# {title}\n\n" + (f"{progress}\n\n" if progress else "")
+    table = f"\n\n{unfinished_markdown(unfinished)}" if unfinished else ""
+    atomic_write_text(report_path, f"{head}{len(unfinished)} runs started; no run has "
+                      f"finished yet.{table}\n")
     return [report_path]
   assign_families(records)
   groups = select_best_lr(records)
@@ -527,7 +556,8 @@ def write_report(results_dir: str, out_dir: str | None = None,
   # Rendered in full first (the hook sections take seconds), then swapped in: an interrupted
   # report leaves the previous report.md whole.
   atomic_write_text(report_path, build_report(records, title=title, plot_files=rel,
-                                              unfinished=unfinished, relative_to=out_dir))
+                                              unfinished=unfinished, relative_to=out_dir,
+                                              plan=plan, progress=progress))
   csv_path = os.path.join(out_dir, "runs.csv")
   write_csv(records, csv_path, groups)
   return [report_path, csv_path] + plot_files

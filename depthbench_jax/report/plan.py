@@ -1,0 +1,84 @@
+"""The sweep's plan beside what is on disk: ``report RESULTS_DIR --config=SUITE.py``.
+
+The planned runs are ``sweep.list_runs(SUITE, RESULTS_DIR)``, the sweep's own expansion (design
+x shape x LR, one workdir each), and each run's state is the one the sweep acts on
+(``sweep.run_state``): ``ok`` / ``diverged`` (a summary with that final status), ``started``
+(a non-empty folder without one: training, interrupted or crashed) or ``not started``.
+Progress is ``finished = ok + diverged`` of ``planned``; a run folder on disk that is no
+planned workdir is *off plan* (a suite edited since, a copy): named, and still reported.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+from depthbench_jax.errors import ConfigError
+from depthbench_jax.sweep import list_runs, read_summary, run_state
+
+STATES = ("ok", "diverged", "started", "not started")
+
+
+def shown_path(path: str) -> str:
+  """``path`` relative to the working directory when under it (``configs/x.py``), else as is."""
+  rel = os.path.relpath(path)
+  return path if rel.startswith("..") else rel
+
+
+def load_plan(config_path: str, results_dir: str) -> list[dict]:
+  """Every planned run of the suite as ``{'name', 'design', 'key': (design, L, d), 'lr',
+  'workdir', 'state'}``. A missing file, a file that does not import, or one that is no suite
+  (no ``sweep``, or entries the sweep refuses) is one ConfigError naming ``--config``."""
+  where = f"--config={config_path}"
+  allowed = "allowed: a suite file whose sweep() lists its runs, e.g. configs/smoke.py"
+  if not os.path.isfile(config_path):
+    raise ConfigError(f"{where}: no such file; {allowed}")
+  try:
+    runs = list_runs(config_path, results_dir)
+  except ConfigError as err:
+    raise ConfigError(f"{where}: {err}") from None
+  except Exception as err:  # pylint: disable=broad-except  # SyntaxError, ImportError, ...
+    raise ConfigError(f"{where}: {type(err).__name__}: {err}; {allowed}") from None
+  return [{"name": r.name, "design": r.design,
+           "key": (r.design, r.shape.n_layers, r.shape.d_model), "lr": r.lr,
+           "workdir": r.workdir, "state": _state(r.workdir)} for r in runs]
+
+
+def _state(workdir: str) -> str:
+  state = run_state(workdir)
+  if state == "done":
+    return (read_summary(workdir) or {}).get("status", "ok")
+  return "started" if state == "partial" else "not started"
+
+
+def off_plan(plan: Sequence[dict], workdirs: Sequence[str], results_dir: str) -> list[str]:
+  """The run folders in ``workdirs`` that are no planned workdir, as paths under
+  ``results_dir`` (the sweep's own test: a folder of another name is not the run it plans)."""
+  planned = {os.path.realpath(p["workdir"]) for p in plan}
+  base = os.path.realpath(results_dir)
+  return sorted({os.path.relpath(os.path.realpath(w), base) for w in workdirs
+                 if os.path.realpath(w) not in planned})
+
+
+def progress_markdown(plan: Sequence[dict], config_path: str,
+                      extra: Sequence[str] = ()) -> str:
+  """The plan's progress: one line of totals, a table per design (registry order as the plan
+  lists them), and the off-plan line for the names in ``extra``."""
+  shown = shown_path(config_path)
+  count = lambda runs, *states: sum(r["state"] in states for r in runs)
+  finished = count(plan, "ok", "diverged")
+  lines = [f"Plan ({shown}): **{finished} of {len(plan)} planned runs finished** "
+           f"({count(plan, 'ok')} ok, {count(plan, 'diverged')} diverged); "
+           f"{count(plan, 'started')} started without a summary (training, interrupted or "
+           f"crashed); {count(plan, 'not started')} not started."]
+  designs = list(dict.fromkeys(r["design"] for r in plan))
+  if designs:
+    lines += ["", "| design | finished | ok | diverged | no summary yet | not started |",
+              "|---|---|---|---|---|---|"]
+    for design in designs:
+      runs = [r for r in plan if r["design"] == design]
+      lines.append(f"| {design} | {count(runs, 'ok', 'diverged')} of {len(runs)} | "
+                   + " | ".join(str(count(runs, s)) for s in STATES) + " |")
+  if extra:
+    lines += ["", f"Not in {shown} (on disk, still reported): {', '.join(extra)}."]
+  return "\n".join(lines)

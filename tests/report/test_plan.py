@@ -1,0 +1,166 @@
+"""The report reads the suite it was swept from (--config): progress, 'not started' cells and
+the run folders the suite no longer lists, on a hand-written half-finished sweep (no training)."""
+
+import json
+import os
+import subprocess
+import textwrap
+
+import pytest
+
+from depthbench_jax.report import __main__ as report_main
+from depthbench_jax.sweep import format_lr
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# 3 designs x 2 shapes x 2 LRs = 12 planned runs.
+HALF_SUITE = textwrap.dedent("""
+    from configs import smoke
+    NAME = "half"
+    get_config = smoke.get_config
+    def sweep():
+      return [dict(arch=arch, shape=shape, lr=lr) for arch in ("preln", "hc", "mhc")
+              for shape in ("4x128", "8x96") for lr in (1e-3, 3e-3)]
+""")
+
+
+def _run_dir(root, design, L, d, lr):
+  return root / f"{design}_{L}x{d}_lr{format_lr(lr)}"   # the sweep's run name
+
+
+def _summary(root, design, L, d, lr, loss, status="ok"):
+  workdir = _run_dir(root, design, L, d, lr)
+  workdir.mkdir(parents=True)
+  (workdir / "summary.json").write_text(json.dumps(dict(
+      name=workdir.name, design=design, n_layers=L, d_model=d, aspect_ratio=d / L, lr=lr,
+      final_val_loss=loss, status=status, params_total=1e6,
+      diverged_step=50 if status == "diverged" else None)))
+
+
+def _snapshot(root):
+  """Every file under ``root`` but the report's own outputs, with its bytes."""
+  out = {}
+  for folder, _, files in os.walk(root):
+    for f in files:
+      path = os.path.join(folder, f)
+      if f not in ("report.md", "runs.csv") and "plots" not in path:
+        out[path] = open(path, "rb").read()
+  return out
+
+
+@pytest.fixture
+def half(tmp_path):
+  """Finished: preln x4 (8x96 at 3e-3 diverged), hc 4x128 at 1e-3. Started: hc 4x128 at 3e-3
+  (metrics, a checkpoint). An empty folder (hc 8x96 at 1e-3) is not started, as for the sweep;
+  mhc has no folder. preln 16x64 is on disk but not in the suite (edited since)."""
+  config = tmp_path / "half_suite.py"
+  config.write_text(HALF_SUITE)
+  results = tmp_path / "results"
+  _summary(results, "preln", 4, 128, 1e-3, 2.90)
+  _summary(results, "preln", 4, 128, 3e-3, 2.80)
+  _summary(results, "preln", 8, 96, 1e-3, 2.95)
+  _summary(results, "preln", 8, 96, 3e-3, None, status="diverged")
+  _summary(results, "hc", 4, 128, 1e-3, 2.85)
+  live = _run_dir(results, "hc", 4, 128, 3e-3)
+  (live / "checkpoints" / "40").mkdir(parents=True)
+  (live / "metrics.jsonl").write_text('{"step": 45, "train/loss": 3.25}\n')
+  _run_dir(results, "hc", 8, 96, 1e-3).mkdir()
+  _summary(results, "preln", 16, 64, 1e-3, 2.70)
+  return {"config": str(config), "results": results}
+
+
+def test_the_report_counts_the_plan_and_marks_what_has_not_started(half):
+  before = _snapshot(half["results"])
+  assert report_main.main([str(half["results"]), "--no_plots",
+                           f"--config={half['config']}"]) == 0
+  text = (half["results"] / "report.md").read_text()
+  # Hand counts: 12 planned; ok 3 preln + 1 hc; diverged 1; started 1; not started 6.
+  assert (f"Plan ({half['config']}): **5 of 12 planned runs finished** (4 ok, 1 diverged); "
+          "1 started without a summary (training, interrupted or crashed); 6 not started."
+          in text)
+  assert "| preln | 4 of 4 | 3 | 1 | 0 | 0 |" in text
+  assert "| hc | 1 of 4 | 1 | 0 | 1 | 2 |" in text
+  assert "| mhc | 0 of 4 | 0 | 0 | 0 | 4 |" in text   # listed, no run begun
+  assert (f"Not in {half['config']} (on disk, still reported): preln_16x64_lr1e-3."
+          in text)
+  # Near the top: before the scorecard.
+  assert text.index("planned runs finished") < text.index("## Val loss and depth trend")
+  table = text.split("## Val loss by LR")[1]
+  assert "| hc | 4x128 | 32.0 | **2.850** ‡§ | no summary yet |" in table   # started
+  assert "| hc | 8x96 | 12.0 | not started | not started |" in table     # a shape none began
+  assert "| mhc | 4x128 | 32.0 | not started | not started |" in table
+  assert "| mhc | 8x96 | 12.0 | not started | not started |" in table
+  # Off plan, still reported; 3e-3 is not planned at 16x64: blank, not 'not run'.
+  assert "| preln | 16x64 | 4.0 | **2.700** ‡ |  |" in table
+  assert "| preln | 8x96 | 12.0 | **2.950** † | diverged @50 |" in table
+  assert "not run" not in table
+  assert _snapshot(half["results"]) == before   # no run file deleted or rewritten
+
+
+def test_without_config_the_report_infers_gaps_from_disk_as_before(half):
+  assert report_main.main([str(half["results"]), "--no_plots"]) == 0
+  text = (half["results"] / "report.md").read_text()
+  assert "planned runs" not in text and "| not started" not in text and "mhc" not in text
+  assert "| preln | 16x64 | 4.0 | **2.700** ‡§ | not run |" in text
+
+
+@pytest.mark.parametrize("bad", ["missing.py", "base", "syntax"])
+def test_a_bad_config_is_one_error_line_naming_the_flag_and_nothing_is_written(half, tmp_path,
+                                                                               capsys, bad):
+  path = {"missing.py": str(tmp_path / "missing.py"),
+          "base": os.path.join(REPO, "configs", "base.py"),   # a config, but no suite
+          "syntax": str(tmp_path / "broken.py")}[bad]
+  (tmp_path / "broken.py").write_text("def sweep(:\n")
+  before = sorted(os.listdir(half["results"]))
+  with pytest.raises(SystemExit) as exit_info:
+    report_main.main([str(half["results"]), "--no_plots", f"--config={path}"])
+  assert exit_info.value.code == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith(f"error: --config={path}: "), err
+  assert "allowed:" in err[0]
+  assert sorted(os.listdir(half["results"])) == before   # no report.md, runs.csv or plots
+
+
+def test_an_empty_results_dir_with_a_plan_reports_nothing_started(half, tmp_path):
+  empty = tmp_path / "empty"
+  empty.mkdir()
+  assert report_main.main([str(empty), "--no_plots", f"--config={half['config']}"]) == 0
+  text = (empty / "report.md").read_text()
+  assert "**0 of 12 planned runs finished** (0 ok, 0 diverged); 0 started" in text
+  assert "12 not started." in text and "no run has finished yet" in text
+
+
+# Stands in for .venv/bin/python under a copy of launch/: logs each call, answers the two
+# calls whose output run_sweep.sh reads (hostmem's tunables, the sweep's results dir).
+FAKE_PYTHON = textwrap.dedent("""\
+    #!/bin/sh
+    echo "$*" >> "$FAKE_LOG"
+    case "$*" in
+      *depthbench_jax.hostmem*) echo "glibc.malloc.arena_max=1" ;;
+      *--print_results_dir*) echo "$FAKE_RESULTS" ;;
+    esac
+""")
+
+
+def test_run_sweep_sh_passes_the_suite_to_the_report(tmp_path):
+  # The script itself, with the interpreter it calls faked: the report must get the suite the
+  # sweep was given (jax-free, so this takes milliseconds, not a real sweep's seconds).
+  root = tmp_path / "repo"
+  (root / "launch").mkdir(parents=True)
+  (root / ".venv" / "bin").mkdir(parents=True)
+  script = root / "launch" / "run_sweep.sh"
+  script.write_text(open(os.path.join(REPO, "launch", "run_sweep.sh")).read())
+  (root / "launch" / "bootstrap.sh").write_text("#!/bin/sh\nexit 0\n")
+  (root / ".venv" / "bin" / "python").write_text(FAKE_PYTHON)
+  for path in (script, root / "launch" / "bootstrap.sh", root / ".venv" / "bin" / "python"):
+    path.chmod(0o755)
+  config, results, log = tmp_path / "half_suite.py", tmp_path / "results", tmp_path / "log"
+  config.write_text(HALF_SUITE)
+  results.mkdir()
+  out = subprocess.run([str(script), str(config), "--results_dir", str(results)],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, FAKE_LOG=str(log), FAKE_RESULTS=str(results)))
+  assert out.returncode == 0, out.stderr[-2000:]
+  calls = log.read_text().splitlines()
+  assert f"-m depthbench_jax.sweep {config} --results_dir {results}" in calls, calls
+  assert calls[-1] == f"-m depthbench_jax.report {results} --config={config}", calls
