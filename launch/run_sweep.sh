@@ -59,9 +59,11 @@ trap - TERM INT
 (( rc == 2 )) && exit "$rc"   # bad input: its one error line is the last word, nothing written
 (( rc == 143 )) && { echo "[run_sweep] stopped by SIGTERM; rerun to resume" >&2; exit "$rc"; }
 
-# One report per sweep, from the first process of a multi-host launch only.
+# One report per sweep, from the first process of a multi-host launch only; it reads the suite
+# too, to count the planned runs finished / started / not started and name folders it lacks.
 proc="${JAX_PROCESS_ID:-${SLURM_PROCID:-0}}"
 if [[ "$proc" == "0" && -d "$RESULTS" ]]; then
-  "$PY" -m depthbench_jax.report "$RESULTS" || echo "[run_sweep] report failed" >&2
+  "$PY" -m depthbench_jax.report "$RESULTS" --config="$CONFIG" \
+    || echo "[run_sweep] report failed" >&2
 fi
 exit "$rc"
