@@ -7,6 +7,9 @@ Reads every ``RUN/summary.json`` under RESULTS_DIR (recursively), picks the best
     RESULTS_DIR/runs.csv                       every run, one row each
     RESULTS_DIR/plots/loss_vs_aspect_<design>.png, plots/loss_vs_aspect_all.png
 
+With ``--config=SUITE.py`` it also reads the sweep's plan (``report/plan.py``): progress, the
+planned runs not started yet, and run folders the suite does not list.
+
 Optional sections come from the post-hoc modules when they exist and the runs carry their files
 (looked up in ``depthbench_jax.<pkg>``, then ``.report``, then ``.report_section``):
 ``depthbench_jax.diagnostics.diagnostics_table(runs)`` (runs with ``diagnostics.json``),
