@@ -33,6 +33,8 @@ def load_plan(config_path: str, results_dir: str) -> list[dict]:
   allowed = "allowed: a suite file whose sweep() lists its runs, e.g. configs/smoke.py"
   if not os.path.isfile(config_path):
     raise ConfigError(f"{where}: no such file; {allowed}")
+  if not config_path.endswith(".py"):
+    raise ConfigError(f"{where}: not a Python file; {allowed}")
   try:
     runs = list_runs(config_path, results_dir)
   except ConfigError as err:

@@ -104,12 +104,13 @@ def test_without_config_the_report_infers_gaps_from_disk_as_before(half):
   assert "| preln | 16x64 | 4.0 | **2.700** ‡§ | not run |" in text
 
 
-@pytest.mark.parametrize("bad", ["missing.py", "base", "syntax"])
+@pytest.mark.parametrize("bad", ["missing.py", "base", "syntax", "readme"])
 def test_a_bad_config_is_one_error_line_naming_the_flag_and_nothing_is_written(half, tmp_path,
                                                                                capsys, bad):
   path = {"missing.py": str(tmp_path / "missing.py"),
           "base": os.path.join(REPO, "configs", "base.py"),   # a config, but no suite
-          "syntax": str(tmp_path / "broken.py")}[bad]
+          "syntax": str(tmp_path / "broken.py"),
+          "readme": os.path.join(REPO, "README.md")}[bad]
   (tmp_path / "broken.py").write_text("def sweep(:\n")
   before = sorted(os.listdir(half["results"]))
   with pytest.raises(SystemExit) as exit_info:
