@@ -8,7 +8,7 @@
 # .whl holds the pure-Python wheels the device image lacks (ml_collections), fetched here with
 #   pip download --no-deps --only-binary=:all: -d .whl ml_collections==1.1.0
 # Test it locally first with (the cuDNN check fails on a CPU, so it falls back to xla):
-#   OUT=/tmp/gb PYTHON=.venv/bin/python BENCH_PRESET=quick \\
+#   OUT=/tmp/gb PYTHON=.venv/bin/python BENCH_PRESET=quick \
 #   CUDNN_CHECK_ARGS='--batch=1 --seq_len=64 --heads=2 --rounds=1' bash benchmarks/gpu_bench.sh
 set -euo pipefail
 # shellcheck source=benchmarks/device_env.sh
