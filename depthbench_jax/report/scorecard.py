@@ -479,10 +479,13 @@ def build_report(records: Sequence[dict], title: str = "DepthBench scorecard",
   gaps = grid_gaps(records, unfinished, plan)
   rows = scorecard_rows(records, groups, gaps)
   n_div = sum(r.get("status") == "diverged" for r in records)
+  # Finished 'ok' with a NaN/inf val loss: excluded like a diverged run, so counted beside it.
+  n_bad = sum(r.get("status") == "ok" and not is_usable(r) for r in records)
   parts = [f"# {title}", ""] + ([progress, ""] if progress else []) + [
            f"{len(records)} runs, {len({r['design'] for r in records})} designs, "
            f"{len({(r['n_layers'], r['d_model']) for r in records})} shapes; {n_div} diverged; "
-           f"{len(unfinished)} without a summary. "
+           + (f"{n_bad} with a non-finite final val loss; " if n_bad else "")
+           + f"{len(unfinished)} without a summary. "
            "Every shape at its design's best LR (lowest final val loss; diverged runs "
            "excluded).", "", "## Val loss and depth trend", "", scorecard_markdown(rows), "",
            "Depth trend: the deeper reference depth against the shallower one at each "

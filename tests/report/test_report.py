@@ -404,6 +404,8 @@ def test_designs_compared_on_different_shape_sets_say_so(tmp_path):
   # The NaN run (status 'ok') says why it is excluded, not 'ok'.
   assert "| attnres_block | 32x896 | 28.0 | val loss nan |" in text
   assert "| attnres_block_32x896_lr0.001 | ok |  | final val loss nan |" in text
+  # ... and the header counts it beside the diverged runs (it once counted only 'diverged').
+  assert "0 diverged; 1 with a non-finite final val loss; 0 without a summary." in text
 
 
 def test_a_shape_without_a_usable_run_breaks_the_line_instead_of_bridging_it(tmp_path,
