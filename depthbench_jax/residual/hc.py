@@ -114,7 +114,12 @@ class HyperConnection(nn.Module):
   ``static_alpha``'s init function takes ``k`` as an init argument: the one-hot is computed from
   the traced index once, at init, and stored in the param. It is therefore an ordinary
   per-layer parameter that moves with its layer under ``permute_layers`` (spec section 6.3).
-  Static params (``static_*``) get no weight decay in the paper; the dynamic ones do.
+  Weight decay, HC Sec. 4 "Implementation": "The static component in Eqs. 1, 11, 12, 13 does not
+  utilize weight decay, whereas the dynamic component does." ``static_*`` get none. Of the
+  dynamic component ``s * tanh(N(H) W)`` we decay ``W`` (``Design.decayed``) but not the scales
+  ``s`` nor the norm gain: the paper names no parameter (Sec. 2.3 calls only ``W_beta, W_m,
+  W_r`` "the dynamic parameters"), so ``s`` is treated like every other scalar gain here
+  (``train/optimizer.py`` decays matrices only). Our reading, not a stated rule.
 
   Returns ``a_m`` [B,T,n], ``a_r`` [B,T,n,n] (``a_r[i, j]`` = source i -> stream j) and
   ``b`` [B,T,n].

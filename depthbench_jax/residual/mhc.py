@@ -22,8 +22,12 @@ Array = jax.Array
 RES_INITS = ("identity", "uniform")
 SINKHORN_KERNELS = ("xla", "pallas")   # base.sinkhorn_knopp, or sinkhorn_kernel.py (GPUs)
 # Static logits of the identity-like start: +3/-3 on the read map, 6I - 3 on the mixing logits.
-# These are the "paper A.6 static values" a third-party Megatron/PaddleFleet port cites; the
-# paper text we could reach gives only the gates (0.01), n = 4 and 20 Sinkhorn iterations.
+# Our choice, not the paper's: mHC (arXiv 2512.24880v2) gives no init for b_pre, b_post, b_res or
+# phi. Its only appendix, A.1 (Table 5), gives n = 4, "Gating Factor Init alpha 0.01" and
+# "Sinkhorn-Knopp t_max 20"; Sec. 3 says only "gating factors initialized to small values". There
+# is no A.6, so the "paper A.6 static values" a third-party Megatron/PaddleFleet port cites have
+# no source there. DeepSeek's released code (DeepSeek-V4 model.py, deepseek-ai/TileKernels) is
+# inference / kernels only and sets no init either.
 PRE_LOGIT = 3.0
 RES_DIAG_LOGIT = 6.0
 

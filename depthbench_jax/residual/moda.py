@@ -17,7 +17,9 @@ authors' LM code ``bla_gpt_moda_depth_scaling.py``):
 * attention sublayer of layer l -> slot 2l: that layer's own K/V projections of its input
   (``k_proj(u)``, ``v_proj(u)``), stored before QK-norm and RoPE as the authors' code does
   (``origin_k``); the reading layer applies its own ``k_norm`` to depth keys when QK-norm is on,
-  and no RoPE (the query carries RoPE; depth keys do not).
+  and no RoPE (the query carries RoPE; depth keys do not). The paper text is silent on both
+  (Sec. 4.2.1 only says it "directly reuse[s] the preceding layer's sequence KV as the depth
+  KV"), so the code decides.
 * MLP sublayer of layer l -> slot 2l+1: a light extra KV projection of the FFN's input ``u``
   (``ffn_depth_k_proj`` / ``ffn_depth_v_proj``, d -> K*hd each; ``ffn_kv=False`` drops it, giving
   the attention-only variant of the DeiT code).

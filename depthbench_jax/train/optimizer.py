@@ -31,8 +31,8 @@ def lr_schedule(config, total_steps: int) -> optax.Schedule:
 def weight_decay_mask(params, extra: tuple[str, ...] = ()):
   """True on the leaves AdamW decays: the matmul weights and the embedding, plus ``extra`` (a
   design's ``Design.decayed``: HC's and mHC's dynamic projections, HC Sec. 4); not norm gains,
-  scales, pseudo-queries or static mixing weights (HC Sec. 4: static connection weights get no
-  decay)."""
+  scales (HC's ``s_alpha``, ``s_beta`` too: the paper does not name them, see residual/hc.py),
+  pseudo-queries or static mixing weights (HC Sec. 4: static connection weights get no decay)."""
   names = DECAYED_LEAVES + tuple(extra)
   def decayed(path, _):
     last = path[-1]
