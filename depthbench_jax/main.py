@@ -119,6 +119,19 @@ def _override_problem(config_arg: str, name: str, value: str, text: str) -> str 
   return None
 
 
+def slurm_tasks() -> int:
+  """Tasks of the SLURM job this process runs in (1 outside one): with more than one,
+  ``jax.distributed.initialize()`` reads the cluster from SLURM's variables."""
+  return int(os.environ.get("SLURM_NTASKS") or 1) if "SLURM_JOB_ID" in os.environ else 1
+
+
+def hosts_expected() -> int:
+  """How many processes this run's cluster will have, from the environment alone (before
+  ``jax.distributed`` starts): ``JAX_NUM_PROCESSES``, else the SLURM job's tasks, else 1. The
+  sweep reads it too, to tell a pod (stop every host on trouble) from one machine."""
+  return max(int(os.environ.get("JAX_NUM_PROCESSES") or 1), slurm_tasks())
+
+
 def distributed_settings(coordinator: str | None = None, num_processes: int | None = None,
                          process_id: int | None = None) -> tuple:
   """``(coordinator, num_processes, process_id)``: the flags, else ``JAX_COORDINATOR_ADDRESS`` /
@@ -135,7 +148,7 @@ def distributed_settings(coordinator: str | None = None, num_processes: int | No
   if num_processes is not None and num_processes < 1:
     raise ConfigError(f"JAX_NUM_PROCESSES={num_processes}; allowed: an integer >= 1")
   if num_processes is None and (coordinator or process_id is not None):
-    if "SLURM_JOB_ID" in os.environ and int(os.environ.get("SLURM_NTASKS", "1")) > 1:
+    if slurm_tasks() > 1:
       return coordinator, num_processes, process_id  # jax reads the rest from SLURM.
     raise ConfigError("JAX_COORDINATOR_ADDRESS or JAX_PROCESS_ID is set without "
                       "JAX_NUM_PROCESSES; allowed: all three on every host, or none")
@@ -165,7 +178,7 @@ def initialize_distributed(coordinator: str | None, num_processes: int | None,
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
                                process_id=process_id, **_timeouts())
-  elif "SLURM_JOB_ID" in os.environ and int(os.environ.get("SLURM_NTASKS", "1")) > 1:
+  elif slurm_tasks() > 1:
     jax.distributed.initialize(**_timeouts())
 
 

@@ -455,8 +455,8 @@ def execute(config_path: str, runs: Sequence[Run], main_cmd: Sequence[str],
 
 def _execute(config_path, runs, main_cmd, local_processes) -> dict[str, list[str]]:
   outcome = {"skipped": [], "ok": [], "diverged": [], "failed": [], "stopped": []}
-  pod = local_processes <= 1 and max(int(os.environ.get("JAX_NUM_PROCESSES") or 1),
-                                     int(os.environ.get("SLURM_NTASKS") or 1)) > 1
+  from depthbench_jax.main import hosts_expected  # Local: defines main's flags.
+  pod = local_processes <= 1 and hosts_expected() > 1
   todo = []
   for run in runs:
     (outcome["skipped"] if run_state(run.workdir) == "done" else todo).append(run)
