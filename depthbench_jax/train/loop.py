@@ -29,7 +29,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import logging
-from clu import metric_writers
 
 from depthbench_jax import shapes
 from depthbench_jax.data import pipeline
@@ -37,6 +36,7 @@ from depthbench_jax.model.transformer import Transformer, count_params
 from depthbench_jax.sweep import format_duration
 from depthbench_jax.systems.flops import train_flops_per_token
 from depthbench_jax.train import checkpoint, config_check, sharding, summary
+from depthbench_jax.train import writer as writer_lib
 from depthbench_jax.train.optimizer import lr_schedule, make_optimizer
 from depthbench_jax.train.step import TrainState, eval_step, init_state, train_step
 from depthbench_jax.train.throughput import StepClock
@@ -209,8 +209,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
                       out_shardings=state_sharding)
     state, start_step = init_fn(jax.random.PRNGKey(config.seed)), 0
 
-  writer = metric_writers.create_default_writer(
-      os.path.join(workdir, "tensorboard"), just_logging=process_index > 0)
+  writer = writer_lib.create(os.path.join(workdir, "tensorboard"), start_step,
+                             just_logging=process_index > 0)
   if start_step == 0:
     writer.write_hparams({"design": model_cfg.design, "n_layers": model_cfg.n_layers,
                           "d_model": model_cfg.d_model, "lr": config.lr,

@@ -195,6 +195,28 @@ def test_resume_on_other_shards_is_refused_and_on_its_own_matches(tmp_path):
   os.remove(data / "002_00000.parquet")
   helpers.run_main(workdir, flags)
   assert_losses_match(workdir, reference, rtol=1e-6)
+  # TensorBoard as `--load_fast=false` loads it: the preempted session's steps 11..20 (its
+  # event file, copied) give way to the resumed session's, each step once (both were shown).
+  points = tensorboard_points(workdir)
+  first = {step: wall_time for step, _, wall_time in tensorboard_points(reference)}
+  assert [step for step, _, _ in points] == list(range(1, 21))
+  assert all(w == first[s] if s <= 10 else w > max(first.values()) for s, _, w in points)
+  losses = helpers.losses(workdir)
+  np.testing.assert_allclose([v for _, v, _ in points], [losses[s] for s in range(1, 21)],
+                             rtol=1e-6)
+
+
+def tensorboard_points(workdir, tag="train/loss"):
+  """``[(step, value, wall_time)]`` of ``tag`` in ``workdir/tensorboard`` as the TensorBoard UI
+  loads a run without the Rust data server (the multiplexer's accumulator, which drops a run's
+  points at or after the step of its second and later ``SessionLog.START`` events)."""
+  from tensorboard.backend.event_processing import plugin_event_accumulator
+  from tensorboard.util import tensor_util
+  events = plugin_event_accumulator.EventAccumulator(os.path.join(workdir, "tensorboard"),
+                                                     size_guidance={"tensors": 0})
+  events.Reload()
+  return [(e.step, float(tensor_util.make_ndarray(e.tensor_proto)), e.wall_time)
+          for e in events.Tensors(tag)]
 
 
 def start_two_processes(workdir, flags, devices=1):
