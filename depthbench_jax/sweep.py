@@ -69,6 +69,15 @@ def run_name(design: str, shape: Shape, lr: float) -> str:
   return f"{design}_{shape.name}_lr{format_lr(lr)}"
 
 
+def parse_run_name(name: str) -> tuple[str, Shape, float] | None:
+  """``run_name``'s inverse, ``(design, shape, lr)``; None for a name of another form."""
+  match = re.fullmatch(r"(.+)_(\d+)x(\d+)_lr([0-9.eE+-]+)", name)
+  try:
+    return (match[1], Shape(int(match[2]), int(match[3])), float(match[4])) if match else None
+  except ValueError:  # An lr like '1e-3e-4'.
+    return None
+
+
 def parse_run_arg(arg: str | None, defaults: dict[str, Any]) -> dict[str, Any]:
   """``'arch=hc,shape=16x1216,lr=3e-4'`` -> ``{'arch': 'hc', 'shape': Shape(16,1216), 'lr':
   3e-4, ...}`` over ``defaults``; unknown keys are a ConfigError naming the allowed ones.

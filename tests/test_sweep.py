@@ -81,6 +81,11 @@ def test_names_and_args():
   assert sweep.format_lr(0.0012) == "1.2e-3"
   assert sweep.format_lr(5e-4) == "5e-4"
   assert sweep.run_name("hc", shapes.Shape(16, 1216), 3e-4) == "hc_16x1216_lr3e-4"
+  for design, shape, lr in [("attnres_block", shapes.Shape(70, 640), 1.2e-3),
+                            ("hc", shapes.Shape(16, 1216), 3e-4)]:   # '_' in a design name too.
+    assert sweep.parse_run_name(sweep.run_name(design, shape, lr)) == (design, shape, lr)
+  for other in ("notes", "hc_16x1216", "hc_16x1216_lr1e-3e-4", "hc_16x_lr1e-3"):
+    assert sweep.parse_run_name(other) is None
   run = sweep.parse_run_arg("arch=hc,shape=16x1216,lr=3e-4", {"arch": "preln", "shape": "4x8",
                                                                 "lr": 1.0})
   assert run == {"arch": "hc", "shape": shapes.Shape(16, 1216), "lr": 3e-4}

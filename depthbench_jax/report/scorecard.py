@@ -22,12 +22,11 @@ import importlib
 import json
 import math
 import os
-import re
 import statistics
 from typing import Any, Iterable, Sequence
 
-from depthbench_jax.sweep import (format_lr, is_usable, read_summary, record_lr, select_best_lr,
-                                  shape_key)
+from depthbench_jax.sweep import (format_lr, is_usable, parse_run_name, read_summary, record_lr,
+                                  select_best_lr, shape_key)
 
 # The paper's 400M table (val loss, best LR): design -> (16 layers, 32 layers, note).
 PAPER_400M = {
@@ -118,13 +117,11 @@ def _planned_run(workdir: str) -> tuple[tuple[str, int, int] | None, float | Non
     return shape_key(record), record_lr(record)
   except (OSError, json.JSONDecodeError, TypeError, ValueError, KeyError, AttributeError):
     pass
-  match = re.fullmatch(r"(.+)_(\d+)x(\d+)_lr([0-9.eE+-]+)", os.path.basename(workdir))
-  if not match:
+  named = parse_run_name(os.path.basename(workdir))
+  if named is None:
     return None, None
-  try:
-    return (match[1], int(match[2]), int(match[3])), float(match[4])
-  except ValueError:
-    return None, None
+  design, shape, lr = named
+  return (design, shape.n_layers, shape.d_model), lr
 
 
 def grid_gaps(records: Sequence[dict], unfinished: Sequence[dict] = (),

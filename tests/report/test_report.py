@@ -385,6 +385,9 @@ def test_a_best_lr_from_an_incomplete_grid_says_which_lrs_it_lacks(tmp_path):
           in text)
   assert "| attnres_full | 16x1216 | 76.0 | 2.780 | **2.751** | 2.760 | 2.770 |" in text
   assert "| attnres_full_32x896_lr0.0005 (summary.json unreadable) |  | – |  |" in text
+  # The torn run has no config.json: its folder name (sweep.parse_run_name) places it.
+  assert ("| attnres_full | 32x896 | 28.0 | no summary yet | **2.718** †§ | 2.725 | 2.730 |"
+          in text)
   assert "5 runs without a summary" not in text and "2 without a summary" in text
 
 
