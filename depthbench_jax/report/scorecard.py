@@ -272,8 +272,6 @@ def scorecard_rows(records: Sequence[dict], groups: dict | None = None,
           "marks_hi": marks.get(ref[1], "") if ref[1] != ref[0] else "",
           "trend": depth_trend(losses, ref), "best": winner,
           "best_marks": lr_marks(shape_key(winner), groups, gaps) if winner else "",
-          "best_lr_at_edge": bool(winner and groups[shape_key(winner)]["lr_at_edge"]),
-          "best_lr_untuned": bool(winner and groups[shape_key(winner)]["lr_untuned"]),
           "n_shapes": len(shapes_run), "n_shapes_usable": len(best),
           "missing_shapes": [s for s in family_shapes
                              if groups.get((design, *s), {}).get("best") is None],
@@ -385,19 +383,19 @@ def lr_table(records: Sequence[dict], groups: dict, gaps: dict | None = None) ->
   shape the plan lists that no run has reached is a row of such cells."""
   gaps = gaps or {}
   lrs = sorted({r["lr"] for r in records} | {lr for g in gaps.values()
-                                             for lr in g["pending"] + g.get("not_started", [])})
+                                             for lr in g["pending"] + g["not_started"]})
   lines = ["| design | shape | AR | " + " | ".join(f"lr {format_lr(lr)}" for lr in lrs) + " |",
            "|---|---|---|" + "---|" * len(lrs)]
   order = _design_order(list(records) + [{"design": k[0]} for k in gaps])
   for key in sorted(set(groups) | set(gaps), key=lambda k: (order.index(k[0]), k[1], k[2])):
     group = groups.get(key, {"runs": [], "best": None})
-    gap = gaps.get(key, {"pending": [], "missing": []})
+    gap = gaps.get(key, {"pending": [], "missing": [], "not_started": []})
     cells = []
     for lr in lrs:
       runs = [r for r in group["runs"] if r["lr"] == lr]
       if not runs:
         cells.append("no summary yet" if lr in gap["pending"] else
-                     "not started" if lr in gap.get("not_started", []) else
+                     "not started" if lr in gap["not_started"] else
                      "not run" if lr in gap["missing"] else "")
         continue
       # Several runs at one LR (a copy in another folder): the best if it is one of them, else
