@@ -262,7 +262,6 @@ def scorecard_rows(records: Sequence[dict], groups: dict | None = None,
           best[r["n_layers"]] = group["best"]
       losses = {L: rec["final_val_loss"] for L, rec in best.items()}
       winner = min(best.values(), key=lambda rec: rec["final_val_loss"], default=None)
-      shapes_run = {(r["n_layers"], r["d_model"]) for r in fam if r["design"] == design}
       marks = {L: lr_marks(shape_key(rec), groups, gaps) for L, rec in best.items()}
       rows.append({
           "family": family, "design": design, "ref_depths": ref,
@@ -272,7 +271,6 @@ def scorecard_rows(records: Sequence[dict], groups: dict | None = None,
           "marks_hi": marks.get(ref[1], "") if ref[1] != ref[0] else "",
           "trend": depth_trend(losses, ref), "best": winner,
           "best_marks": lr_marks(shape_key(winner), groups, gaps) if winner else "",
-          "n_shapes": len(shapes_run), "n_shapes_usable": len(best),
           "missing_shapes": [s for s in family_shapes
                              if groups.get((design, *s), {}).get("best") is None],
           "params_median": statistics.median(r["params_total"] for r in fam
