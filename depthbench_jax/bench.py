@@ -837,8 +837,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
   def save(result, path=path):
     result["preset_name"] = name
-    with open(path, "w") as f:
-      json.dump(result, f, indent=1)
+    summary.atomic_write_json(path, result, indent=1, sort_keys=False)
 
   log = lambda s: print(s, file=sys.stderr, flush=True)
   partial = os.path.splitext(path)[0] + "-partial.json"

@@ -23,7 +23,6 @@ otherwise drop the suite's table, or ``--xla=false`` its compiled counts.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -166,7 +165,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   split = lambda s: [x.strip() for x in s.split(",") if x.strip()] or None
   try:
     from depthbench_jax import sweep
-    from depthbench_jax.train.summary import check_replaceable
+    from depthbench_jax.train import summary
     mfu = sweep.DEFAULT_MFU if args.mfu is None else args.mfu
     peak = sweep.DEFAULT_PEAK_FLOPS if args.peak_flops is None else args.peak_flops
     check_numbers(seq_len=args.seq_len, batch=args.batch, mfu=mfu, peak_flops=peak)
@@ -177,7 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = {"designs": list(dict.fromkeys(d for d, _, _ in entries)),
                "shapes": list(dict.fromkeys(s for _, s, _ in entries)), "seq_len": args.seq_len,
                "batch": args.batch, "dtype": args.dtype, "xla": args.xla == "true"}
-    check_replaceable(os.path.join(out, "systems.json"), options, args.overwrite)
+    summary.check_replaceable(os.path.join(out, "systems.json"), options, args.overwrite)
     result = build(args.config, args.seq_len, with_xla=args.xla == "true", mfu=mfu,
                    peak_flops=peak, dtype=args.dtype, batch=args.batch,
                    measured_paths=split(args.measured) or (),
@@ -190,10 +189,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   from depthbench_jax.systems import table
   png = table.plot_context_curve(result["curve"], os.path.join(out, "context_curve.png"))
   text = render(result) + f"\n\n![prefill FLOPs vs context]({os.path.basename(png)})\n"
-  with open(os.path.join(out, "systems.json"), "w") as f:
-    json.dump(result, f, indent=1)
-  with open(os.path.join(out, "systems.md"), "w") as f:
-    f.write(text)
+  # Whole or not at all, the table first: a failed write keeps the last systems.json and its .md.
+  summary.atomic_write_json(os.path.join(out, "systems.json"), result, indent=1, sort_keys=False)
+  summary.atomic_write_text(os.path.join(out, "systems.md"), text)
   print(text)
   print(f"wrote {out}/systems.json, systems.md, context_curve.png", file=sys.stderr)
   return 0

@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import json
 import os
 import statistics
 import sys
@@ -402,8 +401,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     log(str(e))
     return 2
   result["preset_name"] = name
-  with open(path, "w") as f:
-    json.dump(result, f, indent=1)
+  summary.atomic_write_json(path, result, indent=1, sort_keys=False)
   print(render(result))
   print(f"wrote {path}, {plot(result, os.path.splitext(path)[0] + '.png')}", file=sys.stderr)
   return 0

@@ -33,8 +33,10 @@ def atomic_write_text(path: str, text: str) -> None:
       os.remove(tmp)
 
 
-def atomic_write_json(path: str, obj: Any) -> None:
-  atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str))
+def atomic_write_json(path: str, obj: Any, *, indent: int = 2, sort_keys: bool = True) -> None:
+  """``obj`` as JSON at ``path``, whole or not at all: serialised first, then written beside the
+  file and renamed over it, so a failure (or a kill) mid-write keeps the file it would replace."""
+  atomic_write_text(path, json.dumps(obj, indent=indent, sort_keys=sort_keys, default=str))
 
 
 def read_json(path: str) -> Any:

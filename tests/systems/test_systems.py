@@ -1089,3 +1089,55 @@ def test_context_curve_kv_bytes_in_the_asked_dtype(tmp_path):
   for point in result["curve"]:
     assert point["kv_cache_bytes"] == costs.kv_cache_bytes(
         model_config_from(cfg.model), point["seq_len"], dtype="float32")
+
+
+def _unserialisable():
+  """A result json cannot write (a cycle), whatever ``default=``: the write fails midway, as a
+  kill or a full disk would."""
+  result = {"rows": []}
+  result["self"] = result
+  return result
+
+
+@pytest.mark.parametrize("tool", ["bench", "decode_bench"])
+def test_a_failed_result_write_keeps_the_last_result(tmp_path, monkeypatch, tool):
+  """The bench's and decode bench's result files are written whole or not at all: a write that
+  failed midway (json.dump streaming into the opened file) left the finished result truncated."""
+  from depthbench_jax import bench
+  from depthbench_jax.systems import decode_bench
+  if tool == "bench":
+    module, name, entry = bench, "results-cpu-quick-designs.json", "run_bench"
+    earlier = {"preset": {"designs": ["preln"], "shapes": []}}
+    argv = ["--preset=quick", "--designs=preln", "--out", str(tmp_path)]
+  else:
+    module, name, entry = (decode_bench, "results-cpu-quick-designs-shapes-decode-contexts.json",
+                           "run")
+    earlier = {"batch": 1, "rows": [
+        {"design": "preln", "shape": "2x32", "context": 8, "loop": "unrolled"}]}
+    argv = ["--preset=quick", "--designs=preln", "--shapes=2x32", "--contexts=8",
+            "--out", str(tmp_path)]
+  monkeypatch.setattr(module, entry, lambda *a, **k: _unserialisable())
+  (tmp_path / name).write_text(json.dumps(earlier))
+  with pytest.raises(ValueError, match="[Cc]ircular"):
+    module.main(argv)
+  assert json.loads((tmp_path / name).read_text()) == earlier
+  assert sorted(p.name for p in tmp_path.iterdir()) == [name]   # no temp file left beside it
+
+
+def test_a_failed_systems_write_keeps_the_last_table(tmp_path, monkeypatch):
+  """systems.json and systems.md are written whole or not at all, the JSON first."""
+  from depthbench_jax.systems import __main__ as cli
+  out = tmp_path / "sys"
+  argv = ["--config", os.path.join(ROOT, "configs", "smoke.py"), "--seq_len", "64",
+          "--designs", "preln", "--shapes", "4x128", "--xla", "false", "--out", str(out)]
+  assert cli.main(argv) == 0
+  before = {p.name: p.read_bytes() for p in out.iterdir() if p.suffix != ".png"}
+  real_build = cli.build
+  def build_then_cycle(*args, **kwargs):
+    result = real_build(*args, **kwargs)
+    result["rows"][0]["self"] = result
+    return result
+  monkeypatch.setattr(cli, "build", build_then_cycle)
+  with pytest.raises(ValueError, match="[Cc]ircular"):
+    cli.main(argv)
+  assert {p.name: p.read_bytes() for p in out.iterdir() if p.suffix != ".png"} == before
