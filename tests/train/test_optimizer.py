@@ -22,21 +22,41 @@ def _leaf_name(path) -> str:
   return getattr(path[-1], "key", getattr(path[-1], "name", None))
 
 
-@pytest.mark.parametrize("arch,decayed,kept", [
-    ("preln", {"kernel", "embedding"}, {"scale"}),
+BACKBONE = {"kernel", "embedding"}
+ATTNRES_KEPT = {"scale", "attn_res_query_attn", "attn_res_query_mlp", "readout_query",
+                "attn_res_key_norm_attn", "attn_res_key_norm_mlp", "readout_key_norm"}
+# design -> (leaf names decayed, leaf names kept undecayed): one row per registered design.
+DECAY_TABLE = {
+    "preln": (BACKBONE, {"scale"}),
+    "lns": (BACKBONE, {"scale"}),
+    "sandwich": (BACKBONE, {"scale"}),
+    "deepnorm": (BACKBONE, {"scale"}),
+    "keel": (BACKBONE, {"scale"}),
     # HC Sec. 4: the dynamic projections are decayed; the static connection weights and the
     # dynamic scales are not.
-    ("hc", {"kernel", "embedding", "dynamic_alpha", "dynamic_beta"},
-     {"scale", "static_alpha", "static_beta", "dynamic_alpha_scale", "dynamic_beta_scale"}),
-    ("mhc", {"kernel", "embedding", "phi"},
-     {"scale", "b_pre", "b_post", "b_res", "alpha_pre", "alpha_post", "alpha_res"}),
-])
-def test_weight_decay_mask_per_design(arch, decayed, kept):
+    "hc": (BACKBONE | {"dynamic_alpha", "dynamic_beta"},
+           {"scale", "static_alpha", "static_beta", "dynamic_alpha_scale", "dynamic_beta_scale"}),
+    "mhc": (BACKBONE | {"phi"},
+            {"scale", "b_pre", "b_post", "b_res", "alpha_pre", "alpha_post", "alpha_res"}),
+    # The pseudo-queries and key-norm gains are per-channel vectors, like the norm gains.
+    "attnres_full": (BACKBONE, ATTNRES_KEPT),
+    "attnres_block": (BACKBONE, ATTNRES_KEPT),
+    "moda": (BACKBONE, {"scale"}),   # its depth K/V projections are Dense kernels
+}
+
+
+@pytest.mark.parametrize("arch", registry.names())
+def test_weight_decay_mask_per_design(arch):
+  """Every registered design has a row (DEVELOPERS.md: a new design adds one), and its mask
+  decays exactly the row's first set of leaf names and keeps exactly its second."""
+  if arch not in DECAY_TABLE:
+    pytest.fail(f"{arch}: no row in DECAY_TABLE (tests/train/test_optimizer.py)")
+  decayed, kept = DECAY_TABLE[arch]
   config, shapes = _config_and_shapes(arch)
   mask = optimizer.weight_decay_mask(shapes, extra=registry.get(arch).decayed)
   flat = [(_leaf_name(p), bool(m)) for p, m in jax.tree_util.tree_flatten_with_path(mask)[0]]
   assert {n for n, m in flat if m} == decayed
-  assert kept <= {n for n, m in flat if not m}
+  assert {n for n, m in flat if not m} == kept
 
 
 def test_make_optimizer_decays_hc_dynamic_weights_and_not_static_ones():
