@@ -9,7 +9,8 @@ depthbench_jax.systems`` has written a ``systems.json`` in a run's directory or 
 parents, its XLA FLOPs and peak memory are merged in, and its measured rows (``--measured``: the
 bench's timed steps and device-hours, ``systems/measured.py``) for the runs' (design, shape)s
 follow the table; a file at another prefill length, batch or dtype than the table's
-(``PREFILL_SEQ_LEN``, batch 1, bf16) is named, not merged.
+(``PREFILL_SEQ_LEN``, batch 1, bf16) is named, not merged. A run whose config does not validate
+here (a design this checkout does not register) is named under the table with the reason.
 """
 
 from __future__ import annotations
@@ -110,13 +111,16 @@ def systems_table(runs: Iterable[dict], relative_to: str | None = None) -> str |
   for r in records:
     groups.setdefault((r["design"], f"{r['n_layers']}x{r['d_model']}"), []).append(r)
   xla_rows, timed, other_settings = _systems_rows(records)
-  rows = []
+  rows, left_out = [], []
   for (design, shape), rs in sorted(groups.items(),
                                     key=lambda kv: (kv[0][0], int(kv[0][1].split("x")[0]))):
     try:
       cfg = run_model_config(rs[0])
-    except Exception:  # pylint: disable=broad-except
-      continue  # A record whose config no longer validates is skipped, not fatal.
+    except Exception as e:  # pylint: disable=broad-except
+      # A record whose config no longer validates (a design not registered here) is named
+      # under the table, not fatal and not dropped unsaid.
+      left_out.append(f"{design} {shape} ({e})")
+      continue
     config: dict[str, Any] = rs[0].get("config") or {}
     row = costs.cost_row(
         cfg, seq_len=PREFILL_SEQ_LEN,
@@ -131,9 +135,11 @@ def systems_table(runs: Iterable[dict], relative_to: str | None = None) -> str |
     row["wall_s"] = sum(walls) if walls else None
     row["family"] = rs[0].get("family", 0)   # the report's scale family (multi-scale suites)
     rows.append(row)
+  note = (["", "Left out, their config does not validate in this checkout: " +
+           "; ".join(left_out) + "."] if left_out else [])
   if not rows:
-    return None
-  parts = [table.CONVENTION, "", table.markdown_table(rows)]
+    return "\n".join(note[1:]) or None
+  parts = [table.CONVENTION, "", table.markdown_table(rows)] + note
   for path, mismatch in other_settings.items():
     parts += ["", f"Not merged: {path} is at prefill {mismatch} (python -m "
               f"depthbench_jax.systems --seq_len={PREFILL_SEQ_LEN} --batch=1 --dtype=bfloat16, "

@@ -1141,3 +1141,20 @@ def test_a_failed_systems_write_keeps_the_last_table(tmp_path, monkeypatch):
   with pytest.raises(ValueError, match="[Cc]ircular"):
     cli.main(argv)
   assert {p.name: p.read_bytes() for p in out.iterdir() if p.suffix != ".png"} == before
+
+
+def test_report_section_names_a_run_whose_design_is_not_registered():
+  """A run of a design this checkout does not register (an eleventh design's runs, read on a
+  branch without it) is named under the table with the reason, not dropped without a word."""
+  from depthbench_jax.residual import registry
+  from depthbench_jax.systems import report_section
+  record = lambda design: {"design": design, "n_layers": 2, "d_model": 64, "config": {
+      "model": {"vocab_size": 64, "n_heads": 4, "residual": {"name": design}}}}
+  section = report_section.systems_table([record("preln"), record("rezero_gone")])
+  assert "| preln | 2x64 |" in section and "| rezero_gone |" not in section
+  assert ("Left out, their config does not validate in this checkout: rezero_gone 2x64 "
+          f"(config.model.residual.name='rezero_gone'; allowed: {', '.join(registry.names())})."
+          ) in section
+  alone = report_section.systems_table([record("rezero_gone")])
+  assert alone.startswith("Left out, their config does not validate in this checkout: "
+                          "rezero_gone 2x64")
