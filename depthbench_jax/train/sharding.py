@@ -79,9 +79,18 @@ def logical_shardings(boxed_tree, mesh: Mesh):
 
   Leaves without logical names (plain ``self.param``) are replicated. An axis whose size does
   not divide its mesh axis is replicated rather than failing (small heads on a wide tensor axis).
+  A logical name with no entry in ``LOGICAL_RULES`` is a ValueError naming the leaf (flax would
+  replicate it without a word: a new design's misspelt ``'embd'`` would never shard).
   """
-  def one(leaf):
+  known = {name for name, _ in LOGICAL_RULES}
+
+  def one(path, leaf):
     if isinstance(leaf, nn.LogicallyPartitioned):
+      unknown = [n for n in leaf.names if n is not None and n not in known]
+      if unknown:
+        raise ValueError(f"param {jax.tree_util.keystr(path)}: logical axis names {unknown} "
+                         f"have no sharding rule; allowed: {', '.join(sorted(known))} or None "
+                         "(train/sharding.py LOGICAL_RULES)")
       spec = nn.logical_to_mesh_axes(leaf.names, LOGICAL_RULES)
       shape = leaf.value.shape
       axes = []
@@ -91,4 +100,5 @@ def logical_shardings(boxed_tree, mesh: Mesh):
         axes.append(axis if axis is not None and dim % size == 0 else None)
       return NamedSharding(mesh, P(*axes))
     return NamedSharding(mesh, P())
-  return jax.tree.map(one, boxed_tree, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))
+  return jax.tree_util.tree_map_with_path(
+      one, boxed_tree, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))

@@ -52,3 +52,12 @@ def test_mesh_shapes_that_do_not_fit_are_config_errors(mesh, pattern):
 def test_make_mesh_on_the_devices_here():
   mesh = sharding.make_mesh({"data": -1, "fsdp": 1, "tensor": 1})
   assert dict(mesh.shape) == {"data": jax.device_count(), "fsdp": 1, "tensor": 1}
+
+
+def test_a_logical_name_without_a_rule_is_refused_naming_the_param():
+  """flax maps a name the rules lack to None: a new design's ``'embd'`` (for ``'embed'``) would
+  be replicated on every device without a word."""
+  tree = {"layers": {"residual": {"w": _boxed((3, 64), ("layers", "embd"))}}}
+  with pytest.raises(ValueError, match=r"param \['layers'\]\['residual'\]\['w'\]: logical axis "
+                                       r"names \['embd'\] have no sharding rule; allowed: .*embed"):
+    sharding.logical_shardings(tree, MESH)
