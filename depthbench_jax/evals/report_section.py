@@ -9,7 +9,10 @@ markdown, or None when no run has evals. A run scored on the first N examples of
 
 Depth trend per design (and scale family, ``record['family']``, when the scorecard set several)
 and domain: the least-squares slope of NLL against ``log2(n_layers)`` (nats per doubling of
-depth; negative = deeper is better), over that design's depths.
+depth; negative = deeper is better), over that design's depths. Only like numbers share a slope:
+runs scored on the first N examples trend apart from full-set runs (one row per N), and a
+domain whose runs averaged different sets (``evals.json`` ``domains[d]['sets']``, e.g. math500
+missing at one depth) reads ``sets differ`` rather than a slope.
 """
 
 from __future__ import annotations
@@ -63,11 +66,21 @@ def depth_slope(points: Sequence[tuple[int, float]]) -> float | None:
   return (sum((x - mx) * (v - my) for x, v in pts) / sum((x - mx) ** 2 for x, _ in pts))
 
 
-def _trend(slope: float | None) -> str:
-  if slope is None:
-    return "-"
+def _trend(slope: float | None | str) -> str:
+  if slope is None or isinstance(slope, str):
+    return slope or "-"
   word = "flat" if abs(slope) < FLAT_TOL else ("deeper better" if slope < 0 else "deeper worse")
   return f"{slope:+.3f} ({word})"
+
+
+def _domain_slope(rows: Sequence[tuple[int, dict]], domain: str) -> float | None | str:
+  """``depth_slope`` of one domain's NLL over ``rows`` ``(depth, evals['domains'])``, or
+  ``'sets differ'`` when the runs with a number averaged different sets."""
+  scored = [(d, doms[domain]) for d, doms in rows
+            if _num((doms.get(domain) or {}).get("nll_per_token")) != "-"]
+  if len({tuple(sorted(res.get("sets") or ())) for _, res in scored}) > 1:
+    return "sets differ"
+  return depth_slope([(d, res["nll_per_token"]) for d, res in scored])
 
 
 def _best_lr_only(runs: Sequence[Any]) -> list[Any]:
@@ -110,17 +123,17 @@ def evals_table(runs: Sequence[Any], relative_to: str | None = None) -> str | No
     row += [_num((evals.get("sets", {}).get(s) or {}).get(m)) for s, m in tasks]
     lines.append("| " + " | ".join(row) + " |")
     key = design if len(families) == 1 else f"{design} (family {summary.get('family', 0)})"
-    by_design.setdefault(key, []).append((depth, doms))
+    by_design.setdefault(key + (f" (first {limit})" if limit else ""), []).append((depth, doms))
   if any((e.get("options") or {}).get("max_examples") for _, e in pairs):
     lines += ["", "(first N): only the first N examples of each set were scored "
               "(evaluate --max_examples=N); not comparable with full-set rows."]
   lines += ["", "Depth trend: slope of domain NLL against log2(depth), nats per doubling "
-            f"(negative = deeper is better; |slope| < {FLAT_TOL}: flat).", "",
+            f"(negative = deeper is better; |slope| < {FLAT_TOL}: flat; 'sets differ': the "
+            "depths averaged different sets, no slope).", "",
             "| design | depths | " + " | ".join(DOMAINS) + " |",
             "|---|---|" + "---|" * len(DOMAINS)]
   for design, rows in sorted(by_design.items()):
     depths = sorted({d for d, _ in rows if d})
-    cells = [_trend(depth_slope([(d, (doms.get(dom) or {}).get("nll_per_token"))
-                                 for d, doms in rows])) for dom in DOMAINS]
+    cells = [_trend(_domain_slope(rows, dom)) for dom in DOMAINS]
     lines.append(f"| {design} | {', '.join(map(str, depths))} | " + " | ".join(cells) + " |")
   return "\n".join(lines)

@@ -247,6 +247,23 @@ def test_depth_trend_keeps_scale_families_apart():
   assert "| preln (family 1) | 16, 32 | +0.100 (deeper worse) |" in text
 
 
+def test_depth_trend_compares_only_like_numbers():
+  """A first-4-examples run trends apart from the full-set runs (it moved the full slope from
+  -0.100 to +0.410 before), and a math domain averaged over gsm8k alone at one depth and over
+  gsm8k + math500 at another has no slope ('sets differ'), while coding (same sets) keeps its."""
+  def run(depth, nll, limit=None, math_sets=("gsm8k", "math500")):
+    evals = {"n_layers": depth, "options": {"max_examples": limit},
+             "domains": {"coding": {"nll_per_token": nll, "sets": ["humaneval", "mbpp"]},
+                         "math": {"nll_per_token": nll, "sets": list(math_sets)}}}
+    return {"design": "preln", "name": f"L{depth}{limit}"}, evals
+  full = [run(8, 2.0), run(16, 1.9)]
+  text = report_section.evals_table(full + [run(32, 3.0, limit=4), run(64, 3.0, limit=4)])
+  assert "| preln | 8, 16 | -0.100 (deeper better) | - | -0.100 (deeper better) |" in text
+  assert "| preln (first 4) | 32, 64 | +0.000 (flat) | - | +0.000 (flat) |" in text
+  text = report_section.evals_table([run(8, 2.0, math_sets=("gsm8k",)), run(16, 1.9)])
+  assert "| preln | 8, 16 | -0.100 (deeper better) | - | sets differ |" in text
+
+
 def test_report_section_depth_trend(tmp_path):
   def run(design, depth, nll):
     summary = {"design": design, "n_layers": depth, "name": f"{design}{depth}"}
