@@ -97,12 +97,19 @@ def math_extract(text: str) -> str:
 
 def nll_metrics(cfg, params, tokenizer, examples: Sequence[Example], *, batch_size: int = 8,
                 max_len: int | None = None) -> dict:
+  """Teacher-forced NLL of each reference answer (module doc). ``context_cut``: examples whose
+  ``<eos>`` + prompt + answer exceeds ``max_len`` (the prompt lost its first tokens);
+  ``answer_cut``: those whose answer alone exceeds ``max_len - 1`` (its first tokens unscored,
+  so ``tokens`` is below the answers' length)."""
   pairs = [([tokenizer.eos_id] + tokenizer.encode(e.prompt), tokenizer.encode(e.answer))
            for e in examples]
   logps = continuation_logprobs(cfg, params, pairs, batch_size=batch_size, max_len=max_len)
   sums = np.array([-float(lp.sum()) for lp in logps])
   counts = np.array([len(lp) for lp in logps])
+  window = max_len or cfg.max_seq_len
   return {"n": len(examples), "tokens": int(counts.sum()),
+          "context_cut": sum(len(c) + len(a) > window for c, a in pairs),
+          "answer_cut": sum(len(lp) < len(a) for lp, (_, a) in zip(logps, pairs)),
           "nll_per_token": float(sums.sum() / max(1, counts.sum())),
           "nll_per_example": float(sums.mean()) if len(sums) else float("nan"),
           "per_example": [{"id": e.id, "nll": float(s), "tokens": int(c)}

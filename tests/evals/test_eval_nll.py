@@ -58,6 +58,20 @@ def test_nll_equals_hand_computed_value():
   np.testing.assert_allclose(short["per_example"][0]["nll"], want, rtol=1e-5)
 
 
+def test_nll_counts_the_examples_a_short_window_cuts():
+  """gsm8k fixture: eos + prompt of 82 and 75 tokens, answers of 42 and 62. A 64-token window
+  cuts both contexts and no answer (62 <= 63); a 48-token window also cuts the 62-token answer,
+  scoring its last 47 tokens (42 + 47 = 89 in all); the full 512 cuts nothing."""
+  cfg, params, _ = bigram_model()
+  examples = datasets.load_set("gsm8k", FIXTURES)
+  count = lambda n: {k: v for k, v in tasks.nll_metrics(cfg, params, ByteTok(), examples,
+                                                         max_len=n, batch_size=2).items()
+                     if k in ("tokens", "context_cut", "answer_cut")}
+  assert count(None) == {"tokens": 104, "context_cut": 0, "answer_cut": 0}
+  assert count(64) == {"tokens": 104, "context_cut": 2, "answer_cut": 0}
+  assert count(48) == {"tokens": 89, "context_cut": 2, "answer_cut": 1}
+
+
 def test_multiple_choice_matches_hand_log_likelihoods():
   cfg, params, table = bigram_model()
   tok = ByteTok()
