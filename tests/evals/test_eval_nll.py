@@ -121,6 +121,33 @@ def test_a_continuation_longer_than_the_window_scores_its_last_tokens():
   np.testing.assert_allclose(got, want, rtol=1e-5)
 
 
+def test_a_padded_batch_scores_as_each_row_alone_unpadded():
+  """Rows of 6 and 40 tokens share one batch padded with zeros to 64; each continuation's
+  log-probs equal those of its row alone and unpadded: the short one scored with a window of
+  exactly its length, the long one by a numpy log-softmax of the model's logits. MoDA, as its
+  depth KV attends over positions beside the usual causal attention."""
+  from depthbench_jax.evals.scoring import continuation_logprobs
+  from depthbench_jax.model.transformer import Transformer
+  cfg = tiny_model_cfg(residual={"name": "moda"})
+  rng = np.random.RandomState(5)
+  leaves, tree = jax.tree.flatten(nn.unbox(abstract_params(cfg)))
+  params = jax.tree.unflatten(tree, [(0.3 * rng.randn(*s.shape)).astype(np.float32)
+                                     for s in leaves])
+  (ctx, cont), (long_ctx, long_cont) = [
+      ([256] + list(rng.randint(0, 256, n)), list(rng.randint(0, 256, m)))
+      for n, m in ((3, 2), (25, 14))]
+  short, long = continuation_logprobs(cfg, params, [(ctx, cont), (long_ctx, long_cont)],
+                                      batch_size=2)
+  (alone,) = continuation_logprobs(cfg, params, [(ctx, cont)], batch_size=1, max_len=6)
+  np.testing.assert_allclose(short, alone, atol=1e-5)
+  seq = np.array([long_ctx + long_cont], np.int32)
+  logits = np.asarray(jax.jit(Transformer(cfg).apply)({"params": params}, seq), np.float64)[0]
+  logp = logits - logits.max(-1, keepdims=True)
+  logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
+  want = [logp[j - 1, seq[0, j]] for j in range(len(long_ctx), seq.shape[1])]
+  np.testing.assert_allclose(long, want, atol=1e-5)
+
+
 def test_answer_extraction():
   assert tasks.gsm8k_extract("3 apples and 4 more make 7") == "7"   # no ####: the last number
   assert tasks.gsm8k_extract("so 3+4=7.\n#### 1,000") == "1000"
