@@ -20,6 +20,12 @@ math500    math   ``'Problem: {problem}\nSolution:'``             ``' {solution}
 
 SciQ/GPQA choices are the correct answer and the three distractors, each as ``' {choice}'``
 after the same prompt (choices are not listed in the prompt, so their order does not matter).
+Sources of the formats (the spec names the sets, not the prompts): SciQ and GSM8K are
+lm-eval-harness's ``sciq``/``gsm8k`` (GSM8K's reference keeps its ``<<48/2=24>>`` calculator
+annotations, as there); GPQA and MATH-500 follow the same zero-shot ``Question:``/``Answer:``
+shape; HumanEval is Chen et al. (2021) as published; the MBPP docstring prompt is this
+project's (Austin et al. (2021) use "You are an expert Python programmer..." with
+``[BEGIN]``/``[DONE]``); its NLL target is the reference ``code`` either way.
 MBPP from the original ``mbpp.jsonl`` (974 problems) uses the test split, task_id 11-510.
 '''
 

@@ -1,9 +1,16 @@
 """Per-set evaluation: teacher-forced NLL for every set, plus the task score of its kind.
 
-* NLL (all sets): ``nll_per_token`` = sum of answer-token NLLs / number of answer tokens (nats),
-  ``nll_per_example`` = mean over examples of the summed answer NLL. Context = ``<eos>`` +
-  prompt, tokenized separately from the answer (answers start with a space where the format
-  puts one, as in lm-eval-harness).
+* NLL (all sets): ``nll_per_token`` = sum over the set's examples of the answer tokens'
+  ``-log p(a_j | <eos>, prompt, a_<j)`` / the number of those tokens (nats; token-weighted over
+  the set, not a mean of per-example means); ``nll_per_example`` = mean over examples of the
+  summed answer NLL. Scored: the answer's tokens only, none of the prompt, no eos after the
+  answer (as lm-eval-harness's loglikelihood). ``<eos>`` opens the context as documents follow
+  eos in training. Prompt and answer are tokenized separately, so the scored tokens are exactly
+  ``encode(answer)`` whatever the context (lm-eval-harness instead encodes context + answer
+  jointly and scores the tokens after the context's; with GPT-2 BPE the two differ only where
+  the answer starts with whitespace that merges with the prompt's: 1 of 164 HumanEval problems,
+  none of the ``' {answer}'`` sets). A sequence over ``max_len`` loses prompt tokens from the
+  front, then answer tokens (unscored, counted in ``context_cut``/``answer_cut``).
 * mc (SciQ, GPQA): ``acc`` = the correct choice has the strictly highest summed log-likelihood;
   ``acc_norm`` = the same with log-likelihood divided by the choice's length in characters.
 * math (GSM8K, MATH-500): greedy generation, ``exact_match`` of the extracted final answer
