@@ -5,7 +5,8 @@ its ``evals.json``) or of run records (``summary.json`` dicts with a ``workdir``
 ``report.scorecard`` passes them; their ``evals.json`` is read here, and only each (design,
 shape)'s best-LR run is kept, ``sweep.best_lr_runs``, as the scorecard reports it). Returns
 markdown, or None when no run has evals. A run scored on the first N examples of each set only
-(``options.max_examples``) reads ``LxD (first N)``.
+(``options.max_examples``) reads ``LxD (first N)``. A domain NLL reads ``2.345*`` when one of
+its sets had examples cut to the scoring window (``context_cut``/``answer_cut``).
 
 Depth trend per design (and scale family, ``record['family']``, when the scorecard set several)
 and domain: the least-squares slope of NLL against ``log2(n_layers)`` (nats per doubling of
@@ -73,6 +74,13 @@ def _trend(slope: float | None | str) -> str:
   return f"{slope:+.3f} ({word})"
 
 
+def _cut_mark(evals: dict, domain: str) -> str:
+  """``'*'`` when a set the domain averaged had examples cut to the scoring window."""
+  sets = ((evals.get("domains") or {}).get(domain) or {}).get("sets") or ()
+  cut = [(evals.get("sets") or {}).get(s) or {} for s in sets]
+  return "*" if any(r.get("context_cut") or r.get("answer_cut") for r in cut) else ""
+
+
 def _domain_slope(rows: Sequence[tuple[int, dict]], domain: str) -> float | None | str:
   """``depth_slope`` of one domain's NLL over ``rows`` ``(depth, evals['domains'])``, or
   ``'sets differ'`` when the runs with a number averaged different sets."""
@@ -119,11 +127,16 @@ def evals_table(runs: Sequence[Any], relative_to: str | None = None) -> str | No
     limit = (evals.get("options") or {}).get("max_examples")
     shape = _shape(summary, evals) + (f" (first {limit})" if limit else "")
     row = [design, shape, "-" if lr is None else f"{lr:g}"]
-    row += [_num((doms.get(d) or {}).get("nll_per_token")) for d in DOMAINS]
+    row += [_num((doms.get(d) or {}).get("nll_per_token")) + _cut_mark(evals, d)
+            for d in DOMAINS]
     row += [_num((evals.get("sets", {}).get(s) or {}).get(m)) for s, m in tasks]
     lines.append("| " + " | ".join(row) + " |")
     key = design if len(families) == 1 else f"{design} (family {summary.get('family', 0)})"
     by_design.setdefault(key + (f" (first {limit})" if limit else ""), []).append((depth, doms))
+  if any(_cut_mark(e, d) for _, e in pairs for d in DOMAINS):
+    lines += ["", "*: some examples of that domain's sets exceed the scoring window (the run's "
+              "seq_len): their prompts lost leading tokens, or their answers are scored on "
+              "their last tokens only (evals.json context_cut, answer_cut)."]
   if any((e.get("options") or {}).get("max_examples") for _, e in pairs):
     lines += ["", "(first N): only the first N examples of each set were scored "
               "(evaluate --max_examples=N); not comparable with full-set rows."]

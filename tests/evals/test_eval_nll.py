@@ -305,6 +305,22 @@ def test_depth_trend_compares_only_like_numbers():
   assert "| preln | 8, 16 | -0.100 (deeper better) | - | sets differ |" in text
 
 
+def test_evals_table_marks_domains_with_examples_cut_to_the_window():
+  """gsm8k had one answer cut at depth 8: math reads 2.000*, with the note; coding (no cut)
+  and the depth-16 row (no cut) read plain."""
+  def run(depth, cut):
+    sets = {"gsm8k": {"answer_cut": cut, "context_cut": 0}, "mbpp": {"context_cut": 0}}
+    doms = {"coding": {"nll_per_token": 1.0, "sets": ["mbpp"]},
+            "math": {"nll_per_token": 2.0, "sets": ["gsm8k"]}}
+    return {"design": "preln", "name": f"L{depth}"}, {"n_layers": depth, "sets": sets,
+                                                       "domains": doms}
+  text = report_section.evals_table([run(8, 1), run(16, 0)])
+  assert "| preln | 8 | - | 1.000 | - | 2.000* |" in text
+  assert "| preln | 16 | - | 1.000 | - | 2.000 |" in text
+  assert "*: some examples of that domain's sets exceed the scoring window" in text
+  assert "exceed the scoring window" not in report_section.evals_table([run(8, 0)])
+
+
 def test_report_section_depth_trend(tmp_path):
   def run(design, depth, nll):
     summary = {"design": design, "n_layers": depth, "name": f"{design}{depth}"}
