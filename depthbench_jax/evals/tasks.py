@@ -14,7 +14,8 @@
   ``max_len`` loses prompt tokens from the front, then answer tokens (unscored, counted in
   ``context_cut``/``answer_cut``).
 * mc (SciQ, GPQA): ``acc`` = the correct choice has the strictly highest summed log-likelihood;
-  ``acc_norm`` = the same with log-likelihood divided by the choice's length in characters.
+  ``acc_norm`` = the same with log-likelihood divided by the choice's length in characters,
+  without the ``' '`` that joins it to the prompt (lm-eval-harness's ``len(choice)``).
 * math (GSM8K, MATH-500): greedy generation, ``exact_match`` of the extracted final answer
   (GSM8K: the number after ``####``, else the last number; MATH: the last ``\\boxed{...}``)
   against the reference after normalisation.
@@ -137,7 +138,7 @@ def mc_metrics(cfg, params, tokenizer, examples: Sequence[Example], *, batch_siz
   acc, acc_norm, k = [], [], 0
   for e in examples:
     ll = np.array([float(lp.sum()) for lp in logps[k:k + len(e.choices)]])
-    norm = ll / np.array([max(1, len(c)) for c in e.choices])
+    norm = ll / np.array([max(1, len(c.strip())) for c in e.choices])
     k += len(e.choices)
     others = [j for j in range(len(e.choices)) if j != e.label]
     acc.append(bool(ll[e.label] > ll[others].max()))

@@ -99,13 +99,26 @@ def test_acc_norm_divides_by_characters_not_tokens():
   for e in examples:
     ctx = [tok.eos_id] + tok.encode(e.prompt)
     ll = np.array([-hand_nll(table, cfg.d_model, ctx, tok.encode(c)) for c in e.choices])
-    for norm, out in (([len(c) for c in e.choices], by_chars),
+    for norm, out in (([len(c) - 1 for c in e.choices], by_chars),   # less the joining ' '
                       ([len(tok.encode(c)) for c in e.choices], by_tokens)):
       per = ll / np.array(norm)
       out.append(per[e.label] > np.delete(per, e.label).max())
   assert by_chars != by_tokens   # the case tells the two normalisations apart
   got = tasks.mc_metrics(cfg, params, tok, examples, batch_size=8)
   assert got["acc_norm"] == pytest.approx(np.mean(by_chars))
+
+
+def test_acc_norm_leaves_the_joining_space_out_of_the_length(monkeypatch):
+  """Choices ' ab' (log-likelihood -2) and ' abcdef' (-5), the second correct: per character of
+  the choice text, -1.0 vs -0.833 picks the second, as lm-eval-harness (len(choice) without
+  its target delimiter); counting the space, -0.667 vs -0.714 picked the first."""
+  lls = {" ab": -2.0, " abcdef": -5.0}
+  monkeypatch.setattr(tasks, "continuation_logprobs", lambda cfg, params, pairs, **k: [
+      np.array([lls[bytes(c).decode()]]) for _, c in pairs])
+  example = datasets.Example(id="x", prompt="Q", answer=" abcdef", choices=(" ab", " abcdef"),
+                             label=1)
+  got = tasks.mc_metrics(None, None, ByteTok(), [example])
+  assert (got["acc"], got["acc_norm"]) == (0.0, 1.0)
 
 
 def test_a_continuation_longer_than_the_window_scores_its_last_tokens():
