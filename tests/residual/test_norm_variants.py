@@ -1,10 +1,12 @@
 """LNS, Sandwich-LN, DeepNorm, KEEL: update equations by hand, invariants, the shared checks."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from depthbench_jax.errors import ConfigError
+from depthbench_jax.model.transformer import Transformer
 from depthbench_jax.residual.deepnorm import deepnorm_alpha, deepnorm_beta
 from residual_testkit import (init, perturb, rms, run, shared_checks_test, text_batch, tiny_cfg,
                               wiring_call)
@@ -175,6 +177,57 @@ def test_config_defaults_are_merged_and_bad_fields_named():
     tiny_cfg("preln", residual={"n_streams": 4})  # A field of another design, not ignored.
   with pytest.raises(ConfigError, match=r"config\.model\.residual\.first_layer_plain"):
     tiny_cfg("keel", residual={"first_layer_plain": "yes"})
+
+
+# ----- precision under bf16 compute ----------------------------------------------------------
+
+def _float_arithmetic_dtypes(jaxpr) -> set:
+  """Output dtypes of every add/mul/sub in ``jaxpr`` and the jaxprs nested in it."""
+  out = set()
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name in ("add", "mul", "sub"):
+      out |= {str(v.aval.dtype) for v in eqn.outvars}
+    for param in eqn.params.values():
+      inner = getattr(param, "jaxpr", param)
+      if hasattr(inner, "eqns"):
+        out |= _float_arithmetic_dtypes(inner)
+  return out
+
+
+@pytest.mark.parametrize("name, sub, layer", [("deepnorm", 0, 1), ("deepnorm", 1, 1),
+                                              ("keel", 0, 1), ("keel", 1, 1), ("keel", 1, 0)])
+def test_post_norm_skip_sum_runs_in_fp32_under_bf16(name, sub, layer):
+  """``N(alpha x + y)`` with bf16 x and y: no add or mul in bf16 (the sum was rounded to bf16
+  before the norm: at KEEL's alpha = 140 the spacing there is 1.0, the size of y itself)."""
+  cfg = tiny_cfg(name, n_layers=2, d_model=4, n_heads=2, dtype="bfloat16")
+  params = scales(post_attention_layernorm=G1, post_feedforward_layernorm=G2)
+  x, y = jnp.asarray(X, jnp.bfloat16), jnp.asarray(Y, jnp.bfloat16)
+  jaxpr = jax.make_jaxpr(lambda x, y: wiring_call(cfg, params, "write", x, y, sub,
+                                                  jnp.int32(layer))[0])(x, y)
+  assert _float_arithmetic_dtypes(jaxpr.jaxpr) == {"float32"}
+
+
+def test_keel_state_is_fp32_under_bf16_and_keeps_updates_below_bf16_resolution():
+  """alpha = 140 (the 70-layer suite): a sublayer moves the unit-RMS state by ~y/140, under
+  bf16's spacing. The state is fp32 from the embedding on, and one write matches the float64
+  ``N(alpha x + y)`` to 1e-4 of the update (a bf16 state: ~0.2)."""
+  cfg = tiny_cfg("keel", n_layers=2, d_model=4, n_heads=2, dtype="bfloat16",
+                 residual={"alpha": 140.0})
+  tokens = jnp.zeros((1, 4), jnp.int32)
+  hidden = jax.eval_shape(lambda t: Transformer(cfg).init_with_output(
+      jax.random.PRNGKey(0), t, return_layers=True)[0][1]["hidden"], tokens)
+  assert hidden.dtype == jnp.float32
+  rng = np.random.RandomState(0)
+  x = rng.standard_normal((1, 64, 4)).astype(np.float32)
+  x /= rms(x).astype(np.float32)
+  y = rng.standard_normal((1, 64, 4)).astype(np.float32).astype(jnp.bfloat16)
+  params = scales(post_attention_layernorm=np.ones(4), post_feedforward_layernorm=np.ones(4))
+  new, _ = wiring_call(cfg, params, "write", jnp.asarray(x), y, 1, jnp.int32(1))
+  assert new.dtype == jnp.float32
+  z = 140.0 * x.astype(np.float64) + np.asarray(y, np.float64)
+  want = z / rms(z)
+  err = np.linalg.norm(np.asarray(new, np.float64) - want) / np.linalg.norm(want - x)
+  assert err < 1e-4, err
 
 
 # ----- the checks every design passes --------------------------------------------------------
