@@ -71,9 +71,14 @@ def apply_rope(x: Array, positions: Array, theta: float) -> Array:
 
 def grouped_query(q: Array, n_kv_heads: int) -> Array:
   """q [B,Tq,H,hd] -> ``q / sqrt(hd)`` as [B,Tq,K,H/K,hd], the query heads grouped by the KV
-  head they read (GQA), still tokens-major."""
+  head they read (GQA), still tokens-major.
+
+  The product is taken in fp32 and rounded once to q's dtype: a bf16 ``1/sqrt(hd)`` is off by
+  up to 0.24% (hd = 44, the 56x704 shape), a fixed error in every logit's temperature that
+  cuDNN's path (scale passed as a float) does not have."""
   b, tq, h, hd = q.shape
-  return (q * jnp.asarray(hd ** -0.5, q.dtype)).reshape(b, tq, n_kv_heads, h // n_kv_heads, hd)
+  scaled = (q.astype(jnp.float32) * (hd ** -0.5)).astype(q.dtype)
+  return scaled.reshape(b, tq, n_kv_heads, h // n_kv_heads, hd)
 
 
 def heads_major(q: Array, k: Array, v: Array) -> tuple[Array, Array, Array]:
