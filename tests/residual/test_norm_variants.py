@@ -207,12 +207,15 @@ def test_post_norm_skip_sum_runs_in_fp32_under_bf16(name, sub, layer):
   assert _float_arithmetic_dtypes(jaxpr.jaxpr) == {"float32"}
 
 
-def test_keel_state_is_fp32_under_bf16_and_keeps_updates_below_bf16_resolution():
-  """alpha = 140 (the 70-layer suite): a sublayer moves the unit-RMS state by ~y/140, under
-  bf16's spacing. The state is fp32 from the embedding on, and one write matches the float64
-  ``N(alpha x + y)`` to 1e-4 of the update (a bf16 state: ~0.2)."""
-  cfg = tiny_cfg("keel", n_layers=2, d_model=4, n_heads=2, dtype="bfloat16",
-                 residual={"alpha": 140.0})
+@pytest.mark.parametrize("name, residual, alpha, y_scale", [
+    ("keel", {"alpha": 140.0}, 140.0, 1.0), ("deepnorm", {}, deepnorm_alpha(2), 0.1)])
+def test_post_ln_state_is_fp32_under_bf16_and_keeps_small_updates(name, residual, alpha,
+                                                                   y_scale):
+  """A sublayer moves the unit-RMS state by ~y/alpha: for KEEL at alpha = 140 (the 70-layer
+  suite) and DeepNorm with a beta-scaled y, at or under bf16's spacing. The state is fp32 from
+  the embedding on, and one write matches the float64 ``N(alpha x + y)`` to 1e-4 of the update
+  (with a bf16 state: 0.2 for KEEL, a few % for DeepNorm)."""
+  cfg = tiny_cfg(name, n_layers=2, d_model=4, n_heads=2, dtype="bfloat16", residual=residual)
   tokens = jnp.zeros((1, 4), jnp.int32)
   hidden = jax.eval_shape(lambda t: Transformer(cfg).init_with_output(
       jax.random.PRNGKey(0), t, return_layers=True)[0][1]["hidden"], tokens)
@@ -220,11 +223,11 @@ def test_keel_state_is_fp32_under_bf16_and_keeps_updates_below_bf16_resolution()
   rng = np.random.RandomState(0)
   x = rng.standard_normal((1, 64, 4)).astype(np.float32)
   x /= rms(x).astype(np.float32)
-  y = rng.standard_normal((1, 64, 4)).astype(np.float32).astype(jnp.bfloat16)
+  y = (y_scale * rng.standard_normal((1, 64, 4))).astype(np.float32).astype(jnp.bfloat16)
   params = scales(post_attention_layernorm=np.ones(4), post_feedforward_layernorm=np.ones(4))
   new, _ = wiring_call(cfg, params, "write", jnp.asarray(x), y, 1, jnp.int32(1))
   assert new.dtype == jnp.float32
-  z = 140.0 * x.astype(np.float64) + np.asarray(y, np.float64)
+  z = alpha * x.astype(np.float64) + np.asarray(y, np.float64)
   want = z / rms(z)
   err = np.linalg.norm(np.asarray(new, np.float64) - want) / np.linalg.norm(want - x)
   assert err < 1e-4, err
