@@ -69,9 +69,17 @@ def test_qwen3_layout_1p6b():
   cfg = model_config_from(c.model)
   assert (cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.ffn_dim) == (16, 8, 128, 6144)
   assert cfg.qk_norm and c.lr == 5e-4
+  # Qwen3-1.7B's config.json: rope_theta 1e6, rms_norm_eps 1e-6.
+  assert (cfg.rope_theta, cfg.norm_eps) == (1e6, 1e-6)
   counts = shapes.param_counts(c.model)
   assert counts["non_embedding"] == pytest.approx(1409.4e6, rel=1e-3)  # Qwen3-1.7B backbone.
   assert {r["lr"] for r in module.sweep()} == {5e-4}
+  # With Qwen3's own tied 151,936-row table this is Qwen3-1.7B to the parameter: 1,720,574,976
+  # is transformers' Qwen3ForCausalLM count at that config (28 x (12.58M attn + 37.75M MLP +
+  # 4,352 norm) + 2,048 final norm + 151,936 x 2,048), the "1.7B" of its name.
+  c.model.vocab_size, c.model.tie_embeddings = 151936, True
+  assert shapes.param_counts(c.model) == {"total": 1720574976, "embedding": 311164928,
+                                          "non_embedding": 1409410048}
 
 
 def test_isobackbone_fixes_backbone_not_total():
