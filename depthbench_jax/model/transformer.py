@@ -122,6 +122,18 @@ class Transformer(nn.Module):
 
   cfg: ModelConfig
   decode: bool = False
+  mesh: Any = None  # jax.sharding.Mesh: batch-shard the activations over it (batch_sharded).
+
+  def batch_sharded(self, x: Array) -> Array:
+    """``x [B, ...]`` pinned to rows split over the mesh's ``data x fsdp`` (MaxText's
+    activation constraint; no-op without a mesh). Without it XLA's propagation takes the
+    fsdp-sharded ``embed`` axis of the weights for the activations and gives every device the
+    whole batch: the 16-device 1.6B step held 383 GiB of temporaries per device."""
+    if self.mesh is None:
+      return x
+    from depthbench_jax.train.sharding import BATCH_AXES  # Local: train imports the model.
+    spec = jax.sharding.PartitionSpec(BATCH_AXES, *([None] * (x.ndim - 1)))
+    return jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(self.mesh, spec))
 
   @nn.compact
   def __call__(self, tokens: Array, gate: Array | None = None, return_layers: bool = False,
@@ -136,7 +148,7 @@ class Transformer(nn.Module):
                      param_dtype=dtype_of(cfg.param_dtype),
                      embedding_init=normal_init(cfg.init_std, "vocab", "embed"), name="embed")
     io = design.io(cfg, name="residual_io")
-    state = io.init_state(embed(tokens))
+    state = io.init_state(self.batch_sharded(embed(tokens)))
     xs = {"layer": jnp.arange(cfg.n_layers, dtype=jnp.int32)}
     if gate is not None:
       xs["gate"] = gate.astype(dtype)
@@ -176,7 +188,7 @@ class Transformer(nn.Module):
           cfg.vocab_size, use_bias=False, dtype=dtype, param_dtype=dtype_of(cfg.param_dtype),
           kernel_init=normal_init(cfg.init_std, "embed", "vocab"),
           dot_general=projection_dot_general, name="lm_head")(h)
-    logits = logits.astype(jnp.float32)
+    logits = self.batch_sharded(logits.astype(jnp.float32))
     return (logits, layer_outputs) if return_layers else logits
 
   def _plain_training_stack(self, gate, return_layers) -> bool:

@@ -17,6 +17,7 @@ reached through finite, spike-free steps 1..s.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -126,6 +127,49 @@ def evaluate(params, val_batches, eval_fn, batch_sharding) -> float | None:
   return loss_sum / count if count else None
 
 
+@dataclasses.dataclass(frozen=True)
+class JittedSteps:
+  """The model, its optimizer, the state's abstract shapes and shardings, and the jitted steps."""
+  model: Transformer
+  optimizer: Any
+  abstract_state: TrainState
+  param_sharding: Any
+  state_sharding: TrainState
+  batch_sharding: Any
+  step_fn: Any
+  eval_fn: Any
+
+
+def jitted_steps(config, model_cfg, mesh, steps: int) -> JittedSteps:
+  """The train and eval steps as ``train_and_evaluate`` runs them on ``mesh``: params and Adam
+  moments by the logical rules (``sharding.py``), batch rows and the model's activations over
+  ``data x fsdp``. Nothing is allocated (shapes from ``jax.eval_shape``)."""
+  model = Transformer(model_cfg, mesh=mesh)
+  schedule = lr_schedule(config, steps)
+  optimizer = make_optimizer(config, steps)
+  seq_len = config.data.seq_len
+  boxed = jax.eval_shape(
+      lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, seq_len), jnp.int32))["params"])
+  param_sharding = sharding.logical_shardings(boxed, mesh)
+  abstract_state = jax.eval_shape(
+      functools.partial(init_state, model, optimizer, seq_len=seq_len),
+      jax.random.PRNGKey(config.seed))
+  opt_sharding = _opt_state_sharding(abstract_state.opt_state, param_sharding, mesh)
+  state_sharding = TrainState(step=sharding.replicated(mesh), params=param_sharding,
+                              opt_state=opt_sharding)
+  batch_sharding = sharding.batch_sharding(mesh)
+  repl = sharding.replicated(mesh)
+  step_fn = jax.jit(
+      functools.partial(train_step, model=model, optimizer=optimizer, schedule=schedule,
+                        skip_nonfinite=bool(config.get("skip_nonfinite_steps", False))),
+      in_shardings=(state_sharding, batch_sharding), out_shardings=(state_sharding, repl),
+      donate_argnums=(0,))
+  eval_fn = jax.jit(functools.partial(eval_step, model=model),
+                    in_shardings=(param_sharding, batch_sharding), out_shardings=repl)
+  return JittedSteps(model, optimizer, abstract_state, param_sharding, state_sharding,
+                     batch_sharding, step_fn, eval_fn)
+
+
 def train_and_evaluate(config, workdir: str) -> dict:
   """Trains (or resumes) the run described by ``config`` in ``workdir``; returns the summary."""
   start_time = time.time()
@@ -161,31 +205,11 @@ def train_and_evaluate(config, workdir: str) -> dict:
     summary.write_config(workdir, config)
 
   mesh = sharding.make_mesh(config.mesh)
-  model = Transformer(model_cfg)
-  schedule = lr_schedule(config, steps)
-  optimizer = make_optimizer(config, steps)
-  seq_len = config.data.seq_len
-
-  # Shardings from the abstract (boxed) state: nothing is allocated before placement.
-  boxed = jax.eval_shape(
-      lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, seq_len), jnp.int32))["params"])
-  param_sharding = sharding.logical_shardings(boxed, mesh)
-  abstract_state = jax.eval_shape(
-      functools.partial(init_state, model, optimizer, seq_len=seq_len),
-      jax.random.PRNGKey(config.seed))
-  opt_sharding = _opt_state_sharding(abstract_state.opt_state, param_sharding, mesh)
-  state_sharding = TrainState(step=sharding.replicated(mesh), params=param_sharding,
-                              opt_state=opt_sharding)
-  batch_sharding = sharding.batch_sharding(mesh)
-  repl = sharding.replicated(mesh)
-
-  step_fn = jax.jit(
-      functools.partial(train_step, model=model, optimizer=optimizer, schedule=schedule,
-                        skip_nonfinite=bool(config.get("skip_nonfinite_steps", False))),
-      in_shardings=(state_sharding, batch_sharding), out_shardings=(state_sharding, repl),
-      donate_argnums=(0,))
-  eval_fn = jax.jit(functools.partial(eval_step, model=model),
-                    in_shardings=(param_sharding, batch_sharding), out_shardings=repl)
+  jitted = jitted_steps(config, model_cfg, mesh, steps)
+  model, optimizer, seq_len = jitted.model, jitted.optimizer, config.data.seq_len
+  abstract_state, state_sharding = jitted.abstract_state, jitted.state_sharding
+  batch_sharding, repl = jitted.batch_sharding, sharding.replicated(mesh)
+  step_fn, eval_fn = jitted.step_fn, jitted.eval_fn
   # The diagnostics fetch their outputs to the host: under several processes they read the
   # params replicated (sharded across processes, the outputs are too, and none can fetch them).
   diag_params = (jax.jit(lambda params: params, out_shardings=repl) if process_count > 1

@@ -1,0 +1,47 @@
+"""Under FSDP every device holds only its own rows' activations: a step's temporaries on a
+(data 1, fsdp 2) mesh are those of a (data 2, fsdp 1) mesh, not of the whole batch.
+
+Without ``Transformer.batch_sharded`` XLA's propagation took the fsdp-sharded ``embed`` axis of
+the weights for the activations and every device computed the whole batch: the 1.6B suite's
+train step on 16 devices held 383 GiB of temporaries per device (XLA:CPU). One subprocess, 2 fake
+CPU devices; the eval step (forward only) compiles in half the time of the train step and shows
+the same (1.86x the data-parallel temporaries before, 1.05x after; the train step's: 1.59x,
+0.97x)."""
+
+import json
+import subprocess
+import sys
+
+from tests import helpers
+
+_SCRIPT = """
+import json
+import jax, jax.numpy as jnp
+from depthbench_jax.model.config import model_config_from
+from depthbench_jax.train import loop, sharding
+from tests.helpers import tiny_config
+
+out = {}
+for data, fsdp in ((2, 1), (1, 2)):
+  c = tiny_config(**{"model.d_model": 64, "model.ffn_dim": 128, "data.seq_len": 128,
+                     "data.global_batch_size": 8, "mesh.data": data, "mesh.fsdp": fsdp})
+  jitted = loop.jitted_steps(c, model_config_from(c.model), sharding.make_mesh(c.mesh), 10)
+  batch = {"tokens": jax.ShapeDtypeStruct((8, 129), jnp.int32)}
+  memory = jitted.eval_fn.lower(jitted.abstract_state.params, batch).compile().memory_analysis()
+  out[f"{data}x{fsdp}"] = {"temp": memory.temp_size_in_bytes,
+                           "argument": memory.argument_size_in_bytes}
+print(json.dumps(out))
+"""
+
+
+def test_fsdp_keeps_only_its_rows_activations():
+  proc = subprocess.run([sys.executable, "-c", _SCRIPT], cwd=helpers.ROOT, capture_output=True,
+                        text=True, env=helpers.subprocess_env(devices=2), timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  out = json.loads(proc.stdout.strip().splitlines()[-1])
+  dp, fsdp = out["2x1"], out["1x2"]
+  # FSDP halves the params, which data parallelism replicates...
+  assert fsdp["argument"] < 0.6 * dp["argument"], out
+  # ...and its temporaries are one device's rows, as under data parallelism (within 25%: the
+  # gathered weights differ), not the whole batch's.
+  assert fsdp["temp"] < 1.25 * dp["temp"], out
