@@ -122,18 +122,30 @@ class Transformer(nn.Module):
 
   cfg: ModelConfig
   decode: bool = False
-  mesh: Any = None  # jax.sharding.Mesh: batch-shard the activations over it (batch_sharded).
+  mesh: Any = None  # jax.sharding.Mesh: activations pinned to batch rows (batch_sharded).
 
-  def batch_sharded(self, x: Array) -> Array:
-    """``x [B, ...]`` pinned to rows split over the mesh's ``data x fsdp`` (MaxText's
-    activation constraint; no-op without a mesh). Without it XLA's propagation takes the
-    fsdp-sharded ``embed`` axis of the weights for the activations and gives every device the
-    whole batch: the 16-device 1.6B step held 383 GiB of temporaries per device."""
+  def batch_sharded(self, tree: Any, batch: int, seq: int) -> Any:
+    """Every array of ``tree`` with a ``[.., B, T, ..]`` pair of axes (``x [B,T,d]``, HC's
+    streams ``[n,B,T,d]``, AttnRes's slots ``[S,B,T,d]``, logits) pinned to rows split over the
+    mesh's ``data x fsdp`` (MaxText's activation constraint; a no-op without a mesh). Without
+    it XLA's propagation takes the fsdp-sharded ``embed`` axis of the weights for the
+    activations and every device holds the whole batch: the 1.6B suite's train step on 16
+    devices had 383 GiB of temporaries per device (XLA:CPU), 42 GiB with it (Pre-LN); HC's
+    streams need the pin on the state too (222 -> 95 GiB)."""
     if self.mesh is None:
-      return x
+      return tree
     from depthbench_jax.train.sharding import BATCH_AXES  # Local: train imports the model.
-    spec = jax.sharding.PartitionSpec(BATCH_AXES, *([None] * (x.ndim - 1)))
-    return jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(self.mesh, spec))
+
+    def pin(x):
+      shape = tuple(getattr(x, "shape", ()))
+      axes = [i for i in range(len(shape) - 1) if shape[i:i + 2] == (batch, seq)]
+      if not axes:
+        return x
+      spec = [None] * len(shape)
+      spec[axes[0]] = BATCH_AXES
+      return jax.lax.with_sharding_constraint(
+          x, jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec(*spec)))
+    return jax.tree.map(pin, tree)
 
   @nn.compact
   def __call__(self, tokens: Array, gate: Array | None = None, return_layers: bool = False,
@@ -148,7 +160,8 @@ class Transformer(nn.Module):
                      param_dtype=dtype_of(cfg.param_dtype),
                      embedding_init=normal_init(cfg.init_std, "vocab", "embed"), name="embed")
     io = design.io(cfg, name="residual_io")
-    state = io.init_state(self.batch_sharded(embed(tokens)))
+    pin = lambda tree: self.batch_sharded(tree, batch, seq)
+    state = pin(io.init_state(pin(embed(tokens))))
     xs = {"layer": jnp.arange(cfg.n_layers, dtype=jnp.int32)}
     if gate is not None:
       xs["gate"] = gate.astype(dtype)
@@ -188,7 +201,7 @@ class Transformer(nn.Module):
           cfg.vocab_size, use_bias=False, dtype=dtype, param_dtype=dtype_of(cfg.param_dtype),
           kernel_init=normal_init(cfg.init_std, "embed", "vocab"),
           dot_general=projection_dot_general, name="lm_head")(h)
-    logits = self.batch_sharded(logits.astype(jnp.float32))
+    logits = pin(logits.astype(jnp.float32))
     return (logits, layer_outputs) if return_layers else logits
 
   def _plain_training_stack(self, gate, return_layers) -> bool:
