@@ -130,8 +130,8 @@ class Transformer(nn.Module):
     mesh's ``data x fsdp`` (MaxText's activation constraint; a no-op without a mesh). Without
     it XLA's propagation takes the fsdp-sharded ``embed`` axis of the weights for the
     activations and every device holds the whole batch: the 1.6B suite's train step on 16
-    devices had 383 GiB of temporaries per device (XLA:CPU), 42 GiB with it (Pre-LN); HC's
-    streams need the pin on the state too (222 -> 95 GiB)."""
+    devices had 383 GiB of temporaries per device (XLA:CPU), 41 GiB with it (Pre-LN); HC's
+    streams need the pin on the state too (222 -> 95 GiB; Block AttnRes 481 -> 419)."""
     if self.mesh is None:
       return tree
     from depthbench_jax.train.sharding import BATCH_AXES  # Local: train imports the model.
@@ -161,7 +161,10 @@ class Transformer(nn.Module):
                      embedding_init=normal_init(cfg.init_std, "vocab", "embed"), name="embed")
     io = design.io(cfg, name="residual_io")
     pin = lambda tree: self.batch_sharded(tree, batch, seq)
-    state = pin(io.init_state(pin(embed(tokens))))
+    state = io.init_state(pin(embed(tokens)))
+    # HC's streams lose the batch split without a pin; Full AttnRes's buffer stack does
+    # worse with one (1.6B, 16 devices: 392 -> 1449 GiB), so it is left to propagation.
+    state = state if design.source_buffer else pin(state)
     xs = {"layer": jnp.arange(cfg.n_layers, dtype=jnp.int32)}
     if gate is not None:
       xs["gate"] = gate.astype(dtype)
