@@ -56,6 +56,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.b2 = 0.95
   c.weight_decay = 0.1
   c.grad_clip = 1.0
+  c.grad_accum_steps = 1           # microbatches per step: same gradient, 1/N of the activations.
   c.eval_every = 50
   c.eval_batches = 4               # val batches per periodic eval (0 = all); the final reads all.
   c.log_every = 10

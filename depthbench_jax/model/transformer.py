@@ -113,6 +113,31 @@ def _block_class(cfg: ModelConfig, decode: bool = False) -> type[nn.Module]:
   return nn.remat(Block, policy=_POLICIES[cfg.remat_policy], prevent_cse=not cfg.scan_layers)
 
 
+def batch_sharded(tree: Any, mesh, batch: int, seq: int) -> Any:
+  """Every array of ``tree`` with a ``[.., B, T, ..]`` pair of axes (``x [B,T,d]``, HC's
+  streams ``[n,B,T,d]``, AttnRes's slots ``[S,B,T,d]``, logits, microbatches ``[k,B/k,T]``)
+  pinned to rows split over the mesh's ``data x fsdp`` (MaxText's activation constraint; a
+  no-op without a mesh). Without it XLA's propagation takes the fsdp-sharded ``embed`` axis of
+  the weights for the activations and every device holds the whole batch: the 1.6B suite's
+  train step on 16 devices had 383 GiB of temporaries per device (XLA:CPU), 41 GiB with it
+  (Pre-LN); HC's streams need the pin on the state too (222 -> 95 GiB; Block AttnRes 481 ->
+  419)."""
+  if mesh is None:
+    return tree
+  from depthbench_jax.train.sharding import BATCH_AXES  # Local: train imports the model.
+
+  def pin(x):
+    shape = tuple(getattr(x, "shape", ()))
+    axes = [i for i in range(len(shape) - 1) if shape[i:i + 2] == (batch, seq)]
+    if not axes:
+      return x
+    spec = [None] * len(shape)
+    spec[axes[0]] = BATCH_AXES
+    return jax.lax.with_sharding_constraint(
+        x, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*spec)))
+  return jax.tree.map(pin, tree)
+
+
 class Transformer(nn.Module):
   """``tokens [B,T] int32 -> logits [B,T,V] float32`` (plus per-layer outputs on request).
 
@@ -123,29 +148,6 @@ class Transformer(nn.Module):
   cfg: ModelConfig
   decode: bool = False
   mesh: Any = None  # jax.sharding.Mesh: activations pinned to batch rows (batch_sharded).
-
-  def batch_sharded(self, tree: Any, batch: int, seq: int) -> Any:
-    """Every array of ``tree`` with a ``[.., B, T, ..]`` pair of axes (``x [B,T,d]``, HC's
-    streams ``[n,B,T,d]``, AttnRes's slots ``[S,B,T,d]``, logits) pinned to rows split over the
-    mesh's ``data x fsdp`` (MaxText's activation constraint; a no-op without a mesh). Without
-    it XLA's propagation takes the fsdp-sharded ``embed`` axis of the weights for the
-    activations and every device holds the whole batch: the 1.6B suite's train step on 16
-    devices had 383 GiB of temporaries per device (XLA:CPU), 41 GiB with it (Pre-LN); HC's
-    streams need the pin on the state too (222 -> 95 GiB; Block AttnRes 481 -> 419)."""
-    if self.mesh is None:
-      return tree
-    from depthbench_jax.train.sharding import BATCH_AXES  # Local: train imports the model.
-
-    def pin(x):
-      shape = tuple(getattr(x, "shape", ()))
-      axes = [i for i in range(len(shape) - 1) if shape[i:i + 2] == (batch, seq)]
-      if not axes:
-        return x
-      spec = [None] * len(shape)
-      spec[axes[0]] = BATCH_AXES
-      return jax.lax.with_sharding_constraint(
-          x, jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec(*spec)))
-    return jax.tree.map(pin, tree)
 
   @nn.compact
   def __call__(self, tokens: Array, gate: Array | None = None, return_layers: bool = False,
@@ -160,7 +162,7 @@ class Transformer(nn.Module):
                      param_dtype=dtype_of(cfg.param_dtype),
                      embedding_init=normal_init(cfg.init_std, "vocab", "embed"), name="embed")
     io = design.io(cfg, name="residual_io")
-    pin = lambda tree: self.batch_sharded(tree, batch, seq)
+    pin = lambda tree: batch_sharded(tree, self.mesh, batch, seq)
     state = io.init_state(pin(embed(tokens)))
     # HC's streams lose the batch split without a pin; Full AttnRes's buffer stack does
     # worse with one (1.6B, 16 devices: 392 -> 1449 GiB), so it is left to propagation.

@@ -79,7 +79,7 @@ def validate_recipe(config) -> None:
   _number(config, "b2", low=0, high=1, allowed="a number in [0, 1)")
   _number(config, "weight_decay", low=0, allowed="a number >= 0")
   _number(config, "grad_clip", low=0, allowed="a number >= 0 (0 = no clipping)")
-  for field in ("log_every", "checkpoint_every", "keep_checkpoints"):
+  for field in ("log_every", "checkpoint_every", "keep_checkpoints", "grad_accum_steps"):
     value = config.get(field)
     _require(isinstance(value, int) and value > 0,
              f"config.{field}={value!r}; allowed: a positive integer")
@@ -144,7 +144,8 @@ def validate_iso(config) -> None:
            f"for {model.n_layers} layers")
 
 
-def validate_data(data, model, process_count: int, data_parallel: int) -> None:
+def validate_data(data, model, process_count: int, data_parallel: int,
+                  microbatches: int = 1) -> None:
   _require(data.source in DATA_SOURCES,
            f"config.data.source={data.source!r}; allowed: {', '.join(DATA_SOURCES)}")
   if data.source == "parquet":
@@ -168,6 +169,11 @@ def validate_data(data, model, process_count: int, data_parallel: int) -> None:
   _require(batch % data_parallel == 0,
            f"config.data.global_batch_size={batch} is not divisible by the data-parallel size "
            f"{data_parallel} (mesh data x fsdp); allowed: a multiple of {data_parallel}")
+  rows = batch // data_parallel
+  _require(rows % microbatches == 0,
+           f"config.grad_accum_steps={microbatches} does not divide the {rows} rows each batch "
+           f"shard holds (config.data.global_batch_size={batch} / {data_parallel}, mesh data x "
+           f"fsdp); allowed: a divisor of {rows}")
   _require(batch % process_count == 0,
            f"config.data.global_batch_size={batch} is not divisible by the {process_count} "
            f"processes; allowed: a multiple of {process_count}")
@@ -201,19 +207,20 @@ def validate(config, device_count: int, process_count: int | None = None) -> Mod
   process_count = jax.process_count() if process_count is None else process_count
   model_cfg = validate_without_devices(config)
   mesh = sharding.mesh_shape(config.mesh, device_count)
-  validate_data(config.data, config.model, process_count, data_parallel=mesh[0] * mesh[1])
+  validate_data(config.data, config.model, process_count, data_parallel=mesh[0] * mesh[1],
+                microbatches=config.get("grad_accum_steps", 1))
   validate_iso(config)
   return model_cfg
 
 
 # Fields a resumed run may change: how it is logged, evaluated, checkpointed, diagnosed, guarded
-# and laid out on devices, not what a step computes. Any other field must equal the value the
+# and laid out on devices or in microbatches, not what a step computes. Any other field must equal the value the
 # run's checkpoints were trained with (``check_resume``). A prefix names a whole group.
 RESUMABLE_FIELDS = ("name", "log_every", "eval_every", "eval_batches", "checkpoint_every",
                     "keep_checkpoints", "async_checkpointing", "peak_flops_per_device",
                     "diagnostics.", "divergence.", "skip_nonfinite_steps", "debug.", "mesh.",
                     "evals.", "data.cache_dir", "iso_target_params", "iso_count",
-                    "iso_tolerance")
+                    "iso_tolerance", "grad_accum_steps")
 
 
 def flatten_fields(tree: dict, prefix: str = "") -> dict:

@@ -161,7 +161,8 @@ def jitted_steps(config, model_cfg, mesh, steps: int) -> JittedSteps:
   repl = sharding.replicated(mesh)
   step_fn = jax.jit(
       functools.partial(train_step, model=model, optimizer=optimizer, schedule=schedule,
-                        skip_nonfinite=bool(config.get("skip_nonfinite_steps", False))),
+                        skip_nonfinite=bool(config.get("skip_nonfinite_steps", False)),
+                        microbatches=config.get("grad_accum_steps", 1)),
       in_shardings=(state_sharding, batch_sharding), out_shardings=(state_sharding, repl),
       donate_argnums=(0,))
   eval_fn = jax.jit(functools.partial(eval_step, model=model),
@@ -253,9 +254,10 @@ def train_and_evaluate(config, workdir: str) -> dict:
 
   status, last_train_loss, val_loss = "ok", None, None
   clock = StepClock(start_step)
-  logging.info("Training %s: %d params (%d non-embedding), %d steps, %d tokens/step, mesh %s",
-               model_cfg.design, counts["total"], counts["non_embedding"], steps,
-               tokens_per_step, dict(mesh.shape))
+  logging.info("Training %s: %d params (%d non-embedding), %d steps, %d tokens/step in %d "
+               "microbatch(es), mesh %s", model_cfg.design, counts["total"],
+               counts["non_embedding"], steps, tokens_per_step,
+               config.get("grad_accum_steps", 1), dict(mesh.shape))
   step = start_step
   with mesh:
     while step < steps:

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from depthbench_jax.model.transformer import Transformer
+from depthbench_jax.model.transformer import Transformer, batch_sharded
 
 
 @flax.struct.dataclass
@@ -34,6 +34,31 @@ def lm_loss(params, model: Transformer, tokens: jax.Array) -> jax.Array:
   return jnp.mean(cross_entropy(logits, tokens[:, 1:]))
 
 
+def loss_and_grads(params, model: Transformer, tokens: jax.Array, microbatches: int = 1):
+  """``(lm_loss, its gradient)`` over the batch ``tokens [B, T+1]``.
+
+  With ``microbatches = k`` (gradient accumulation) the batch is k slices of B/k rows, run one
+  after another in a scan: ``loss = (1/k) sum_j loss_j`` and ``grad = (1/k) sum_j grad_j``, summed
+  in fp32, which equal the whole batch's mean and gradient (every slice has B/k x T positions)
+  with the activations of B/k rows at a time. Slice j holds rows j, k + j, 2k + j, ... and is
+  pinned to rows over ``data x fsdp`` (``batch_sharded``): a device's rows, one contiguous block
+  under the batch sharding, feed every slice, as in MaxText's gradient accumulation."""
+  if microbatches == 1:
+    return jax.value_and_grad(lm_loss)(params, model, tokens)
+  b, t = tokens.shape
+  slices = tokens.reshape(b // microbatches, microbatches, t).swapaxes(0, 1)
+  slices = batch_sharded(slices, model.mesh, b // microbatches, t)
+
+  def one_slice(total, rows):
+    loss, grads = jax.value_and_grad(lm_loss)(params, model, rows)
+    return jax.tree.map(lambda a, g: a + g.astype(jnp.float32), total, (loss, grads)), None
+
+  zero = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), (jnp.zeros(()), params))
+  (loss, grads), _ = jax.lax.scan(one_slice, zero, slices)
+  return loss / microbatches, jax.tree.map(lambda g, p: (g / microbatches).astype(p.dtype),
+                                           grads, params)
+
+
 def init_state(model: Transformer, optimizer: optax.GradientTransformation, rng: jax.Array,
                seq_len: int) -> TrainState:
   params = nn.unbox(model.init(rng, jnp.zeros((1, seq_len), jnp.int32))["params"])
@@ -43,10 +68,11 @@ def init_state(model: Transformer, optimizer: optax.GradientTransformation, rng:
 
 def train_step(state: TrainState, batch: dict, *, model: Transformer,
                optimizer: optax.GradientTransformation, schedule: optax.Schedule,
-               skip_nonfinite: bool = False) -> tuple[TrainState, dict]:
-  """One AdamW step. With ``skip_nonfinite`` a step whose loss or gradient is not finite
-  leaves params and optimizer state untouched (the step counter still advances)."""
-  loss, grads = jax.value_and_grad(lm_loss)(state.params, model, batch["tokens"])
+               skip_nonfinite: bool = False, microbatches: int = 1) -> tuple[TrainState, dict]:
+  """One AdamW step on the batch's gradient (in ``microbatches`` slices: ``loss_and_grads``).
+  With ``skip_nonfinite`` a step whose loss or gradient is not finite leaves params and
+  optimizer state untouched (the step counter still advances)."""
+  loss, grads = loss_and_grads(state.params, model, batch["tokens"], microbatches)
   grad_norm = optax.global_norm(grads)
   updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)

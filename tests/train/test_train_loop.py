@@ -255,7 +255,8 @@ def test_two_processes_gloo_survive_a_sigterm_to_one_and_match_one(reference_run
 def test_resume_on_two_processes_continues_a_one_process_runs_data_and_diagnoses(reference_run,
                                                                                  tmp_path):
   """The one-process reference's step-10 checkpoint resumed as two gloo processes x 2 devices,
-  mesh 1x2x2 with fsdp across the processes: steps 11..20 read the batches the uninterrupted
+  mesh 1x2x2 with fsdp across the processes and in two microbatches (config.grad_accum_steps,
+  which a resume may change: the same gradient): steps 11..20 read the batches the uninterrupted
   run read, none repeated or skipped (grain saves the iterator under each process count; every
   process's state is the step). The in-loop diagnostics at step 20 read params sharded across
   the processes (no process could fetch the probes' outputs: the run crashed there) from the
@@ -269,7 +270,7 @@ def test_resume_on_two_processes_continues_a_one_process_runs_data_and_diagnoses
   workdir = str(tmp_path / "regrown")
   preempted_at_step_10(reference_run, workdir)
   flags = helpers.tiny_flags(**{"mesh.data": 1, "mesh.fsdp": 2, "mesh.tensor": 2,
-                                "diagnostics.every": 10})
+                                "diagnostics.every": 10, "grad_accum_steps": 2})
   for p in start_two_processes(workdir, flags, devices=2):
     _, err = p.communicate(timeout=300)
     assert p.returncode == 0, err[-3000:]
