@@ -151,6 +151,9 @@ def jitted_steps(config, model_cfg, mesh, steps: int) -> JittedSteps:
   boxed = jax.eval_shape(
       lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, seq_len), jnp.int32))["params"])
   param_sharding = sharding.logical_shardings(boxed, mesh)
+  warning = sharding.fsdp_warning(boxed, mesh)
+  if warning:
+    logging.warning(warning)
   abstract_state = jax.eval_shape(
       functools.partial(init_state, model, optimizer, seq_len=seq_len),
       jax.random.PRNGKey(config.seed))

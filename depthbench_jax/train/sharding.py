@@ -7,6 +7,7 @@ style) and their head / MLP / vocabulary axes over ``tensor`` (Megatron style), 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -91,14 +92,50 @@ def logical_shardings(boxed_tree, mesh: Mesh):
         raise ValueError(f"param {jax.tree_util.keystr(path)}: logical axis names {unknown} "
                          f"have no sharding rule; allowed: {', '.join(sorted(known))} or None "
                          "(train/sharding.py LOGICAL_RULES)")
-      spec = nn.logical_to_mesh_axes(leaf.names, LOGICAL_RULES)
-      shape = leaf.value.shape
-      axes = []
-      for dim, axis in zip(shape, spec):
-        size = math.prod(mesh.shape[a] for a in (axis if isinstance(axis, tuple) else (axis,))
-                         if a is not None) if axis is not None else 1
-        axes.append(axis if axis is not None and dim % size == 0 else None)
+      axes = [axis if size == 1 or dim % size == 0 else None
+              for dim, axis, size in _rule_axes(leaf, mesh)]
       return NamedSharding(mesh, P(*axes))
     return NamedSharding(mesh, P())
   return jax.tree_util.tree_map_with_path(
       one, boxed_tree, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))
+
+
+def _rule_axes(leaf, mesh: Mesh) -> list[tuple[int, Any, int]]:
+  """``(dim, mesh axis or axes or None, their device count)`` per axis of ``leaf``."""
+  spec = nn.logical_to_mesh_axes(leaf.names, LOGICAL_RULES)
+  out = []
+  for dim, axis in zip(leaf.value.shape, spec):
+    names = () if axis is None else axis if isinstance(axis, tuple) else (axis,)
+    out.append((dim, axis, math.prod(mesh.shape[a] for a in names)))
+  return out
+
+
+def unsharded_by_fsdp(boxed_tree, mesh: Mesh) -> dict[str, tuple[int, int, int]]:
+  """``{param path: (dim, fsdp size, parameters)}`` for every param whose rule puts an axis on ``fsdp`` but
+  whose size does not divide it, so ``logical_shardings`` keeps it whole on every fsdp device
+  (with its Adam moments: 12 bytes per parameter more than FSDP promised)."""
+  out = {}
+  for path, leaf in jax.tree_util.tree_leaves_with_path(
+      boxed_tree, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned)):
+    if isinstance(leaf, nn.LogicallyPartitioned):
+      for dim, axis, size in _rule_axes(leaf, mesh):
+        on_fsdp = "fsdp" in (axis if isinstance(axis, tuple) else (axis,))
+        if on_fsdp and size > 1 and dim % size:
+          out[jax.tree_util.keystr(path)] = (dim, size, math.prod(leaf.value.shape))
+  return out
+
+
+def fsdp_warning(boxed_tree, mesh: Mesh) -> str | None:
+  """One line naming what ``unsharded_by_fsdp`` keeps whole (None when nothing): on a pod whose
+  fsdp size does not divide d_model (1472 over 128 devices) FSDP silently stops sharding."""
+  whole = unsharded_by_fsdp(boxed_tree, mesh)
+  if not whole:
+    return None
+  params = sum(n for _, _, n in whole.values())
+  dims = sorted({dim for dim, _, _ in whole.values()})
+  fsdp = mesh.shape["fsdp"]
+  return (f"config.mesh fsdp={fsdp} does not divide the sharded axis ({', '.join(map(str, dims))}"
+          f") of {len(whole)} params, e.g. {next(iter(whole))}: {params:,} parameters stay whole "
+          f"on every device (fp32 params, gradients and Adam moments: {16 * params / 2**30:.2f} GiB "
+          f"on each instead of 1/{fsdp} of it); "
+          f"allowed: an fsdp size dividing {', '.join(map(str, dims))}")

@@ -61,3 +61,21 @@ def test_a_logical_name_without_a_rule_is_refused_naming_the_param():
   with pytest.raises(ValueError, match=r"param \['layers'\]\['residual'\]\['w'\]: logical axis "
                                        r"names \['embd'\] have no sharding rule; allowed: .*embed"):
     sharding.logical_shardings(tree, MESH)
+
+
+def test_params_fsdp_cannot_split_are_named_with_their_bytes():
+  """A width fsdp does not divide (63 over 2 here; d = 1472 over 128 devices in the 1.6B suite)
+  keeps the whole param on every device: the warning names it, the parameters and the bytes;
+  tensor-axis fallbacks (6 heads over 4) and rule-less axes are not FSDP's and not named."""
+  tree = {"odd": _boxed((63, 256), ("embed", "mlp")),
+          "odd_too": _boxed((2, 63), ("layers", "embed")),
+          "q6": _boxed((64, 6, 16), ("embed", "heads", "head_dim")),
+          "fine": _boxed((64, 256), ("embed", "mlp")),
+          "plain": np.zeros((63, 63), np.float32)}
+  assert sharding.unsharded_by_fsdp(tree, MESH) == {"['odd']": (63, 2, 63 * 256),
+                                                    "['odd_too']": (63, 2, 126)}
+  line = sharding.fsdp_warning(tree, MESH)
+  assert line.startswith("config.mesh fsdp=2 does not divide the sharded axis (63) of 2 params, "
+                         "e.g. ['odd']: 16,254 parameters stay whole on every device")
+  assert line.endswith("allowed: an fsdp size dividing 63") and "\n" not in line
+  assert sharding.fsdp_warning({"fine": tree["fine"], "q6": tree["q6"]}, MESH) is None
