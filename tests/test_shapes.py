@@ -236,3 +236,33 @@ def test_cli_help_prints_the_usage(capsys, flag):
   out = capsys.readouterr()
   assert out.out.startswith("usage: python -m depthbench_jax.shapes configs/SUITE.py")
   assert "iso_param_width" in out.out and not out.err
+
+
+def test_isobackbone_docstring_states_the_embedding_share_and_tokens_it_moves():
+  """The spec calls this control one that "holds embedding share constant"; with a fixed vocab
+  and a fixed backbone the share 2Vd / total moves with d alone. The suite's docstring must say
+  so with the shares and token budgets the model's own counts give (it once said nothing), and
+  its 16x1216 runs must be the main suite's own (reusable, not trained twice)."""
+  from depthbench_jax.train.loop import total_steps_of
+  module = suite("suite_300m_isobackbone")
+  rows = list(listed_counts(module))
+  shares = [c["embedding"] / c["total"] for *_, c in rows]
+  assert all(a > b for a, b in zip(shares, shares[1:])), shares   # not constant: falls with d
+  doc = " ".join(module.__doc__.split())
+  assert "holds embedding share constant" in doc
+  first, last = rows[0][2].name, rows[-1][2].name
+  assert f"from {shares[0]:.1%} at {first} to {shares[-1]:.1%} at {last}" in doc, shares
+  main = suite("suite_400m")
+  main_shares = [shapes.param_counts(shapes.shaped_model(main.solver_model(), shape,
+                                                         main.ffn_rule()))
+                 for shape in main.SHAPE_SETS["400m"].parsed()[::6]]
+  main_shares = [c["embedding"] / c["total"] for c in main_shares]
+  assert f"(the main suite: {main_shares[0]:.1%} to {main_shares[-1]:.1%})" in doc
+  tokens = []
+  for shape in (first, last):
+    c = module.get_config(f"arch=preln,shape={shape}")
+    steps = total_steps_of(c, shapes.param_counts(c.model)["total"])
+    tokens.append(steps * c.data.global_batch_size * c.data.seq_len / 1e9)
+  assert f"{tokens[0]:.2f}B at {first} down to {tokens[1]:.2f}B at {last}" in doc, tokens
+  arg = f"arch=hc,shape={first},lr=1e-3"
+  assert module.get_config(arg).to_dict() == main.get_config(arg).to_dict()
