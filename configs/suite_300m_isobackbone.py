@@ -8,7 +8,8 @@ bigger backbone. [I] The backbone target, 282M non-embedding, sits next to the b
 main suite's widest shape (16x1216: 285.2M, 407M total) and is the value near it that puts all
 seven depths, 16 to 70, within 2% on the same d = 32 k grid; the widths are
 ``shapes.iso_param_width(..., count='non_embedding')`` picks. Totals fall from 407M (16 layers)
-to 337M (70 layers).
+to 337M (70 layers). The depths are the main suite's but 40 for its 42: at 42 layers no
+width is within 2% of 282M (736: -2.46%, 768: +5.44%).
 
 Embedding share. The paper summary says this sweep "holds embedding share constant"; with a
 fixed vocabulary that cannot hold beside a fixed backbone (share = 2 V d / (2 V d + backbone)

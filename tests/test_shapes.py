@@ -266,3 +266,19 @@ def test_isobackbone_docstring_states_the_embedding_share_and_tokens_it_moves():
   assert f"{tokens[0]:.2f}B at {first} down to {tokens[1]:.2f}B at {last}" in doc, tokens
   arg = f"arch=hc,shape={first},lr=1e-3"
   assert module.get_config(arg).to_dict() == main.get_config(arg).to_dict()
+
+
+def test_isobackbone_depths_are_the_main_suite_s_but_40_for_42_and_the_docstring_says_why():
+  """A depth-matched comparison with the main suite needs the same depths; the one that differs
+  (42 -> 40) must be the one with no width within tolerance, as the docstring says."""
+  iso, main = suite("suite_300m_isobackbone"), suite("suite_400m")
+  depths = lambda m: {s.n_layers for ss in m.SHAPE_SETS.values() for s in ss.parsed()}
+  assert depths(iso) ^ depths(main) == {40, 42}
+  shape_set, doc = iso.SHAPE_SETS["300m_isobackbone"], " ".join(iso.__doc__.split())
+  errors = []
+  for d in (736, 768):   # The two grid widths around 282M at 42 layers.
+    counts = shapes.param_counts(shapes.shaped_model(iso.solver_model(), shapes.Shape(42, d),
+                                                     iso.ffn_rule()))
+    errors.append(counts[shape_set.count] / shape_set.target - 1)
+  assert min(abs(e) for e in errors) > shape_set.tolerance, errors
+  assert f"(736: {100 * errors[0]:+.2f}%, 768: {100 * errors[1]:+.2f}%)" in doc, errors
