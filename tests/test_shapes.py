@@ -282,3 +282,18 @@ def test_isobackbone_depths_are_the_main_suite_s_but_40_for_42_and_the_docstring
     errors.append(counts[shape_set.count] / shape_set.target - 1)
   assert min(abs(e) for e in errors) > shape_set.tolerance, errors
   assert f"(736: {100 * errors[0]:+.2f}%, 768: {100 * errors[1]:+.2f}%)" in doc, errors
+
+
+def test_multiscale_docstring_says_the_main_suite_has_no_48_layer_point():
+  """The multi-scale check leans on the main suite for 400M; at 48 layers it has no shape, and
+  the nearest width is outside its tolerance, which the docstring must state with the number."""
+  multi, main = suite("suite_multiscale"), suite("suite_400m")
+  main_depths = {s.n_layers for s in main.SHAPE_SETS["400m"].parsed()}
+  multi_depths = {s.n_layers for ss in multi.SHAPE_SETS.values() for s in ss.parsed()}
+  assert multi_depths - main_depths == {48}
+  main_set = main.SHAPE_SETS["400m"]
+  nearest = shapes.iso_param_width(main_set.target, 48, main.solver_model(), ffn=main.ffn_rule())
+  assert abs(nearest.rel_error) > main_set.tolerance, nearest.rel_error
+  doc = " ".join(multi.__doc__.split())
+  assert (f"no 48-layer shape ({nearest.shape.name}, the nearest, is "
+          f"{100 * nearest.rel_error:+.2f}% off") in doc, nearest
