@@ -588,7 +588,10 @@ def best_lr_runs(records: Sequence[dict]) -> list[dict]:
 def main(argv: Sequence[str] | None = None) -> int:
   p = argparse.ArgumentParser(prog="python -m depthbench_jax.sweep", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("config", help="suite config file, e.g. configs/suite_400m.py")
+  p.add_argument("config", nargs="?", help="suite config file, e.g. configs/suite_400m.py")
+  # The spelling main.py, systems and report take; the positional is the documented one.
+  p.add_argument("--config", dest="config_flag", metavar="CONFIG",
+                 help="the same suite config file, as main.py/systems/report spell it")
   p.add_argument("--results_dir", default=None, help="default: results/<suite NAME>")
   p.add_argument("--dry_run", action="store_true", help="print the plan and exit")
   p.add_argument("--mfu", type=float, default=DEFAULT_MFU,
@@ -602,6 +605,11 @@ def main(argv: Sequence[str] | None = None) -> int:
   p.add_argument("--print_results_dir", action="store_true", help=argparse.SUPPRESS)
   args = p.parse_args(argv)
   try:
+    if (args.config and args.config_flag and args.config != args.config_flag) or not (
+        args.config or args.config_flag):
+      raise ConfigError(f"suite config {args.config!r}, --config={args.config_flag!r}; "
+                        f"allowed: one configs/*.py file, as the positional or as --config")
+    args.config = args.config or args.config_flag
     if not str(args.local_processes).isdigit():
       raise ConfigError(f"--local_processes (LOCAL_PROCESSES)={args.local_processes!r}; allowed: "
                         f"a whole number, 0 or 1 for one process per run")

@@ -581,3 +581,21 @@ def test_dry_run_refuses_a_suite_whose_runs_main_would_refuse(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: run preln_4x128_lr1e-3: "), err
     assert field in err[0] and "allowed" in err[0], err
+
+
+def test_config_flag_is_the_positional_s_other_spelling(tiny, capsys):
+  """main.py, systems and report take ``--config=SUITE``; the sweep took only a positional, so
+  ``python -m depthbench_jax.sweep --config=configs/suite_400m.py --dry_run`` was argparse's
+  'the following arguments are required: config'. Both spellings give the same plan; two
+  different files, or none, are one error line."""
+  args = ["--results_dir", tiny["results"], "--dry_run"]
+  assert sweep.main([tiny["config"], *args]) == 0
+  positional = capsys.readouterr().out
+  assert sweep.main([f"--config={tiny['config']}", *args]) == 0
+  assert capsys.readouterr().out == positional and "4 runs" in positional
+  assert sweep.main([tiny["config"], f"--config={tiny['config']}", *args]) == 0
+  capsys.readouterr()
+  for bad in ([SMOKE, f"--config={tiny['config']}"], []):
+    assert sweep.main([*bad, *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: suite config") and "allowed" in err[0], err
