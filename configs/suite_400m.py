@@ -18,6 +18,13 @@ paper shapes, within 2% (``python -m depthbench_jax.shapes configs/suite_400m.py
 table). With FFN multiple 64 the endpoints count 407.4M and 411.4M; multiple 128 would put
 70x640 at 420M.
 
+Designs at a shape share the Pre-LN shape (the paper: parameter count "roughly fixed"); their own
+parameters are not re-solved [I]. Over the seven shapes HC, AttnRes and the norm variants add
+under 0.2%, mHC's phi +0.92% (16x1216) to +2.09% (70x640), which is +2.93% off the 408M target
+there, and MoDA's FFN depth-K/V projections (2 d^2 per layer) +11.61% to +13.94%. Every design
+at a shape trains on Pre-LN's token budget (``budget_design``), so MoDA is the one design that
+is bigger, not longer-trained.
+
 [I] (the paper does not give them): optimizer details and the LR grid. AdamW (0.9, 0.95),
 weight decay 0.1, clip 1.0, 2% warmup, cosine to 10%; LR grid 5e-4..4e-3 (factor 2).
 """

@@ -297,3 +297,29 @@ def test_multiscale_docstring_says_the_main_suite_has_no_48_layer_point():
   doc = " ".join(multi.__doc__.split())
   assert (f"no 48-layer shape ({nearest.shape.name}, the nearest, is "
           f"{100 * nearest.rel_error:+.2f}% off") in doc, nearest
+
+
+def test_400m_docstrings_state_what_each_design_adds_to_the_pre_ln_shape():
+  """Shapes are solved on Pre-LN; the solver's doc called every design's extra parameters "a
+  fraction of a percent at 400M", but MoDA adds 2 d^2 per layer (+11.6% at 16x1216) and mHC's
+  phi takes 70x640 past the 2% tolerance. The suite's docstring must give the endpoints' numbers
+  as the model's own counts give them."""
+  from depthbench_jax.residual import registry
+  module = suite("suite_400m")
+  shape_set = module.SHAPE_SETS["400m"]
+  ends = (shape_set.shapes[0], shape_set.shapes[-1])
+  total = lambda design, shape: shapes.param_counts(
+      module.get_config(f"arch={design},shape={shape}").model)["total"]
+  excess = {d: [total(d, s) / total("preln", s) - 1 for s in ends] for d in registry.names()}
+  doc, solver_doc = (" ".join(m.__doc__.split()) for m in (module, shapes))
+  small = [d for d in excess if d not in ("mhc", "moda")]
+  assert max(abs(e) for d in small for e in excess[d]) < 0.002, excess
+  assert "under 0.2%" in doc and "under 0.2%" in solver_doc
+  mhc, moda = excess["mhc"], excess["moda"]
+  assert f"mHC's phi {mhc[0]:+.2%} ({ends[0]}) to {mhc[1]:+.2%} ({ends[1]})" in doc, mhc
+  off_target = total("mhc", ends[1]) / shape_set.target - 1
+  assert off_target > shape_set.tolerance
+  assert f"which is {off_target:+.2%} off the 408M target there" in doc, off_target
+  assert f"(2 d^2 per layer) {moda[0]:+.2%} to {moda[1]:+.2%}" in doc, moda
+  assert f"{mhc[0]:.1%} to {mhc[1]:.1%} for mHC" in solver_doc
+  assert f"{moda[0]:.1%} to {moda[1]:.1%} for MoDA" in solver_doc
