@@ -109,8 +109,8 @@ def read_slots_vjp(logits, values, inv_rms, k, g_h, g_values, chunk: int = SLOT_
 
 def source_buffer_stack(branch: Callable, query: Callable, eps: float, params: Any,
                         values: Array, inv_rms: Array,
-                        policy: Callable = jax.checkpoint_policies.nothing_saveable
-                        ) -> tuple[Array, Array]:
+                        policy: Callable = jax.checkpoint_policies.nothing_saveable,
+                        pin: Callable = lambda tree: tree) -> tuple[Array, Array]:
   """Runs L layers of Full AttnRes over the buffer; returns the final ``(values, inv_rms)``.
 
   branch(p_l, h, sub) -> y: sublayer ``sub`` of a layer with params ``p_l`` on its aggregated
@@ -118,9 +118,13 @@ def source_buffer_stack(branch: Callable, query: Callable, eps: float, params: A
   folded in). params: the stacked layer params [L, ...]. values [S,B,T,d] and inv_rms [S,B,T]:
   the initial buffer (slot 0 = embedding, the other slots unwritten). Sublayer ``k = 2l + sub``
   reads slots ``0..k`` and writes slot ``k + 1``. policy: the ``jax.checkpoint_policies`` entry
-  deciding what of each branch the backward reuses rather than recomputes.
+  deciding what of each branch the backward reuses rather than recomputes. pin(tree) -> tree:
+  the sharding constraint of the ``[.., B, T, ..]`` arrays (``Transformer.batch_sharded``),
+  applied to the scans' carries, each read ``h`` and write ``y`` and their cotangents: without
+  it XLA sharded the buffer on the weights' fsdp-sharded ``embed`` axis and every device ran
+  the branches on the whole batch.
   """
-  return _stack(branch, query, eps, policy, params, values, inv_rms)
+  return _stack(branch, query, eps, policy, pin, params, values, inv_rms)
 
 
 def _all_queries(query: Callable, params: Any) -> Array:
@@ -136,7 +140,7 @@ def _branch_vjp(branch, policy, p, h, sub):
   return y, jax.tree.flatten(vjp)
 
 
-def _forward(branch, eps, policy, queries, params, values, inv_rms, save: bool):
+def _forward(branch, eps, policy, pin, queries, params, values, inv_rms, save: bool):
   """The layer scan; with ``save``, per layer also each sublayer's branch VJP residuals.
 
   The carry holds, beside the buffer, every written slot's ``slot_logits`` [S,B,T,2L].
@@ -146,37 +150,37 @@ def _forward(branch, eps, policy, queries, params, values, inv_rms, save: bool):
   logits = logits.at[0].set(slot_logits(values[0], queries))
 
   def layer(carry, xs):
-    values, inv_rms, logits = carry
+    values, inv_rms, logits = pin(carry)
     p, l = xs
     saved = []
     for sub in (0, 1):
       k = 2 * l + sub
       logits_k = jax.lax.dynamic_index_in_dim(logits, k, axis=3, keepdims=False)
-      h = read_slots(logits_k, values, inv_rms, k).astype(values.dtype)
+      h = pin(read_slots(logits_k, values, inv_rms, k).astype(values.dtype))
       if save:
         y, (residuals, _) = _branch_vjp(branch, policy, p, h, sub)
         saved.append(residuals)
       else:
         y = branch(p, h, sub)
-      values, inv_rms = write_slot(values, inv_rms, k + 1, y, eps)
+      values, inv_rms = write_slot(values, inv_rms, k + 1, pin(y), eps)
       logits = jax.lax.dynamic_update_index_in_dim(
           logits, slot_logits(_slot(values, k + 1), queries), k + 1, 0)
-    return (values, inv_rms, logits), (saved if save else None)
+    return pin((values, inv_rms, logits)), (saved if save else None)
 
-  return jax.lax.scan(layer, (values, inv_rms, logits), (params, jnp.arange(n_layers)))
+  return jax.lax.scan(layer, pin((values, inv_rms, logits)), (params, jnp.arange(n_layers)))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
-def _stack(branch, query, eps, policy, params, values, inv_rms):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4))
+def _stack(branch, query, eps, policy, pin, params, values, inv_rms):
   queries = _all_queries(query, params)
-  (values, inv_rms, _), _ = _forward(branch, eps, policy, queries, params, values, inv_rms,
-                                     False)
+  (values, inv_rms, _), _ = _forward(branch, eps, policy, pin, queries, params, values,
+                                     inv_rms, False)
   return values, inv_rms
 
 
-def _stack_fwd(branch, query, eps, policy, params, values, inv_rms):
+def _stack_fwd(branch, query, eps, policy, pin, params, values, inv_rms):
   queries = _all_queries(query, params)
-  (values, inv_rms, logits), saved = _forward(branch, eps, policy, queries, params, values,
+  (values, inv_rms, logits), saved = _forward(branch, eps, policy, pin, queries, params, values,
                                               inv_rms, True)
   return (values, inv_rms), (params, queries, values, inv_rms, logits, saved)
 
@@ -190,9 +194,9 @@ def _logits_vjp(g_logits: Array, value: Array, queries: Array) -> tuple[Array, A
   return dv, jax.lax.dot_general(g, v, (((0,), (0,)), ((), ())))
 
 
-def _stack_bwd(branch, query, eps, policy, res, cotangents):
+def _stack_bwd(branch, query, eps, policy, pin, res, cotangents):
   params, queries, values, inv_rms, logits, saved = res   # final buffer; per layer the residuals
-  g_values, g_inv = cotangents
+  g_values, g_inv = pin(cotangents)
   n_layers = jax.tree.leaves(params)[0].shape[0]
 
   def branch_vjp(p, saved_l, sub):
@@ -203,6 +207,7 @@ def _stack_bwd(branch, query, eps, policy, res, cotangents):
 
   def layer(carry, xs):
     g_values, g_inv, g_logits, g_queries = carry
+    g_values, g_inv, g_logits = pin((g_values, g_inv, g_logits))
     p, saved_l, l = xs
     g_p = jax.tree.map(jnp.zeros_like, p)
     for sub in (1, 0):
@@ -213,22 +218,24 @@ def _stack_bwd(branch, query, eps, policy, res, cotangents):
       y = _slot(values, slot)
       _, inv_vjp = jax.vjp(lambda y: inverse_rms(y, eps), y)
       g_y_logits, g_q = _logits_vjp(_slot(g_logits, slot), y, queries)
-      g_y = _slot(g_values, slot) + inv_vjp(_slot(g_inv, slot))[0] + g_y_logits
+      g_y = pin(_slot(g_values, slot) + inv_vjp(_slot(g_inv, slot))[0] + g_y_logits)
       g_queries = g_queries + g_q
       g_values = jax.lax.dynamic_update_index_in_dim(
           g_values, jnp.zeros_like(g_values[0]), slot, 0)
       g_inv = jax.lax.dynamic_update_index_in_dim(g_inv, jnp.zeros_like(g_inv[0]), slot, 0)
       # The branch F(N(h)), replayed from its saved residuals.
       g_p_branch, g_h = branch_vjp(p, saved_l, sub)(g_y.astype(y.dtype))
+      g_h = pin(g_h)
       # The depth read over slots 0..k of the final buffer.
       logits_k = jax.lax.dynamic_index_in_dim(logits, k, axis=3, keepdims=False)
       g_values, dz = read_slots_vjp(logits_k, values, inv_rms, k, g_h, g_values)
       g_inv = g_inv + (dz * logits_k).astype(g_inv.dtype)
       g_logits = jax.lax.dynamic_update_index_in_dim(g_logits, dz * inv_rms, k, axis=3)
       g_p = jax.tree.map(lambda a, b: a + b, g_p, g_p_branch)
-    return (g_values, g_inv, g_logits, g_queries), g_p
+    return (*pin((g_values, g_inv, g_logits)), g_queries), g_p
 
-  carry = (g_values, g_inv, jnp.zeros_like(logits), jnp.zeros(queries.shape, jnp.float32))
+  carry = (*pin((g_values, g_inv, jnp.zeros_like(logits))),
+           jnp.zeros(queries.shape, jnp.float32))
   (g_values, g_inv, g_logits, g_queries), g_params = jax.lax.scan(
       layer, carry, (params, saved, jnp.arange(n_layers)), reverse=True)
   # Slot 0 (the embedding) is read by every sublayer and written by none.

@@ -121,7 +121,8 @@ def batch_sharded(tree: Any, mesh, batch: int, seq: int) -> Any:
   the weights for the activations and every device holds the whole batch: the 1.6B suite's
   train step on 16 devices had 383 GiB of temporaries per device (XLA:CPU), 41 GiB with it
   (Pre-LN); HC's streams need the pin on the state too (222 -> 95 GiB; Block AttnRes 481 ->
-  419)."""
+  419), and Full AttnRes's buffer stack inside its scans (``buffer_stack.source_buffer_stack``'s
+  ``pin``)."""
   if mesh is None:
     return tree
   from depthbench_jax.train.sharding import BATCH_AXES  # Local: train imports the model.
@@ -163,10 +164,7 @@ class Transformer(nn.Module):
                      embedding_init=normal_init(cfg.init_std, "vocab", "embed"), name="embed")
     io = design.io(cfg, name="residual_io")
     pin = lambda tree: batch_sharded(tree, self.mesh, batch, seq)
-    state = io.init_state(pin(embed(tokens)))
-    # HC's streams lose the batch split without a pin; Full AttnRes's buffer stack does
-    # worse with one (1.6B, 16 devices: 392 -> 1449 GiB), so it is left to propagation.
-    state = state if design.source_buffer else pin(state)
+    state = pin(io.init_state(pin(embed(tokens))))  # HC's streams lose the split without it.
     xs = {"layer": jnp.arange(cfg.n_layers, dtype=jnp.int32)}
     if gate is not None:
       xs["gate"] = gate.astype(dtype)
@@ -245,7 +243,8 @@ class Transformer(nn.Module):
     params = nn.unbox(self.variables["params"]["layers"])
     values, inv_rms = buffer_stack.source_buffer_stack(
         branch, query, cfg.norm_eps, params, state["values"], state["inv_rms"],
-        policy=_POLICIES[cfg.remat_policy])
+        policy=_POLICIES[cfg.remat_policy],
+        pin=lambda tree: batch_sharded(tree, self.mesh, *positions.shape))
     n_slots = values.shape[0]
     return attnres.depth_state(values, jnp.ones((n_slots,), jnp.float32),
                                jnp.asarray(n_slots - 1, jnp.int32), cfg.norm_eps, inv_rms)

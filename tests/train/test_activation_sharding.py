@@ -6,11 +6,22 @@ axis of the weights for the activations and every device computed the whole batc
 suite's train step on 16 devices held 383 GiB of temporaries per device (XLA:CPU). One
 subprocess, 2 fake CPU devices; the eval step (forward only) compiles in half the time of the
 train step and shows the same (1.86x the data-parallel temporaries before, 1.05x after; the
-train step's: 1.59x, 0.97x)."""
+train step's: 1.59x, 0.97x).
+
+The AttnRes designs' source buffers [S,B,T,d] lost the split in the train step: Full AttnRes's
+buffer stack ran on the whole batch with the buffer sharded on ``d`` (its scans' carries took
+the weights' ``embed`` sharding), and every depth read's backward (``base._depth_attend``'s
+``dq``, which flattened ``S x B x T``) all-gathered the whole buffer, under data parallelism
+too. Checked on the compiled per-device HLO of the train step: no array may keep the global
+batch next to the sequence axis.
+"""
 
 import json
+import re
 import subprocess
 import sys
+
+import pytest
 
 from tests import helpers
 
@@ -45,6 +56,47 @@ def test_fsdp_keeps_only_its_rows_activations():
   # ...and its temporaries are one device's rows, as under data parallelism (within 25%: the
   # gathered weights differ), not the whole batch's.
   assert fsdp["temp"] < 1.25 * dp["temp"], out
+
+
+_WHOLE_BATCH_SCRIPT = """
+import json, re, sys
+import jax, jax.numpy as jnp
+from depthbench_jax.model.config import model_config_from
+from depthbench_jax.train import loop, sharding
+from tests.helpers import tiny_config
+
+out = {}
+for design in sys.argv[1:]:
+  c = tiny_config(**{"model.d_model": 64, "model.ffn_dim": 128, "data.seq_len": 128,
+                     "data.global_batch_size": 12, "mesh.data": 1, "mesh.fsdp": 2})
+  c.model.residual = {"name": design}
+  jitted = loop.jitted_steps(c, model_config_from(c.model), sharding.make_mesh(c.mesh), 10)
+  batch = {"tokens": jax.ShapeDtypeStruct((12, 129), jnp.int32)}
+  out[design] = jitted.step_fn.lower(jitted.abstract_state, batch).compile().as_text()
+print(json.dumps(out))
+"""
+_SOURCE_BUFFER_DESIGNS = ("attnres_full", "attnres_block")
+
+
+@pytest.fixture(scope="module")
+def train_step_hlo():
+  """The per-device HLO of each design's train step on a (data 1, fsdp 2) mesh, 12 x 128
+  tokens: one subprocess, 2 fake CPU devices (~13 s)."""
+  proc = subprocess.run([sys.executable, "-c", _WHOLE_BATCH_SCRIPT, *_SOURCE_BUFFER_DESIGNS],
+                        cwd=helpers.ROOT, capture_output=True, text=True,
+                        env=helpers.subprocess_env(devices=2), timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("design", _SOURCE_BUFFER_DESIGNS)
+def test_fsdp_train_step_holds_no_whole_batch_array(train_step_hlo, design):
+  hlo = train_step_hlo[design]
+  # Each device's rows are 6 of the 12: a [.., 12, 128, ..] array is the whole batch (before
+  # the fix: Full AttnRes's buffer f32[5,12,128,32] sharded on d, Block's f32[5,12,128,64]).
+  assert re.search(r"\[(?:\d+,)*6,128[,\]]", hlo), "the rows' arrays are not in the HLO"
+  whole = sorted(set(re.findall(r"\w+\[(?:\d+,)*12,128(?:,\d+)*\]", hlo)))
+  assert not whole, f"{design}: whole-batch arrays in the FSDP train step: {whole}"
 
 
 _ACCUM_SCRIPT = """
