@@ -119,7 +119,7 @@ def source_buffer_stack(branch: Callable, query: Callable, eps: float, params: A
   the initial buffer (slot 0 = embedding, the other slots unwritten). Sublayer ``k = 2l + sub``
   reads slots ``0..k`` and writes slot ``k + 1``. policy: the ``jax.checkpoint_policies`` entry
   deciding what of each branch the backward reuses rather than recomputes. pin(tree) -> tree:
-  the sharding constraint of the ``[.., B, T, ..]`` arrays (``Transformer.batch_sharded``),
+  the sharding constraint of the ``[.., B, T, ..]`` arrays (``model.transformer.batch_sharded``),
   applied to the scans' carries, each read ``h`` and write ``y`` and their cotangents: without
   it XLA sharded the buffer on the weights' fsdp-sharded ``embed`` axis and every device ran
   the branches on the whole batch.
