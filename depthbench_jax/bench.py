@@ -37,7 +37,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from typing import Any, Callable, Sequence
@@ -46,7 +45,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from depthbench_jax import hostmem
+from depthbench_jax import hostmem, revision
 from depthbench_jax.train import summary
 
 # Targets (on 2 CPU cores for the default preset); ratios are "<=", mfu is ">=".
@@ -122,27 +121,6 @@ def host_cpu() -> str:
   return platform.processor() or platform.machine()
 
 
-def code_revision() -> dict[str, Any]:
-  """``{'commit': HEAD, 'dirty': uncommitted changes}`` of the checkout the bench runs from.
-
-  ``$DEPTHBENCH_COMMIT``, if set, names the commit instead: a copy of the tree on a device
-  machine can carry a stale ``.git`` (seen: HEAD at the session's first commit, so "dirty")."""
-  if os.environ.get("DEPTHBENCH_COMMIT"):
-    return {"commit": os.environ["DEPTHBENCH_COMMIT"], "dirty": False}
-  outside = {"commit": None, "dirty": None}
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  git = lambda *a: subprocess.run(["git", "-C", root, *a], capture_output=True, text=True,
-                                  timeout=10)
-  try:
-    head = git("rev-parse", "HEAD")
-    status = git("status", "--porcelain", "--untracked-files=no")
-  except (OSError, subprocess.SubprocessError):
-    return outside
-  if head.returncode != 0:
-    return outside
-  return {"commit": head.stdout.strip(), "dirty": bool(status.stdout.strip())}
-
-
 def run_record(p: Preset) -> dict[str, Any]:
   """What a result needs to be read later: the device, host CPU, versions, the code revision
   (read now, before an edit during the run can land), the preset, the time and the host malloc.
@@ -150,7 +128,7 @@ def run_record(p: Preset) -> dict[str, Any]:
   return {
       "device": device_name(), "device_kind": jax.devices()[0].device_kind,
       "backend": jax.default_backend(), "cpu_count": os.cpu_count(), "host_cpu": host_cpu(),
-      "jax": jax.__version__, "python": platform.python_version(), "code": code_revision(),
+      "jax": jax.__version__, "python": platform.python_version(), "code": revision.code_revision(),
       "preset": dataclasses.asdict(p), "time": time.strftime("%Y-%m-%d %H:%M:%S"),
       "host_malloc": hostmem.describe()}
 

@@ -25,6 +25,7 @@ import os
 import statistics
 from typing import Any, Iterable, Sequence
 
+from depthbench_jax import revision
 from depthbench_jax.sweep import (format_lr, is_usable, parse_run_name, read_summary, record_lr,
                                   select_best_lr, shape_key)
 
@@ -41,7 +42,7 @@ FAMILY_GAP = 1.2   # a scale family's shapes lie within this factor of its small
 CSV_FIELDS = ("name", "design", "n_layers", "d_model", "aspect_ratio", "lr", "params_total",
               "params_non_embedding", "steps", "tokens", "final_train_loss", "final_val_loss",
               "status", "diverged_step", "diverged_reason", "wall_time_s", "best_lr", "family",
-              "workdir")
+              "commit", "workdir")
 HOOKS = (("diagnostics", "diagnostics_table", "diagnostics.json"),
          ("evals", "evals_table", "evals.json"),
          ("systems", "systems_table", None))
@@ -480,7 +481,8 @@ def build_report(records: Sequence[dict], title: str = "DepthBench scorecard",
            + (f"{n_bad} with a non-finite final val loss; " if n_bad else "")
            + f"{len(unfinished)} without a summary. "
            "Every shape at its design's best LR (lowest final val loss; diverged runs "
-           "excluded).", "", "## Val loss and depth trend", "", scorecard_markdown(rows), "",
+           "excluded)." + code_versions_note(records), "", "## Val loss and depth trend", "",
+           scorecard_markdown(rows), "",
            "Depth trend: the deeper reference depth against the shallower one at each "
            f"design's best LR (ties within {TREND_TOL}: flat); 'peak in the middle' when an "
            "in-between depth beats both.", ""]
@@ -505,6 +507,19 @@ def build_report(records: Sequence[dict], title: str = "DepthBench scorecard",
   return "\n".join(parts) + "\n"
 
 
+def code_versions_note(records: Sequence[dict]) -> str:
+  """`` Trained at N code revisions ...`` when the runs' last commits (``summary.json``
+  ``code``, ``revision.label``) differ, or a run resumed under another commit; else ``''``."""
+  last = {revision.label(r["code"][-1:]) for r in records if r.get("code")}
+  resumed = sum(len(r.get("code") or ()) > 1 for r in records)
+  if len(last) < 2 and not resumed:
+    return ""
+  return (f" Trained at {len(last)} code revisions"
+          + (f", {resumed} of the runs resumed under another" if resumed else "")
+          + ": runs.csv's commit column says which; a comparison across them mixes code "
+          "versions.")
+
+
 def write_csv(records: Sequence[dict], path: str, groups: dict) -> None:
   best = [g["best"] for g in groups.values() if g["best"] is not None]
   with open(path, "w", newline="") as f:
@@ -512,7 +527,8 @@ def write_csv(records: Sequence[dict], path: str, groups: dict) -> None:
     writer.writeheader()
     for r in records:
       writer.writerow({**{k: r.get(k) for k in CSV_FIELDS},
-                       "best_lr": any(r is b for b in best)})   # not by name: names repeat
+                       "best_lr": any(r is b for b in best),   # not by name: names repeat
+                       "commit": revision.label(r.get("code"))})
 
 
 def write_report(results_dir: str, out_dir: str | None = None, plots: bool = True,

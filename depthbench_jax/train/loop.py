@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from depthbench_jax import shapes
+from depthbench_jax import revision, shapes
 from depthbench_jax.data import pipeline
 from depthbench_jax.model.transformer import Transformer, count_params
 from depthbench_jax.sweep import format_duration
@@ -226,10 +226,12 @@ def train_and_evaluate(config, workdir: str) -> dict:
       state_sharding)
   guard = summary.DivergenceGuard(config)
   earlier_wall_s = 0.0  # Wall time of the sessions before this one, up to their last save.
+  code = [revision.code_revision()]  # The commits of the sessions up to this one.
   if manager.latest_step() is not None:
     state, start_step = checkpoint.restore(manager, abstract_placed, train_iter)
     progress_so_far = checkpoint.restore_progress(manager, start_step)
     earlier_wall_s = float(progress_so_far.get("wall_time_s") or 0.0)
+    code = revision.history(progress_so_far.get("code"), code[0])
     guard.resume(progress_so_far)
     logging.info("Resumed from step %d in %s", start_step, workdir)
   else:
@@ -310,7 +312,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
             diag_hook(step, diag_params(state.params), writer)
           if save_now or preempted:  # One save per step: a second one of the same step raises.
             checkpoint.save(manager, step, state, train_iter, force=preempted,
-                            progress={"wall_time_s": wall_s(), **guard.progress(),
+                            progress={"wall_time_s": wall_s(), "code": code,
+                                      **guard.progress(),
                                       "train_data": train_data})
       if log_now and process_index == 0:  # After the eval: an eval step shows its own val loss.
         print(_progress_line(step, steps, scalars, val_loss, clock.eta_s(step, steps)),
@@ -335,7 +338,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
       config, model_cfg, counts, steps=step, tokens=step * tokens_per_step,
       final_train_loss=last_train_loss, final_val_loss=val_loss,
       wall_time_s=wall_s(), status=status, guard=guard,
-      last_checkpoint_step=manager.latest_step())
+      last_checkpoint_step=manager.latest_step(), code=code)
   if process_index == 0 and status != "interrupted":
     summary.write(workdir, result)
   return result

@@ -100,7 +100,8 @@ def run_name(config, model_cfg) -> str:
 
 
 def build(config, model_cfg, counts, *, steps, tokens, final_train_loss, final_val_loss,
-          wall_time_s, status, guard=None, last_checkpoint_step=None) -> dict:
+          wall_time_s, status, guard=None, last_checkpoint_step=None, code=None) -> dict:
+  """The run's ``summary.json``; ``code``: ``revision.history`` of its sessions' commits."""
   out = {
       "name": run_name(config, model_cfg),
       "design": model_cfg.design,
@@ -121,6 +122,7 @@ def build(config, model_cfg, counts, *, steps, tokens, final_train_loss, final_v
       "diverged_reason": None,
       "skipped_steps": guard.skipped if guard is not None else 0,
       "last_checkpoint_step": last_checkpoint_step,
+      "code": list(code or []),
   }
   if guard is not None and guard.reason:
     out["status"] = "diverged"

@@ -434,3 +434,26 @@ def test_a_shape_without_a_usable_run_breaks_the_line_instead_of_bridging_it(tmp
   for line in hc_lines:
     ys = list(line.get_ydata())
     assert len(ys) == 3 and ys[0] == 2.684 and math.isnan(ys[1]) and ys[2] == 2.668, ys
+
+
+def test_runs_name_the_code_they_trained_with(tmp_path):
+  """summary.json's ``code`` (one entry per commit its sessions ran) reaches runs.csv's commit
+  column, and report.md's header says when the runs span code revisions."""
+  from depthbench_jax import revision
+  a, b = {"commit": "a" * 40, "dirty": False}, {"commit": "b" * 40, "dirty": True}
+  run = lambda name, code: {"name": name, "design": "preln", "n_layers": 4, "d_model": 64,
+                            "lr": 1e-3, "aspect_ratio": 16.0, "status": "ok",
+                            "final_val_loss": 2.8, "workdir": f"/r/{name}", "code": code}
+  records = [run("x", [a]), run("y", [a]), run("z", [a, b]), run("old", None)]
+  assert revision.history([a], a) == [a] and revision.history([a], b) == [a, b]
+  assert revision.history(None, a) == [a]
+  assert scorecard.code_versions_note(records[:2] + records[3:]) == ""
+  assert scorecard.code_versions_note(records) == (
+      " Trained at 2 code revisions, 1 of the runs resumed under another: runs.csv's commit "
+      "column says which; a comparison across them mixes code versions.")
+  groups = scorecard.select_best_lr(records)
+  scorecard.assign_families(records)
+  scorecard.write_csv(records, str(tmp_path / "runs.csv"), groups)
+  with open(tmp_path / "runs.csv") as f:
+    commits = [r["commit"] for r in csv.DictReader(f)]
+  assert commits == ["a" * 12, "a" * 12, "b" * 12 + "+dirty (+1 earlier)", ""]

@@ -59,6 +59,8 @@ def test_loss_decreases_and_summary_is_complete(reference_run):
     assert key in s, key
   assert s["status"] == "ok" and s["steps"] == 20 and s["tokens"] == 20 * 8 * 32
   assert s["final_val_loss"] < 5.6  # ln(257) = 5.55 at init.
+  from depthbench_jax import revision   # The code it trained at: this checkout's commit.
+  assert s["code"] == [revision.code_revision()] and s["code"][0]["commit"]
   assert os.listdir(os.path.join(reference_run, "tensorboard"))
 
 
@@ -193,8 +195,10 @@ def test_resume_on_other_shards_is_refused_and_on_its_own_matches(tmp_path):
   assert "allowed: the data the run started with" in lines[0] and "--workdir" in lines[0]
   assert helpers.snapshot(workdir) == before
   os.remove(data / "002_00000.parquet")
-  helpers.run_main(workdir, flags)
+  helpers.run_main(workdir, flags, DEPTHBENCH_COMMIT="f" * 40)   # resumed after a `git pull`
   assert_losses_match(workdir, reference, rtol=1e-6)
+  code = helpers.summary(workdir)["code"]   # the checkpoint carried the first session's commit
+  assert code == helpers.summary(reference)["code"] + [{"commit": "f" * 40, "dirty": False}]
   # TensorBoard as `--load_fast=false` loads it: the preempted session's steps 11..20 (its
   # event file, copied) give way to the resumed session's, each step once (both were shown).
   points = tensorboard_points(workdir)
