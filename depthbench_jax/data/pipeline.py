@@ -15,6 +15,8 @@ permutation each epoch, `seed + epoch`), repeated forever. Global step s takes p
 (positions p, p+P, ...): B = G // P rows, so the process batches are disjoint and together are
 exactly the single-process global batch, whatever P is. The iterator's state is the index of its
 next batch, so resume is exact; it is saved in each orbax checkpoint with `iterator_save_args`.
+config.data.worker_count > 0 reads in grain worker processes: the same batches in the same order,
+and the same state (`TrainIterator`), so a resume may change the worker count.
 
 Batches are {'tokens': int32 [B, T+1]}.
 
@@ -187,10 +189,72 @@ def train_dataset(config, process_index: int | None = None, process_count: int |
   return ds.batch(data.global_batch_size // process_count, drop_remainder=True).map(_as_batch)
 
 
+def batches_read(state: dict) -> int:
+  """The number of batches an iterator state says were read: ``TrainIterator``'s
+  {'next_index': n}, or grain's mp_prefetch state (checkpoints written before `TrainIterator`
+  with config.data.worker_count > 0): worker w of k read batches w, w + k, ..., so n is the sum
+  of its workers' next_index."""
+  if "next_index" in state:
+    return int(state["next_index"])
+  if "iterators_in_use_states" in state:
+    return sum(int(s["next_index"]) for s in state["iterators_in_use_states"])
+  raise ConfigError(f"data iterator state {sorted(state)} is not a depthbench_jax train "
+                    "iterator's; allowed: a checkpoint written by python -m depthbench_jax.main")
+
+
+class TrainIterator(grain.DatasetIterator):
+  """Batches of ``ds`` (a `train_dataset`) in order, read in ``worker_count`` worker processes
+  (grain mp_prefetch; 0: in this one); checkpointable.
+
+  Its state is {'next_index': n}, n batches read, whatever the worker count: grain's own
+  mp_prefetch state is per worker, which no iterator of another worker count can restore, so
+  a run could not resume with another config.data.worker_count. Restored, it reads ds[n:].
+  """
+
+  def __init__(self, ds: grain.MapDataset, worker_count: int):
+    super().__init__()
+    self._ds, self._worker_count = ds, worker_count
+    self._next, self._inner = 0, None
+
+  def _start(self) -> None:
+    ds = self._ds[self._next:] if self._next else self._ds
+    it_ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=READ_THREADS,
+                                                 prefetch_buffer_size=PREFETCH_BATCHES))
+    if self._worker_count > 0:
+      if not flags.FLAGS.is_parsed():  # grain's workers read absl flags; outside absl.app.run
+        flags.FLAGS.mark_as_parsed()   # (tests, notebooks) use their defaults
+      it_ds = it_ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=self._worker_count))
+    self._inner = iter(it_ds)
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    if self._inner is None:
+      self._start()
+    batch = next(self._inner)
+    self._next += 1
+    return batch
+
+  def get_state(self) -> dict[str, int]:
+    return {"next_index": self._next}
+
+  def set_state(self, state: dict) -> None:
+    self.close()
+    self._next = batches_read(state)
+
+  def start_prefetch(self) -> None:
+    if self._inner is None:
+      self._start()
+    self._inner.start_prefetch()
+
+  def close(self) -> None:
+    if self._inner is not None:
+      self._inner.close()
+      self._inner = None
+
+
 def make_train_iterator(config, process_index: int | None = None,
                         process_count: int | None = None,
                         steps: int | None = None,
-                        metas: list[dict] | None = None) -> grain.DatasetIterator:
+                        metas: list[dict] | None = None) -> TrainIterator:
   """Iterator over this process's train batches; checkpointable (`get_state`/`set_state`).
 
   process_index/process_count default to jax.process_index()/jax.process_count().
@@ -199,13 +263,7 @@ def make_train_iterator(config, process_index: int | None = None,
   metas: `shard_metas`, if the caller has them.
   """
   ds = train_dataset(config, process_index, process_count, steps, metas)
-  it_ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=READ_THREADS,
-                                               prefetch_buffer_size=PREFETCH_BATCHES))
-  if config.data.worker_count > 0:
-    if not flags.FLAGS.is_parsed():  # grain's workers read absl flags; outside absl.app.run
-      flags.FLAGS.mark_as_parsed()   # (tests, notebooks) use their defaults
-    it_ds = it_ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=config.data.worker_count))
-  return iter(it_ds)
+  return TrainIterator(ds, config.data.worker_count)
 
 
 def make_val_batches(config, process_index: int | None = None,

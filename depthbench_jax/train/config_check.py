@@ -213,14 +213,16 @@ def validate(config, device_count: int, process_count: int | None = None) -> Mod
   return model_cfg
 
 
-# Fields a resumed run may change: how it is logged, evaluated, checkpointed, diagnosed, guarded
-# and laid out on devices or in microbatches, not what a step computes. Any other field must equal the value the
-# run's checkpoints were trained with (``check_resume``). A prefix names a whole group.
+# Fields a resumed run may change: how it is logged, evaluated, checkpointed, diagnosed, guarded,
+# laid out on devices or in microbatches, and how many processes read its data
+# (data.worker_count: the same batches, `data/pipeline.TrainIterator`), not what a step
+# computes. Any other field must equal the value the run's checkpoints were trained with
+# (``check_resume``). A prefix names a whole group.
 RESUMABLE_FIELDS = ("name", "log_every", "eval_every", "eval_batches", "checkpoint_every",
                     "keep_checkpoints", "async_checkpointing", "peak_flops_per_device",
                     "diagnostics.", "divergence.", "skip_nonfinite_steps", "debug.", "mesh.",
-                    "evals.", "data.cache_dir", "iso_target_params", "iso_count",
-                    "iso_tolerance", "grad_accum_steps")
+                    "evals.", "data.cache_dir", "data.worker_count", "iso_target_params",
+                    "iso_count", "iso_tolerance", "grad_accum_steps")
 
 
 def flatten_fields(tree: dict, prefix: str = "") -> dict:

@@ -163,11 +163,13 @@ def test_resume_under_another_recipe_is_refused_naming_every_changed_field():
   saved = helpers.tiny_config().to_dict()
   saved["retired_field"] = 1   # a field of an older code version: not compared
   config_check.check_resume(saved, helpers.tiny_config(), "w")
-  # Logging, evals, checkpoints, diagnostics, the guards and the mesh may change on a resume.
+  # Logging, evals, checkpoints, diagnostics, the guards, the mesh, microbatches and data
+  # workers may change on a resume (the suites read in 4 workers: a host with fewer may resume).
   config_check.check_resume(saved, helpers.tiny_config(**{
       "log_every": 5, "eval_every": 3, "checkpoint_every": 7, "diagnostics.every": 4,
       "divergence.spike_factor": 0.0, "skip_nonfinite_steps": True, "mesh.fsdp": 2,
-      "name": "renamed", "data.cache_dir": "/elsewhere"}), "w")
+      "name": "renamed", "data.cache_dir": "/elsewhere", "data.worker_count": 4,
+      "grad_accum_steps": 2}), "w")
   with pytest.raises(ConfigError) as err:
     config_check.check_resume(saved, helpers.tiny_config(
         **{"lr": 1e-2, "model.residual.name": "hc", "log_every": 5}), "w")
