@@ -40,7 +40,7 @@ def get_config() -> ml_collections.ConfigDict:
   d.tokenizer = "gpt2"
   d.seq_len = 128
   d.global_batch_size = 8
-  d.seed = 0
+  d.seed = 0                       # train window order (shuffle); not the init, not val.
   d.val_batches = 4
   d.worker_count = 0
   d.cache_dir = ""                 # '' = $DEPTHBENCH_CACHE_DIR, else ~/.cache/depthbench_jax
@@ -64,7 +64,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.checkpoint_every = 50
   c.keep_checkpoints = 2
   c.async_checkpointing = True     # orbax writes a checkpoint while the next steps run.
-  c.seed = 0
+  c.seed = 0                       # params init key; not the data order (data.seed).
 
   # Layer diagnostics (depthbench_jax/diagnostics): in training every `every` steps (0 = off) on
   # the first `batch_size` rows of the first validation batch; post hoc by diagnose.py.
