@@ -26,7 +26,11 @@ first config.data.val_batches * G windows in order (no shuffle), sharded the sam
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import os
+import threading
+import time
 from typing import Any
 
 from absl import flags
@@ -202,6 +206,34 @@ def batches_read(state: dict) -> int:
                     "iterator's; allowed: a checkpoint written by python -m depthbench_jax.main")
 
 
+PARENT_POLL_S = 1.0
+
+
+def _alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    pass
+  return True
+
+
+def exit_with_parent(trainer_pid: int, worker_index: int = 0, worker_count: int = 1) -> None:
+  """grain worker init: a daemon thread ends this worker (``os._exit``) within PARENT_POLL_S of
+  its parent process changing (the trainer, which grain's spawn starts it from, ended: it is
+  reparented) or of ``trainer_pid`` ending. A trainer killed with SIGKILL (the OOM killer) left
+  its workers blocked on the batch queue forever, holding their memory."""
+  del worker_index, worker_count
+  parent = os.getppid()
+
+  def watch():
+    while os.getppid() == parent and _alive(trainer_pid):
+      time.sleep(PARENT_POLL_S)
+    os._exit(1)  # pylint: disable=protected-access
+  threading.Thread(target=watch, daemon=True, name="exit-with-parent").start()
+
+
 class TrainIterator(grain.DatasetIterator):
   """Batches of ``ds`` (a `train_dataset`) in order, read in ``worker_count`` worker processes
   (grain mp_prefetch; 0: in this one); checkpointable.
@@ -223,7 +255,8 @@ class TrainIterator(grain.DatasetIterator):
     if self._worker_count > 0:
       if not flags.FLAGS.is_parsed():  # grain's workers read absl flags; outside absl.app.run
         flags.FLAGS.mark_as_parsed()   # (tests, notebooks) use their defaults
-      it_ds = it_ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=self._worker_count))
+      it_ds = it_ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=self._worker_count),
+                                worker_init_fn=functools.partial(exit_with_parent, os.getpid()))
     self._inner = iter(it_ds)
 
   def __next__(self) -> dict[str, np.ndarray]:

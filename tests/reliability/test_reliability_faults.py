@@ -4,7 +4,8 @@ mid-way with a diverging run in it, and a truncated data shard.
 Kill test design. One run (checkpoint_every=1, so an orbax save is almost always in flight) is
 SIGKILLed three times, in a random order (seed printed on failure; RELIABILITY_SEED fixes it):
 twice a random 2-6 steps after it resumed, once the moment a ``<step>.orbax-checkpoint-tmp-*``
-directory (a save in progress) appears. After each kill the next start must resume from the
+directory (a save in progress) appears. It reads its data in 2 grain workers (as the suites do),
+which must end with it. After each kill the next start must resume from the
 newest *complete* step directory: the first step it logs is that step + 1 (a partial save would
 give a later step; no resume would give step 1). The
 finished run's per-step losses must equal an uninterrupted run's (run concurrently) to 1e-6.
@@ -54,14 +55,54 @@ def _start(workdir, flags, stderr=subprocess.PIPE):
                           stdout=subprocess.DEVNULL, stderr=stderr)
 
 
+def _stat(pid):
+  """``(state, ppid)`` of ``pid`` from /proc, or None once it is gone."""
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      fields = f.read().rsplit(")", 1)[1].split()
+    return fields[0], int(fields[1])
+  except (OSError, ValueError, IndexError):
+    return None
+
+
+def _data_workers(pid):
+  """The grain worker processes of the trainer ``pid`` (multiprocessing spawn children)."""
+  out = []
+  for entry in os.listdir("/proc"):
+    if entry.isdigit() and (_stat(entry) or (None, None))[1] == pid:
+      try:
+        with open(f"/proc/{entry}/cmdline", "rb") as f:
+          if b"spawn_main" in f.read():
+            out.append(int(entry))
+      except OSError:
+        pass
+  return out
+
+
+def _assert_workers_exit(workers, timeout=10):
+  """The SIGKILLed trainer's data workers end (their exit-with-parent watch): they were left
+  blocked on its batch queue for good, holding their memory. Any left are killed, then failed."""
+  deadline = time.time() + timeout
+  alive = lambda: [w for w in workers if (_stat(w) or ("Z",))[0] != "Z"]
+  while alive() and time.time() < deadline:
+    time.sleep(0.1)
+  left = alive()
+  for w in left:
+    os.kill(w, signal.SIGKILL)
+  assert not left, f"data workers {left} outlived their SIGKILLed trainer"
+
+
 def _kill_when(proc, ready, timeout=240):
   deadline = time.time() + timeout
   while time.time() < deadline:
     if proc.poll() is not None:
       return False
     if ready():
+      workers = _data_workers(proc.pid)
       proc.send_signal(signal.SIGKILL)
       proc.wait()
+      assert workers, "the run reads in data workers (data.worker_count=2): none found"
+      _assert_workers_exit(workers)
       return True
     time.sleep(0.005)
   proc.kill()
@@ -71,7 +112,9 @@ def _kill_when(proc, ready, timeout=240):
 @pytest.mark.slow
 def test_sigkill_in_training_and_mid_save_resumes_exactly(tmp_path):
   steps = 24
-  flags = helpers.tiny_flags(steps=steps, checkpoint_every=1, eval_every=0)
+  # Read in 2 grain worker processes, as the suites do: the resumed batches are the same.
+  flags = helpers.tiny_flags(steps=steps, checkpoint_every=1, eval_every=0,
+                             **{"data.worker_count": 2})
   reference = str(tmp_path / "reference")
   ref_log = open(tmp_path / "reference.log", "w+")
   ref_proc = _start(reference, helpers.tiny_flags(steps=steps, checkpoint_every=100,
