@@ -68,6 +68,10 @@ def test_epochs_reshuffle_and_repeat_forever(make_config):
   epoch0, epoch1 = flat[:n_windows], flat[n_windows:2 * n_windows]
   assert rows(epoch0) == rows(epoch1) and len(rows(epoch0)) == n_windows
   assert not np.array_equal(epoch0, epoch1)
+  # Epoch e is permuted with data.seed + e (README): data.seed=1 reads seed 0's epoch 1 first.
+  seed1 = np.concatenate(take(pipeline.make_train_iterator(
+      make_config(seq_len=4096, global_batch_size=8, seed=1), 0, 1), -(-n_windows // 8)))
+  assert np.array_equal(seed1[:n_windows], epoch1)
 
 
 
