@@ -14,7 +14,8 @@ import jax.numpy as jnp
 from depthbench_jax.errors import ConfigError
 from depthbench_jax.model.matmul import projection_dot_general
 from depthbench_jax.residual.base import Design, check_fields, sinkhorn_knopp
-from depthbench_jax.residual.hc import StreamIO, StreamWiring, _is_int, _param, constant, home_stream
+from depthbench_jax.residual.hc import (StreamIO, StreamWiring, _is_int, _param, constant,
+                                         home_stream)
 from depthbench_jax.residual.sinkhorn_kernel import sinkhorn_pallas
 
 Array = jax.Array

@@ -111,9 +111,9 @@ def _rule_axes(leaf, mesh: Mesh) -> list[tuple[int, Any, int]]:
 
 
 def unsharded_by_fsdp(boxed_tree, mesh: Mesh) -> dict[str, tuple[int, int, int]]:
-  """``{param path: (dim, fsdp size, parameters)}`` for every param whose rule puts an axis on ``fsdp`` but
-  whose size does not divide it, so ``logical_shardings`` keeps it whole on every fsdp device
-  (with its Adam moments: 12 bytes per parameter more than FSDP promised)."""
+  """``{param path: (dim, fsdp size, parameters)}`` for every param whose rule puts an axis on
+  ``fsdp`` but whose size does not divide it, so ``logical_shardings`` keeps it whole on every
+  fsdp device (with its gradient and Adam moments: 16 bytes per parameter on each)."""
   out = {}
   for path, leaf in jax.tree_util.tree_leaves_with_path(
       boxed_tree, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned)):
@@ -136,6 +136,6 @@ def fsdp_warning(boxed_tree, mesh: Mesh) -> str | None:
   fsdp = mesh.shape["fsdp"]
   return (f"config.mesh fsdp={fsdp} does not divide the sharded axis ({', '.join(map(str, dims))}"
           f") of {len(whole)} params, e.g. {next(iter(whole))}: {params:,} parameters stay whole "
-          f"on every device (fp32 params, gradients and Adam moments: {16 * params / 2**30:.2f} GiB "
-          f"on each instead of 1/{fsdp} of it); "
+          f"on every device (fp32 params, gradients and Adam moments: "
+          f"{16 * params / 2**30:.2f} GiB on each instead of 1/{fsdp} of it); "
           f"allowed: an fsdp size dividing {', '.join(map(str, dims))}")
