@@ -1,6 +1,7 @@
 """The designs that carry a residual state other than [B,T,d] (HC's n streams, Full AttnRes's
 source buffer, MoDA's depth K/V) give the same loss and gradients on a 2x2x2 mesh of 8 fake
-CPU devices (params by the logical rules, batch over data x fsdp) as on one device.
+CPU devices (params by the logical rules, batch over data x fsdp, activations pinned to batch
+rows as in training) as on one device.
 
 The end-to-end sharded run in test_train_loop.py trains Pre-LN; this checks the other states
 in one subprocess (the device count is fixed when jax starts)."""
@@ -37,7 +38,11 @@ for design in sys.argv[1].split(","):
   loss1, grads1 = jax.jit(grad_fn)(params, tokens)
   mesh = sharding.make_mesh(c.mesh)
   p_shard = sharding.logical_shardings(boxed, mesh)
-  sharded = jax.jit(grad_fn, in_shardings=(p_shard, sharding.batch_sharding(mesh)),
+  # On the mesh the model pins its activations to batch rows (model.transformer.batch_sharded),
+  # as training builds it: the pinned program must compute what the single-device one does.
+  model8 = Transformer(model_config_from(c.model), mesh=mesh)
+  grad_fn8 = jax.value_and_grad(lambda p, t: lm_loss(p, model8, t))
+  sharded = jax.jit(grad_fn8, in_shardings=(p_shard, sharding.batch_sharding(mesh)),
                     out_shardings=(sharding.replicated(mesh), p_shard))
   loss8, grads8 = sharded(jax.device_put(params, p_shard),
                           jax.device_put(tokens, sharding.batch_sharding(mesh)))
