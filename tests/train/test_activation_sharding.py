@@ -3,9 +3,9 @@
 
 Without ``model.transformer.batch_sharded`` XLA's propagation took the fsdp-sharded ``embed``
 axis of the weights for the activations and every device computed the whole batch: the 1.6B
-suite's train step on 16 devices held 383 GiB of temporaries per device (XLA:CPU). One
-subprocess, 2 fake CPU devices; the eval step (forward only) compiles in half the time of the
-train step and shows the same (1.86x the data-parallel temporaries before, 1.05x after; the
+suite's train step on 16 devices held 383 GiB of temporaries per device (XLA:CPU). Each test
+is one subprocess on 2 fake CPU devices; the first compiles the eval step (forward only), which
+takes half the time of the train step and shows the same (1.86x the data-parallel temporaries before, 1.05x after; the
 train step's: 1.59x, 0.97x).
 
 The AttnRes designs' source buffers [S,B,T,d] lost the split in the train step: Full AttnRes's
