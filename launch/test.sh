@@ -10,9 +10,8 @@ export TF_CPP_MIN_LOG_LEVEL=2 JAX_PLATFORMS=cpu PYTHONHASHSEED=0
 args=("$@")
 [[ "${FAST:-0}" == "1" ]] && args=(-m "not slow" "${args[@]}")
 # Two xdist workers unless told otherwise (-n N, or TEST_WORKERS=0 for one process): on the
-# 2-core reference machine the suite took 12m10s this way, 13m43s with the bootstrap (765 tests
-# at 31ebe73, on a slow day: the host's GEMMs at 160-180 GFLOP/s, 208 on good days), longer
-# serially.
+# 2-core reference machine the suite took 13m04s this way, 14m42s with the bootstrap (807 tests
+# at d923c3c; the host's GEMMs at 179 GFLOP/s, 208 on good days), longer serially.
 if [[ " $* " != *" -n "* && " $* " != *" -n"[0-9a]* && "${TEST_WORKERS:-2}" != "0" ]]; then
   args=(-n "${TEST_WORKERS:-2}" --dist loadgroup "${args[@]}")  # xdist_group: one worker each
 fi
