@@ -1,0 +1,119 @@
+"""Will a training run fit? Per-device memory of the real train step, compiled, nothing allocated.
+
+    python -m depthbench_jax.systems.train_memory --config=configs/suite_1p6b.py --devices=16 \
+        [--designs=preln,hc] [--shapes=28x2048] [--grad_accum_steps=2] [--budget_gib=80]
+
+For each (design, shape) of the suite: ``train.loop.jitted_steps`` (the steps training runs) on
+``config.mesh`` resolved against ``--devices``, then ``.lower(state, batch).compile()
+.memory_analysis()``. Per device: ``state`` = arguments (params, Adam moments and the batch
+shard), ``temporaries``, and ``peak`` = arguments + outputs + temporaries - aliased (the state
+is donated), against ``--budget_gib``. On a CPU host the devices are XLA's fake host devices
+(the command re-runs itself with ``--xla_force_host_platform_device_count``): XLA:CPU's buffer
+assignment, a guide for a GPU, which runs cuDNN attention and fuses differently (README,
+"Multi-host GPU pods"). A bad config (a ``--grad_accum_steps`` that does not divide a shard's
+rows, a mesh that does not fit) is one error line, exit 2, as ``main.py`` would print it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from typing import Sequence
+
+from depthbench_jax.errors import ConfigError
+
+_CHILD = "DEPTHBENCH_TRAIN_MEMORY_CHILD"
+
+
+def row(config, design: str, shape: str, budget_gib: float) -> dict:
+  """One (design, shape)'s per-device bytes on the devices here (``config.mesh`` over them)."""
+  import jax
+  import jax.numpy as jnp
+  from depthbench_jax.model.config import model_config_from
+  from depthbench_jax.train import config_check, loop, sharding
+  config.data.source = "embedded"  # Where tokens come from moves no byte of the step; the
+  # suite's data path need not exist on the host that asks.
+  model_cfg = config_check.validate(config, jax.device_count(), process_count=1)
+  mesh = sharding.make_mesh(config.mesh)
+  jitted = loop.jitted_steps(config, model_cfg, mesh, steps=100)
+  batch = {"tokens": jax.ShapeDtypeStruct(
+      (config.data.global_batch_size, config.data.seq_len + 1), jnp.int32)}
+  memory = jitted.step_fn.lower(jitted.abstract_state, batch).compile().memory_analysis()
+  peak = (memory.argument_size_in_bytes + memory.output_size_in_bytes
+          + memory.temp_size_in_bytes - memory.alias_size_in_bytes)
+  rows = config.data.global_batch_size // sharding.data_parallel_size(mesh)
+  k = config.get("grad_accum_steps", 1)
+  return {"design": design, "shape": shape, "mesh": dict(mesh.shape), "rows": rows,
+          "microbatches": k, "state_bytes": memory.argument_size_in_bytes,
+          "temp_bytes": memory.temp_size_in_bytes, "peak_bytes": peak,
+          "fits": peak <= budget_gib * 2**30}
+
+
+def markdown(rows: Sequence[dict], budget_gib: float) -> str:
+  gib = lambda b: f"{b / 2**30:.3g}"
+  lines = ["| design | shape | mesh (data, fsdp, tensor) | rows/device x microbatches | "
+           "state GiB | temporaries GiB | peak GiB | fits " + f"{budget_gib:g} GiB |",
+           "|---|---|---|---|---|---|---|---|"]
+  for r in rows:
+    mesh = ", ".join(str(v) for v in r["mesh"].values())
+    lines.append(f"| {r['design']} | {r['shape']} | {mesh} | {r['rows']} / {r['microbatches']}"
+                 f" | {gib(r['state_bytes'])} | {gib(r['temp_bytes'])} | "
+                 f"{gib(r['peak_bytes'])} | {'yes' if r['fits'] else 'NO'} |")
+  return "\n".join(lines)
+
+
+def _rerun_with_devices(devices: int, argv: Sequence[str]) -> int:
+  """This command again in a process whose CPU backend has ``devices`` fake devices."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu", **{_CHILD: "1"})
+  env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
+                      f" --xla_force_host_platform_device_count={devices}").strip()
+  return subprocess.run([sys.executable, "-m", "depthbench_jax.systems.train_memory", *argv],
+                        env=env, check=False).returncode
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  argv = list(sys.argv[1:] if argv is None else argv)
+  p = argparse.ArgumentParser(prog="python -m depthbench_jax.systems.train_memory",
+                              description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--config", required=True, help="a suite file, e.g. configs/suite_1p6b.py")
+  p.add_argument("--devices", type=int, required=True, help="devices the run will have")
+  p.add_argument("--designs", default="", help="comma list (default: every registered design)")
+  p.add_argument("--shapes", default="", help="comma list of LxD (default: the suite's)")
+  p.add_argument("--grad_accum_steps", type=int, default=0,
+                 help="microbatches per step (default: the suite's config.grad_accum_steps)")
+  p.add_argument("--budget_gib", type=float, default=80.0, help="memory per device, GiB")
+  args = p.parse_args(argv)
+  from depthbench_jax.errors import fail
+  if args.devices < 1 or args.grad_accum_steps < 0 or not args.budget_gib > 0:
+    fail(f"--devices={args.devices}, --grad_accum_steps={args.grad_accum_steps}, "
+         f"--budget_gib={args.budget_gib}; allowed: devices >= 1, grad_accum_steps >= 0 "
+         "(0 = the suite's), budget_gib > 0")
+  import jax
+  if jax.device_count() != args.devices:
+    if jax.default_backend() != "cpu" or os.environ.get(_CHILD):
+      fail(f"--devices={args.devices}: this host has {jax.device_count()} "
+           f"{jax.default_backend()} devices; allowed: {jax.device_count()}, or any number on a "
+           "CPU host (fake devices)")
+    return _rerun_with_devices(args.devices, argv)
+  from depthbench_jax.systems.__main__ import suite_configs
+  split = lambda s: [x.strip() for x in s.split(",") if x.strip()] or None
+  try:
+    _, entries = suite_configs(args.config, split(args.designs), split(args.shapes))
+    rows = []
+    for design, shape, config in entries:
+      if args.grad_accum_steps:
+        config.grad_accum_steps = args.grad_accum_steps
+      rows.append(row(config, design, shape, args.budget_gib))
+      print(f"  {design} {shape}: peak {rows[-1]['peak_bytes'] / 2**30:.2f} GiB", file=sys.stderr,
+            flush=True)
+  except ConfigError as e:
+    fail(str(e))
+  print(markdown(rows, args.budget_gib))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,52 @@
+"""``python -m depthbench_jax.systems.train_memory``: the per-device memory of the train step a
+run would compile, on fake devices; bad input is one error line before any compile."""
+
+import os
+import subprocess
+import sys
+
+import jax
+import pytest
+
+from depthbench_jax.systems import train_memory
+from tests import helpers
+
+SMOKE = os.path.join(helpers.ROOT, "configs", "smoke.py")
+
+
+def test_two_fake_devices_hold_params_and_adam_whole_under_data_parallelism():
+  """smoke's mesh is data-parallel: each of the 2 devices holds all params and both Adam moments
+  in fp32 (12 bytes a parameter) plus its half of the batch, in 2 microbatches of 2 rows; the
+  command re-runs itself on 2 fake devices."""
+  from configs import smoke
+  from depthbench_jax.shapes import param_counts
+  params = param_counts(smoke.get_config("arch=preln,shape=4x128").model)["total"]
+  proc = subprocess.run(
+      [sys.executable, "-m", "depthbench_jax.systems.train_memory", f"--config={SMOKE}",
+       "--devices=2", "--designs=preln", "--shapes=4x128", "--grad_accum_steps=2",
+       "--budget_gib=0.001"], cwd=helpers.ROOT, capture_output=True, text=True, timeout=300,
+      env=helpers.subprocess_env(devices=1))
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  (line,) = [l for l in proc.stdout.splitlines() if l.startswith("| preln |")]
+  cells = [c.strip() for c in line.strip("|").split("|")]
+  assert cells[:4] == ["preln", "4x128", "2, 1, 1", "4 / 2"] and cells[-1] == "NO", cells
+  state, temp, peak = (float(c) * 2**30 for c in cells[4:7])
+  assert 0.99 * 12 * params <= state <= 1.2 * 12 * params, (state, params)
+  assert temp > 0 and peak >= 0.99 * (state + temp) - 16 * params   # donated state aliased
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--grad_accum_steps=3"], "error: config.grad_accum_steps=3 does not divide the 8 rows"),
+    (["--budget_gib=0"], "error: --devices=1, --grad_accum_steps=0, --budget_gib=0.0; allowed:"),
+    (["--designs=resnet"], "error: --designs: unknown ['resnet']; allowed: preln"),
+])
+def test_bad_input_is_one_error_line_before_any_compile(capsys, monkeypatch, flags, message):
+  from depthbench_jax.train import loop
+  monkeypatch.setattr(loop, "jitted_steps", lambda *a, **k: pytest.fail("reached the compile"))
+  assert jax.device_count() == 1   # so the command runs here, not in a process of its own
+  with pytest.raises(SystemExit) as exit_:
+    train_memory.main([f"--config={SMOKE}", "--devices=1", "--designs=preln", "--shapes=4x128",
+                       *flags])
+  assert exit_.value.code == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len([l for l in err if l.startswith("error:")]) == 1 and err[-1].startswith(message), err
