@@ -51,15 +51,18 @@ def _depth(summary: dict, evals: dict) -> int | None:
   return ((summary.get("config") or {}).get("model") or {}).get("n_layers")
 
 
+def _is_number(x: Any) -> bool:
+  """A value the table prints and the trend fits: not missing, not NaN."""
+  return x is not None and not math.isnan(x)
+
+
 def _num(x: Any, digits: int = 3) -> str:
-  if x is None or (isinstance(x, float) and math.isnan(x)):
-    return "-"
-  return f"{x:.{digits}f}"
+  return f"{x:.{digits}f}" if _is_number(x) else "-"
 
 
 def depth_slope(points: Sequence[tuple[int, float]]) -> float | None:
   """Least-squares slope of value against log2(depth); None with fewer than two depths."""
-  pts = [(math.log2(d), v) for d, v in points if d and v is not None and not math.isnan(v)]
+  pts = [(math.log2(d), v) for d, v in points if d and _is_number(v)]
   if len({x for x, _ in pts}) < 2:
     return None
   mx = sum(x for x, _ in pts) / len(pts)
@@ -85,7 +88,7 @@ def _domain_slope(rows: Sequence[tuple[int, dict]], domain: str) -> float | None
   """``depth_slope`` of one domain's NLL over ``rows`` ``(depth, evals['domains'])``, or
   ``'sets differ'`` when the runs with a number averaged different sets."""
   scored = [(d, doms[domain]) for d, doms in rows
-            if _num((doms.get(domain) or {}).get("nll_per_token")) != "-"]
+            if _is_number((doms.get(domain) or {}).get("nll_per_token"))]
   if len({tuple(sorted(res.get("sets") or ())) for _, res in scored}) > 1:
     return "sets differ"
   return depth_slope([(d, res["nll_per_token"]) for d, res in scored])
