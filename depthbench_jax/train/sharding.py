@@ -92,21 +92,22 @@ def logical_shardings(boxed_tree, mesh: Mesh):
         raise ValueError(f"param {jax.tree_util.keystr(path)}: logical axis names {unknown} "
                          f"have no sharding rule; allowed: {', '.join(sorted(known))} or None "
                          "(train/sharding.py LOGICAL_RULES)")
-      axes = [axis if size == 1 or dim % size == 0 else None
-              for dim, axis, size in _rule_axes(leaf, mesh)]
+      axes = [axis if dim % size == 0 else None
+              for dim, axis, _, size in _rule_axes(leaf, mesh)]
       return NamedSharding(mesh, P(*axes))
     return NamedSharding(mesh, P())
   return jax.tree_util.tree_map_with_path(
       one, boxed_tree, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))
 
 
-def _rule_axes(leaf, mesh: Mesh) -> list[tuple[int, Any, int]]:
-  """``(dim, mesh axis or axes or None, their device count)`` per axis of ``leaf``."""
+def _rule_axes(leaf, mesh: Mesh) -> list[tuple[int, Any, tuple[str, ...], int]]:
+  """``(dim, its rule's mesh axis (or axes, or None), those axes' names, their device count)``
+  per axis of ``leaf``."""
   spec = nn.logical_to_mesh_axes(leaf.names, LOGICAL_RULES)
   out = []
   for dim, axis in zip(leaf.value.shape, spec):
     names = () if axis is None else axis if isinstance(axis, tuple) else (axis,)
-    out.append((dim, axis, math.prod(mesh.shape[a] for a in names)))
+    out.append((dim, axis, names, math.prod(mesh.shape[a] for a in names)))
   return out
 
 
@@ -118,9 +119,8 @@ def unsharded_by_fsdp(boxed_tree, mesh: Mesh) -> dict[str, tuple[int, int, int]]
   for path, leaf in jax.tree_util.tree_leaves_with_path(
       boxed_tree, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned)):
     if isinstance(leaf, nn.LogicallyPartitioned):
-      for dim, axis, size in _rule_axes(leaf, mesh):
-        on_fsdp = "fsdp" in (axis if isinstance(axis, tuple) else (axis,))
-        if on_fsdp and size > 1 and dim % size:
+      for dim, _, names, size in _rule_axes(leaf, mesh):
+        if "fsdp" in names and dim % size:
           out[jax.tree_util.keystr(path)] = (dim, size, math.prod(leaf.value.shape))
   return out
 
