@@ -54,9 +54,10 @@ class LayerWiring(nn.Module):
   # The default ``attend`` does; an override that says nothing decodes by full recompute.
   attend_handles_kv_cache: ClassVar[bool] = False
 
-  def norm(self, name: str, use_scale: bool = True) -> RMSNorm:
-    return RMSNorm(self.cfg.norm_eps, use_scale=use_scale, dtype=dtype_of(self.cfg.dtype),
-                   name=name)
+  def norm(self, name: str, use_scale: bool = True, dtype=None) -> RMSNorm:
+    """An RMSNorm in ``dtype`` (default: the compute dtype; KEEL and DeepNorm ask fp32)."""
+    return RMSNorm(self.cfg.norm_eps, use_scale=use_scale,
+                   dtype=dtype or dtype_of(self.cfg.dtype), name=name)
 
   def read(self, state: State, sub: int, layer: Array) -> Array:
     raise NotImplementedError

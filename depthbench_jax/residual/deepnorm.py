@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from depthbench_jax.model.layers import RMSNorm, dtype_of
+from depthbench_jax.model.layers import dtype_of
 from depthbench_jax.residual.base import Design, InitScales, LayerWiring, StateIO, check_fields
 
 
@@ -39,8 +39,8 @@ class DeepNorm(LayerWiring):
   """
 
   def setup(self):
-    norm = lambda name: RMSNorm(self.cfg.norm_eps, dtype=jnp.float32, name=name)
-    self.post_norms = (norm("post_attention_layernorm"), norm("post_feedforward_layernorm"))
+    self.post_norms = (self.norm("post_attention_layernorm", dtype=jnp.float32),
+                       self.norm("post_feedforward_layernorm", dtype=jnp.float32))
 
   def read(self, x, sub, layer):
     return x.astype(dtype_of(self.cfg.dtype))

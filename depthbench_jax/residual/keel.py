@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from depthbench_jax.model.layers import RMSNorm
 from depthbench_jax.residual.base import Design, LayerWiring, StateIO, check_fields
 
 
@@ -44,8 +43,8 @@ class Keel(LayerWiring):
 
   def setup(self):
     self.in_norms = (self.norm("input_layernorm"), self.norm("pre_feedforward_layernorm"))
-    out_norm = lambda name: RMSNorm(self.cfg.norm_eps, dtype=jnp.float32, name=name)
-    self.out_norms = (out_norm("post_attention_layernorm"), out_norm("post_feedforward_layernorm"))
+    self.out_norms = (self.norm("post_attention_layernorm", dtype=jnp.float32),
+                      self.norm("post_feedforward_layernorm", dtype=jnp.float32))
 
   def read(self, x, sub, layer):
     return self.in_norms[sub](x)
