@@ -31,7 +31,7 @@ def row(config, design: str, shape: str, budget_gib: float) -> dict:
   """One (design, shape)'s per-device bytes on the devices here (``config.mesh`` over them)."""
   import jax
   import jax.numpy as jnp
-  from depthbench_jax.model.config import model_config_from
+  from depthbench_jax.systems.xla import peak_bytes
   from depthbench_jax.train import config_check, loop, sharding
   config.data.source = "embedded"  # Where tokens come from moves no byte of the step; the
   # suite's data path need not exist on the host that asks.
@@ -41,8 +41,7 @@ def row(config, design: str, shape: str, budget_gib: float) -> dict:
   batch = {"tokens": jax.ShapeDtypeStruct(
       (config.data.global_batch_size, config.data.seq_len + 1), jnp.int32)}
   memory = jitted.step_fn.lower(jitted.abstract_state, batch).compile().memory_analysis()
-  peak = (memory.argument_size_in_bytes + memory.output_size_in_bytes
-          + memory.temp_size_in_bytes - memory.alias_size_in_bytes)
+  peak = peak_bytes(memory)
   rows = config.data.global_batch_size // sharding.data_parallel_size(mesh)
   k = config.get("grad_accum_steps", 1)
   return {"design": design, "shape": shape, "mesh": dict(mesh.shape), "rows": rows,
