@@ -44,6 +44,11 @@ def suite_shapes(config_path: str, module) -> list[str]:
   return list(dict.fromkeys(s for shape_set in shape_sets.values() for s in shape_set.shapes))
 
 
+def comma_list(text: str) -> list[str] | None:
+  """``'a, b,'`` -> ``['a', 'b']``; None for an empty flag (the tool's default)."""
+  return [x.strip() for x in text.split(",") if x.strip()] or None
+
+
 def suite_configs(config_path: str, designs: Sequence[str] | None = None,
                   shapes: Sequence[str] | None = None):
   """``(module, [(design, shape, ml_collections config)])``; shapes default to `suite_shapes`."""
@@ -162,14 +167,13 @@ def main(argv: Sequence[str] | None = None) -> int:
   p.add_argument("--overwrite", action="store_true",
                  help="replace a systems.json made with other options")
   args = p.parse_args(argv)
-  split = lambda s: [x.strip() for x in s.split(",") if x.strip()] or None
   try:
     from depthbench_jax import sweep
     from depthbench_jax.train import summary
     mfu = sweep.DEFAULT_MFU if args.mfu is None else args.mfu
     peak = sweep.DEFAULT_PEAK_FLOPS if args.peak_flops is None else args.peak_flops
     check_numbers(seq_len=args.seq_len, batch=args.batch, mfu=mfu, peak_flops=peak)
-    suite = suite_configs(args.config, split(args.designs), split(args.shapes))
+    suite = suite_configs(args.config, comma_list(args.designs), comma_list(args.shapes))
     module, entries = suite
     out = args.out or os.path.join("results", sweep.suite_name(module))
     # What decides the file's rows and columns; checked before any compile.
@@ -179,7 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary.check_replaceable(os.path.join(out, "systems.json"), options, args.overwrite)
     result = build(args.config, args.seq_len, with_xla=args.xla == "true", mfu=mfu,
                    peak_flops=peak, dtype=args.dtype, batch=args.batch,
-                   measured_paths=split(args.measured) or (),
+                   measured_paths=comma_list(args.measured) or (),
                    log=lambda s: print(s, file=sys.stderr, flush=True), suite=suite)
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)

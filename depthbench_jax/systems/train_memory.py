@@ -97,10 +97,9 @@ def main(argv: Sequence[str] | None = None) -> int:
            f"{jax.default_backend()} devices; allowed: {jax.device_count()}, or any number on a "
            "CPU host (fake devices)")
     return _rerun_with_devices(args.devices, argv)
-  from depthbench_jax.systems.__main__ import suite_configs
-  split = lambda s: [x.strip() for x in s.split(",") if x.strip()] or None
+  from depthbench_jax.systems.__main__ import comma_list, suite_configs
   try:
-    _, entries = suite_configs(args.config, split(args.designs), split(args.shapes))
+    _, entries = suite_configs(args.config, comma_list(args.designs), comma_list(args.shapes))
     rows = []
     for design, shape, config in entries:
       if args.grad_accum_steps:
