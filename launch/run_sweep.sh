@@ -10,7 +10,8 @@
 # Multi-host pods: start it once per host (srun --ntasks-per-node=1 ..., or set
 # JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID on each host); main.py joins the
 # processes with jax.distributed. --results_dir must be on a filesystem every host sees.
-# Other flags go to `python -m depthbench_jax.sweep` (--results_dir, --mfu, --peak_flops, ...).
+# The suite may also be given as --config=FILE. Other flags go to `python -m depthbench_jax.sweep`
+# (--results_dir, --mfu, --peak_flops, ...).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 "$ROOT/launch/bootstrap.sh"   # no-op when .venv is current
@@ -19,14 +20,20 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CALLER="$PWD"
 absolute() { case "$1" in /*) printf '%s' "$1" ;; *) printf '%s' "$CALLER/$1" ;; esac; }
 ARGS=()
+SUITE=()  # --config=FILE (the spelling main.py, systems and report take) is the suite positional.
 while [[ $# -gt 0 ]]; do
   case "$1" in
+    --config) SUITE=("$2"); shift 2 ;;
+    --config=*) SUITE=("${1#--config=}"); shift ;;
     --results_dir) ARGS+=("$1" "$(absolute "$2")"); shift 2 ;;
     --results_dir=*) ARGS+=("--results_dir=$(absolute "${1#--results_dir=}")"); shift ;;
     *) ARGS+=("$1"); shift ;;
   esac
 done
-set -- ${ARGS[@]+"${ARGS[@]}"}
+if [[ ${#SUITE[@]} -gt 0 && ${#ARGS[@]} -gt 0 && "${ARGS[0]}" != -* ]]; then
+  ARGS+=("--config=${SUITE[0]}"); SUITE=()  # Both spellings: the sweep names the two files.
+fi
+set -- ${SUITE[@]+"${SUITE[@]}"} ${ARGS[@]+"${ARGS[@]}"}
 if [[ $# -gt 0 && "$1" != -* && -f "$1" ]]; then
   first="$(absolute "$1")"; shift; set -- "$first" "$@"
 fi

@@ -143,9 +143,8 @@ FAKE_PYTHON = textwrap.dedent("""\
 """)
 
 
-def test_run_sweep_sh_passes_the_suite_to_the_report(tmp_path):
-  # The script itself, with the interpreter it calls faked: the report must get the suite the
-  # sweep was given (jax-free, so this takes milliseconds, not a real sweep's seconds).
+def _fake_repo(tmp_path):
+  """A copy of launch/run_sweep.sh whose bootstrap and interpreter are fakes (FAKE_PYTHON)."""
   root = tmp_path / "repo"
   (root / "launch").mkdir(parents=True)
   (root / ".venv" / "bin").mkdir(parents=True)
@@ -155,13 +154,39 @@ def test_run_sweep_sh_passes_the_suite_to_the_report(tmp_path):
   (root / ".venv" / "bin" / "python").write_text(FAKE_PYTHON)
   for path in (script, root / "launch" / "bootstrap.sh", root / ".venv" / "bin" / "python"):
     path.chmod(0o755)
-  config, results, log = tmp_path / "half_suite.py", tmp_path / "results", tmp_path / "log"
-  config.write_text(HALF_SUITE)
-  results.mkdir()
-  out = subprocess.run([str(script), str(config), "--results_dir", str(results)],
-                       cwd=tmp_path, capture_output=True, text=True, timeout=60,
+  return script
+
+
+def _calls_of(script, args, tmp_path):
+  """Runs the faked script from ``tmp_path``; returns the interpreter calls it made."""
+  results, log = tmp_path / "results", tmp_path / "log"
+  results.mkdir(exist_ok=True)
+  out = subprocess.run([str(script)] + args, cwd=tmp_path, capture_output=True, text=True,
+                       timeout=60,
                        env=dict(os.environ, FAKE_LOG=str(log), FAKE_RESULTS=str(results)))
   assert out.returncode == 0, out.stderr[-2000:]
-  calls = log.read_text().splitlines()
+  return log.read_text().splitlines()
+
+
+def test_run_sweep_sh_passes_the_suite_to_the_report(tmp_path):
+  # The script itself, with the interpreter it calls faked: the report must get the suite the
+  # sweep was given (jax-free, so this takes milliseconds, not a real sweep's seconds).
+  script = _fake_repo(tmp_path)
+  config, results = tmp_path / "half_suite.py", tmp_path / "results"
+  config.write_text(HALF_SUITE)
+  calls = _calls_of(script, [str(config), "--results_dir", str(results)], tmp_path)
+  assert f"-m depthbench_jax.sweep {config} --results_dir {results}" in calls, calls
+  assert calls[-1] == f"-m depthbench_jax.report {results} --config={config}", calls
+
+
+@pytest.mark.parametrize("spelling", [["--config=half_suite.py"], ["--config", "half_suite.py"]])
+def test_run_sweep_sh_takes_the_suite_as_config_flag(tmp_path, spelling):
+  # `--config=FILE`, as the sweep, systems and report spell it: that suite is swept and
+  # reported, read from the caller's directory (it once swept configs/smoke.py beside it,
+  # which the sweep refused as two suite files).
+  script = _fake_repo(tmp_path)
+  config, results = tmp_path / "half_suite.py", tmp_path / "results"
+  config.write_text(HALF_SUITE)
+  calls = _calls_of(script, spelling + ["--results_dir", str(results)], tmp_path)
   assert f"-m depthbench_jax.sweep {config} --results_dir {results}" in calls, calls
   assert calls[-1] == f"-m depthbench_jax.report {results} --config={config}", calls
