@@ -324,6 +324,28 @@ def plan_rows(config_path: str, runs: Sequence[Run], mfu: float = DEFAULT_MFU,
   return rows
 
 
+def off_target_shapes(config_path: str, module) -> list[str]:
+  """One warning per shape a suite's ``SHAPE_SETS`` lists whose Pre-LN count (``solver_model(key)``
+  at the shape, FFN by ``ffn_rule(key)``, ``jax.eval_shape``) is off the set's target:
+  ``|count / target - 1| > tolerance``. A typed-in width nothing else checks would otherwise
+  train the whole grid at the wrong size; a file without the three names: none."""
+  from depthbench_jax.shapes import param_counts
+  if not all(hasattr(module, n) for n in ("SHAPE_SETS", "solver_model", "ffn_rule")):
+    return []
+  out = []
+  for key, shape_set in module.SHAPE_SETS.items():
+    model, ffn = module.solver_model(key), module.ffn_rule(key)
+    for shape in shape_set.parsed():
+      count = param_counts(shaped_model(model, shape, ffn))[shape_set.count]
+      error = count / shape_set.target - 1.0
+      if abs(error) > shape_set.tolerance:
+        out.append(f"warning: SHAPE_SETS[{key!r}] shape {shape.name} has {human(count, 4)} "
+                   f"{shape_set.count} Pre-LN parameters, {error:+.2%} off its target "
+                   f"{human(shape_set.target, 4)} (tolerance {shape_set.tolerance:.2%}); the "
+                   f"solver's widths: python -m depthbench_jax.shapes {config_path}")
+  return out
+
+
 def check_device_hours_inputs(mfu: float, peak_flops: float) -> None:
   """One ``ConfigError`` naming ``--mfu`` or ``--peak_flops`` (the plan's and the systems
   table's): device-hours divide by ``mfu * peak_flops``, so zero is a ZeroDivisionError, and an
@@ -622,6 +644,8 @@ def main(argv: Sequence[str] | None = None) -> int:
       return 0
     runs = list_runs(args.config, results_dir)
     check_finished_recipes(args.config, runs)
+    for line in off_target_shapes(args.config, module):
+      print(line, flush=True)
     if args.dry_run:
       rows = plan_rows(args.config, runs, args.mfu, args.peak_flops)
       print(f"suite {suite_name(module)} -> {results_dir}")

@@ -599,3 +599,27 @@ def test_config_flag_is_the_positional_s_other_spelling(tiny, capsys):
     assert sweep.main([*bad, *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: suite config") and "allowed" in err[0], err
+
+
+OFF_TARGET_SUITE = textwrap.dedent("""
+    from configs import smoke
+    from depthbench_jax.shapes import ShapeSet
+    NAME = "off_target"
+    SHAPE_SETS = {"smoke": ShapeSet(target=918_912, count="total", shapes=("4x128", "8x160"))}
+    get_config, ffn_rule, solver_model = smoke.get_config, smoke.ffn_rule, smoke.solver_model
+    def sweep():
+      return [dict(arch="preln", shape=s, lr=1e-3) for s in SHAPE_SETS["smoke"].shapes]
+""")
+
+
+def test_dry_run_warns_of_a_listed_shape_off_its_target(tmp_path, capsys):
+  """A new suite's mistyped width (8x160 for the solver's 8x96): the plan printed its runs as if
+  iso-parameter. 8x160 counts 2,624,480 (hand: 8 x (4 x 160^2 + 3 x 160 x 448 + 2 x 160)
+  + 2 x 257 x 160 + 160), +185.61% off 918,912; 4x128 is the target itself."""
+  config = tmp_path / "off_target_suite.py"
+  config.write_text(OFF_TARGET_SUITE)
+  assert sweep.main([str(config), "--results_dir", str(tmp_path / "r"), "--dry_run"]) == 0
+  warnings = [l for l in capsys.readouterr().out.splitlines() if l.startswith("warning:")]
+  assert len(warnings) == 1, warnings
+  assert "shape 8x160 has 2.624M total Pre-LN parameters, +185.61% off" in warnings[0]
+  assert "tolerance 2.00%" in warnings[0] and str(config) in warnings[0]
