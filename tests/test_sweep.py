@@ -567,7 +567,9 @@ def test_dry_run_refuses_a_suite_whose_runs_main_would_refuse(tmp_path, capsys):
   fine, and each run then failed at its start on the pod. The dry run names the first."""
   config = tmp_path / "typo_suite.py"
   for line, field in (("c.warmup_step = 5", "config.warmup_step"),
-                      ("c.weight_decay = -0.1", "config.weight_decay")):
+                      ("c.weight_decay = -0.1", "config.weight_decay"),
+                      # A long-context copy raising seq_len alone: every run failed at start.
+                      ("c.data.seq_len = 8192", "config.model.max_seq_len=4096")):
     config.write_text(textwrap.dedent(f"""
         from configs import smoke
         def get_config(arg=None):

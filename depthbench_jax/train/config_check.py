@@ -144,14 +144,11 @@ def validate_iso(config) -> None:
            f"for {model.n_layers} layers")
 
 
-def validate_data(data, model, process_count: int, data_parallel: int,
-                  microbatches: int = 1) -> None:
+def validate_data_fields(data, model) -> None:
+  """The data checks that need neither the devices nor the data files: source, tokenizer,
+  ``seq_len <= model.max_seq_len``, batch size, and the vocabulary holding the tokenizer's."""
   _require(data.source in DATA_SOURCES,
            f"config.data.source={data.source!r}; allowed: {', '.join(DATA_SOURCES)}")
-  if data.source == "parquet":
-    _require(bool(data.path) and (os.path.exists(data.path) or bool(glob.glob(data.path))),
-             f"config.data.path={data.path!r} does not exist; allowed: a directory or glob of "
-             f"FineWeb-Edu parquet shards (with a 'text' column)")
   if data.source == "tfds":
     _require(bool(data.tfds_name),
              f"config.data.tfds_name={data.tfds_name!r}; allowed: a TFDS dataset name, e.g. "
@@ -166,6 +163,22 @@ def validate_data(data, model, process_count: int, data_parallel: int,
   batch = data.global_batch_size
   _require(isinstance(batch, int) and batch > 0,
            f"config.data.global_batch_size={batch!r}; allowed: a positive integer")
+  from depthbench_jax.data.tokenizer import get_tokenizer
+  vocab = get_tokenizer(data.tokenizer).vocab_size
+  _require(model.vocab_size >= vocab,
+           f"config.model.vocab_size={model.vocab_size} is smaller than tokenizer "
+           f"{data.tokenizer!r}'s {vocab}; allowed: >= {vocab}")
+
+
+def validate_data(data, process_count: int, data_parallel: int, microbatches: int = 1) -> None:
+  """The data checks that need the files and the devices (``validate_data_fields`` ran in
+  ``validate_without_devices``): the parquet path exists, and the batch splits over the batch
+  shards, microbatches and processes."""
+  if data.source == "parquet":
+    _require(bool(data.path) and (os.path.exists(data.path) or bool(glob.glob(data.path))),
+             f"config.data.path={data.path!r} does not exist; allowed: a directory or glob of "
+             f"FineWeb-Edu parquet shards (with a 'text' column)")
+  batch = data.global_batch_size
   _require(batch % data_parallel == 0,
            f"config.data.global_batch_size={batch} is not divisible by the data-parallel size "
            f"{data_parallel} (mesh data x fsdp); allowed: a multiple of {data_parallel}")
@@ -184,20 +197,17 @@ def validate_data(data, model, process_count: int, data_parallel: int,
            f"config.mesh has {data_parallel} batch shards (data x fsdp) for {process_count} "
            f"processes: a shard's devices would span processes; allowed: data x fsdp a multiple "
            f"of {process_count} (keep config.mesh.tensor within one host)")
-  from depthbench_jax.data.tokenizer import get_tokenizer
-  vocab = get_tokenizer(data.tokenizer).vocab_size
-  _require(model.vocab_size >= vocab,
-           f"config.model.vocab_size={model.vocab_size} is smaller than tokenizer "
-           f"{data.tokenizer!r}'s {vocab}; allowed: >= {vocab}")
 
 
 def validate_without_devices(config) -> ModelConfig:
-  """The checks that need neither the devices nor the data (fields, model, recipe, guards), as
-  ``--dry_run`` plans a suite; returns the ``ModelConfig`` or raises the first ``ConfigError``."""
+  """The checks that need neither the devices nor the data (fields, model, recipe, guards, the
+  data fields: a seq_len over max_seq_len too), as ``--dry_run`` plans a suite; returns the
+  ``ModelConfig`` or raises the first ``ConfigError``."""
   validate_fields(config)
   model_cfg = model_config_from(config.model)
   validate_recipe(config)
   validate_guards(config)
+  validate_data_fields(config.data, config.model)
   return model_cfg
 
 
@@ -207,7 +217,7 @@ def validate(config, device_count: int, process_count: int | None = None) -> Mod
   process_count = jax.process_count() if process_count is None else process_count
   model_cfg = validate_without_devices(config)
   mesh = sharding.mesh_shape(config.mesh, device_count)
-  validate_data(config.data, config.model, process_count, data_parallel=mesh[0] * mesh[1],
+  validate_data(config.data, process_count, data_parallel=mesh[0] * mesh[1],
                 microbatches=config.get("grad_accum_steps", 1))
   validate_iso(config)
   return model_cfg
