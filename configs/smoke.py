@@ -72,7 +72,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
 
 def sweep() -> list[dict]:
-  """Every registered design at both shapes, each at ``smoke_lr(design)``."""
+  """Every registered design at every shape of ``SHAPE_SETS``, each at ``smoke_lr(design)``."""
   from depthbench_jax.residual import registry
   return [{"arch": arch, "shape": shape, "lr": smoke_lr(arch)}
-          for arch in registry.names() for shape in SHAPE_SETS["smoke"].shapes]
+          for arch in registry.names() for shape_set in SHAPE_SETS.values()
+          for shape in shape_set.shapes]

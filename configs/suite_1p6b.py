@@ -53,6 +53,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
 
 def sweep() -> list[dict]:
+  """Every registered design x every shape of ``SHAPE_SETS`` (whatever its keys: a copy that
+  renames "1p6b" sweeps its own set) at ``LR``."""
   from depthbench_jax.residual import registry
   return [{"arch": arch, "shape": shape, "lr": LR}
-          for arch in registry.names() for shape in SHAPE_SETS["1p6b"].shapes]
+          for arch in registry.names() for shape_set in SHAPE_SETS.values()
+          for shape in shape_set.shapes]

@@ -323,3 +323,20 @@ def test_400m_docstrings_state_what_each_design_adds_to_the_pre_ln_shape():
   assert f"(2 d^2 per layer) {moda[0]:+.2%} to {moda[1]:+.2%}" in doc, moda
   assert f"{mhc[0]:.1%} to {mhc[1]:.1%} for mHC" in solver_doc
   assert f"{moda[0]:.1%} to {moda[1]:.1%} for MoDA" in solver_doc
+
+
+@pytest.mark.parametrize("name,key", [("suite_1p6b", "1p6b"), ("smoke", "smoke")])
+def test_a_suite_copy_that_renames_its_shape_set_sweeps_it(tmp_path, name, key):
+  """README: a new suite is a copy of a suite file. Renaming the copy's SHAPE_SETS key (a 3B
+  suite's "1p6b" -> "3b") made its sweep() a KeyError traceback: it read SHAPE_SETS["1p6b"]."""
+  text = open(os.path.join(REPO, "configs", f"{name}.py")).read()
+  mine = tmp_path / "suite_copy.py"
+  mine.write_text(text.replace(f'"{key}": ShapeSet(', '"renamed": ShapeSet('))
+  module = sweep.load_config_module(str(mine))
+  assert list(module.SHAPE_SETS) == ["renamed"]
+  runs = sweep.list_runs(str(mine))
+  listed = module.SHAPE_SETS["renamed"].shapes
+  assert sorted({r.shape.name for r in runs}) == sorted(listed)
+  from depthbench_jax.residual import registry
+  assert {r.design for r in runs} == set(registry.names())
+  assert len(runs) == len(listed) * len(registry.names())
