@@ -37,6 +37,9 @@ PAPER_400M = {
     "attnres_block": (None, 2.730, "peak in the middle (best 2.715 at 20 layers)"),
 }
 PAPER_DEPTHS = (16, 32)
+# The recipe the paper's 400M losses were trained and measured with: a run whose summary config
+# says otherwise (a long-context copy of the suite) is not put beside them.
+PAPER_RECIPE = {"data.seq_len": 2048, "data.tokenizer": "gpt2", "tokens_per_param": 20.0}
 TREND_TOL = 0.005
 FAMILY_GAP = 1.2   # a scale family's shapes lie within this factor of its smallest's parameters
 CSV_FIELDS = ("name", "design", "n_layers", "d_model", "aspect_ratio", "lr", "params_total",
@@ -347,12 +350,35 @@ def scorecard_markdown(rows: Sequence[dict]) -> str:
   return "\n".join(out)
 
 
-def paper_comparison(rows: Sequence[dict]) -> str | None:
-  """The paper's 400M numbers beside ours, when the results are a ~400M 16/32-layer sweep."""
+def recipe_differences(records: Iterable[dict]) -> list[str]:
+  """``'data.seq_len=8192'`` for each ``PAPER_RECIPE`` field some record's summary config sets
+  to another value (a record without the field, e.g. an old summary, differs in nothing)."""
+  out = []
+  for field, paper in PAPER_RECIPE.items():
+    values = set()
+    for r in records:
+      value = r.get("config") or {}
+      for part in field.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+      if value is not None and value != paper:
+        values.add(value)
+    out += [f"{field}={v!r}" for v in sorted(values, key=str)]
+  return out
+
+
+def paper_comparison(rows: Sequence[dict], records: Sequence[dict] = ()) -> str | None:
+  """The paper's 400M numbers beside ours, when the results are a ~400M 16/32-layer sweep
+  trained with ``PAPER_RECIPE`` (``records``: the runs, whose configs say; otherwise one line
+  saying why they are not compared)."""
   fam = [r for r in rows if r["ref_depths"] == PAPER_DEPTHS and r["params_median"]
          and 350e6 <= r["params_median"] <= 450e6 and r["design"] in PAPER_400M]
   if not fam:
     return None
+  differ = recipe_differences(r for r in records if r.get("family") in {f["family"] for f in fam})
+  if differ:
+    paper = ", ".join(f"{k}={v!r}" for k, v in PAPER_RECIPE.items())
+    return (f"Not compared: these runs trained with {', '.join(differ)}; the paper's losses "
+            f"are at {paper}, so the two are not the same quantity.")
   lines = ["| architecture | paper 16L | ours 16L | paper 32L | ours 32L | paper trend | "
            "our trend |", "|---|---|---|---|---|---|---|"]
   for r in fam:
@@ -486,7 +512,7 @@ def build_report(records: Sequence[dict], title: str = "DepthBench scorecard",
            "Depth trend: the deeper reference depth against the shallower one at each "
            f"design's best LR (ties within {TREND_TOL}: flat); 'peak in the middle' when an "
            "in-between depth beats both.", ""]
-  paper = paper_comparison(rows)
+  paper = paper_comparison(rows, records)
   if paper:
     parts += ["## Against the paper (400M)", "", paper, ""]
   parts += ["## Val loss by LR", "", lr_table(records, groups, gaps), ""]

@@ -457,3 +457,18 @@ def test_runs_name_the_code_they_trained_with(tmp_path):
   with open(tmp_path / "runs.csv") as f:
     commits = [r["commit"] for r in csv.DictReader(f)]
   assert commits == ["a" * 12, "a" * 12, "b" * 12 + "+dirty (+1 earlier)", ""]
+
+
+@pytest.mark.parametrize("seq_len", [2048, 8192])
+def test_paper_comparison_only_for_runs_of_the_paper_recipe(seq_len):
+  """A long-context copy of the 400M suite (seq 8192) had its losses put beside the paper's
+  seq-2048 ones as if one quantity. At 2048 the table stays; at 8192 one line says why not."""
+  records = report.collect_runs(FIXTURE)
+  for r in records:
+    r["config"] = dict(r.get("config") or {}, data={"seq_len": seq_len, "tokenizer": "gpt2"})
+  text = scorecard.build_report(records)
+  assert "## Against the paper (400M)" in text
+  compared = "| architecture | paper 16L | ours 16L |" in text
+  assert compared == (seq_len == 2048)
+  assert ("Not compared: these runs trained with data.seq_len=8192; the paper's losses are at "
+          "data.seq_len=2048" in text) == (seq_len == 8192)
