@@ -37,7 +37,16 @@ NARROW = 128
 
 
 def weight_gradient(x: Array, g: Array, precision=None) -> Array:
-  """``dW = X^T G`` [K, M] for X [N, K], G [N, M] (the token axis N contracted).
+  """``dW = X^T G`` [K, M] for X [N..., K], G [N..., M] (the token axes N... contracted).
+
+  The token axes may be several (HC's streams ``[n, B, T]``): contracted as axes, not merged
+  by a reshape, so that a batch axis sharded over devices stays sharded (each device's rows
+  give a partial ``dW``, summed across devices) where merging ``n`` in front of a sharded ``B``
+  all-gathered the whole batch. On one device X's token axes merge into rows with no copy and G
+  is transposed to [M, N] (N M floats) for XLA:CPU's GEMM library: at n = 4, 8 x 128 tokens,
+  K = 512, M = 6 it ran 0.58 ms against 1.05 for the flattened operands (2 CPU cores,
+  interleaved, median of 15), and HC's train step at the bench shape was 0.975x the flattened
+  form's (paired median of 11 interleaved rounds).
 
   For a narrow output (``M <= NARROW``) it is computed as ``(G^T X)^T``: the same products,
   with the [M, K] result transposed behind an ``optimization_barrier`` (XLA would otherwise fold
@@ -49,7 +58,8 @@ def weight_gradient(x: Array, g: Array, precision=None) -> Array:
   (benchmarks/README.md). On a GPU the extra work is one copy of an [M <= 128, K] matrix (not
   yet timed there).
   """
-  contract = (((0,), (0,)), ((), ()))
+  tokens = tuple(range(x.ndim - 1))
+  contract = ((tokens, tokens), ((), ()))
   if g.shape[-1] > NARROW:
     return lax.dot_general(x, g, contract, precision=precision)
   return lax.optimization_barrier(lax.dot_general(g, x, contract, precision=precision)).T

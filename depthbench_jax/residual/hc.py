@@ -47,8 +47,9 @@ def rms_projection(h: Array, w: Array, eps: float) -> Array:
   ``dh`` is written as ``e`` broadcast multiply-adds, an elementwise expression, so XLA fuses
   it into the sum of the streams' other cotangents; as autodiff's ``g W^T`` it was a GEMM
   writing an fp32 [n,B,T,d] that the sum read back (on an H200 at 16x1216: 1.2 ms of the step
-  per sublayer kind, plus the read). ``dW`` is one GEMM over the flattened tokens, in
-  ``weight_gradient``'s narrow-output form.
+  per sublayer kind, plus the read). ``dW`` is one GEMM contracting the streams and tokens as
+  axes, in ``weight_gradient``'s narrow-output form: flattening ``[n,B,T]`` merged the streams
+  in front of the batch-sharded ``B`` and all-gathered the whole batch under FSDP.
   """
   return _rms_projection_fwd(h, w, eps)[0]
 
@@ -67,7 +68,7 @@ def _rms_projection_bwd(eps, res, g):
   dh = (-jnp.sum(g * z, axis=-1, keepdims=True) * inv_rms ** 3 / h.shape[-1]) * h32
   for e in range(w.shape[1]):
     dh = dh + g_z[..., e:e + 1] * w32[:, e]
-  dw = weight_gradient(h32.reshape(-1, h.shape[-1]), g_z.reshape(-1, w.shape[1]))
+  dw = weight_gradient(h32, g_z)
   return dh.astype(h.dtype), dw.astype(w.dtype)
 
 

@@ -108,6 +108,20 @@ def test_weight_gradient_of_a_narrow_output_is_a_dot_writing_its_transpose():
     assert want in dot_shapes, (m, dot_shapes)
 
 
+def test_weight_gradient_contracts_every_leading_token_axis():
+  """X [n, B, T, K], G [n, B, T, M] (HC's streams): ``dW = sum_{i,b,t} X^T G``, computed on
+  one device as the narrow [M, K] dot with no copy of X (only the narrow G and dW move)."""
+  k = jax.random.split(jax.random.PRNGKey(2), 2)
+  x, g = jax.random.normal(k[0], (4, 2, 32, 48)), jax.random.normal(k[1], (4, 2, 32, 6))
+  fn = jax.jit(matmul.weight_gradient)
+  np.testing.assert_allclose(fn(x, g), x.reshape(-1, 48).T @ g.reshape(-1, 6), rtol=1e-5,
+                             atol=1e-4)
+  hlo = fn.lower(x, g).compile().as_text()
+  assert re.search(r"= f32\[6,48\][^ ]* (?:dot|fusion)\(", hlo), hlo
+  copied = re.findall(r"f32\[([\d,]*)\][^ ]* (?:copy|transpose)\(", hlo)
+  assert copied and all(np.prod([int(d) for d in s.split(",")]) < x.size for s in copied), copied
+
+
 def _train_flops(policy):
   c = tiny_config(**{"model.n_layers": 2, "model.d_model": 32, "model.n_heads": 4})
   c.model.remat_policy = policy
