@@ -12,8 +12,9 @@ The AttnRes designs' source buffers [S,B,T,d] lost the split in the train step: 
 buffer stack ran on the whole batch with the buffer sharded on ``d`` (its scans' carries took
 the weights' ``embed`` sharding), and every depth read's backward (``base._depth_attend``'s
 ``dq``, which flattened ``S x B x T``) all-gathered the whole buffer, under data parallelism
-too. Checked on the compiled per-device HLO of the train step: no array may keep the global
-batch next to the sequence axis.
+too; HC's ``rms_projection`` weight gradient merged its streams into the tokens the same way.
+Checked for every registered design on the compiled per-device HLO of its gradient: no array
+may keep the global batch next to the sequence axis.
 """
 
 import json
@@ -59,44 +60,69 @@ def test_fsdp_keeps_only_its_rows_activations():
 
 
 _WHOLE_BATCH_SCRIPT = """
-import json, re, sys
+import json
+import flax.linen as nn
 import jax, jax.numpy as jnp
 from depthbench_jax.model.config import model_config_from
-from depthbench_jax.train import loop, sharding
+from depthbench_jax.model.transformer import Transformer
+from depthbench_jax.residual import registry
+from depthbench_jax.train import sharding, step
 from tests.helpers import tiny_config
 
-out = {}
-for design in sys.argv[1:]:
-  c = tiny_config(**{"model.d_model": 64, "model.ffn_dim": 128, "data.seq_len": 128,
-                     "data.global_batch_size": 12, "mesh.data": 1, "mesh.fsdp": 2})
+c = tiny_config(**{"model.d_model": 64, "model.ffn_dim": 128, "data.seq_len": 128,
+                   "data.global_batch_size": 12, "mesh.data": 1, "mesh.fsdp": 2})
+mesh = sharding.make_mesh(c.mesh)
+models, params, shardings = {}, {}, {}
+for design in registry.names():  # as loop.jitted_steps builds them
   c.model.residual = {"name": design}
-  jitted = loop.jitted_steps(c, model_config_from(c.model), sharding.make_mesh(c.mesh), 10)
-  batch = {"tokens": jax.ShapeDtypeStruct((12, 129), jnp.int32)}
-  out[design] = jitted.step_fn.lower(jitted.abstract_state, batch).compile().as_text()
-print(json.dumps(out))
+  models[design] = model = Transformer(model_config_from(c.model), mesh=mesh)
+  boxed = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, 128), jnp.int32)))
+  params[design] = nn.unbox(boxed["params"])
+  shardings[design] = sharding.logical_shardings(boxed["params"], mesh)
+
+def grads(params, tokens):
+  out = {}
+  for design, model in models.items():
+    with jax.named_scope(design):
+      out[design] = step.loss_and_grads(params[design], model, tokens)
+  return out
+
+repl = sharding.replicated(mesh)
+fn = jax.jit(grads, in_shardings=(shardings, sharding.batch_sharding(mesh)),
+             out_shardings={d: (repl, s) for d, s in shardings.items()})
+tokens = jax.ShapeDtypeStruct((12, 129), jnp.int32)
+print(json.dumps(fn.lower(params, tokens).compile().as_text()))
 """
-_SOURCE_BUFFER_DESIGNS = ("attnres_full", "attnres_block")
 
 
 @pytest.fixture(scope="module")
-def train_step_hlo():
-  """The per-device HLO of each design's train step on a (data 1, fsdp 2) mesh, 12 x 128
-  tokens: one subprocess, 2 fake CPU devices (~13 s)."""
-  proc = subprocess.run([sys.executable, "-c", _WHOLE_BATCH_SCRIPT, *_SOURCE_BUFFER_DESIGNS],
-                        cwd=helpers.ROOT, capture_output=True, text=True,
-                        env=helpers.subprocess_env(devices=2), timeout=300)
+def gradient_hlo():
+  """The per-device HLO of every registered design's loss and gradient (the train step less
+  its AdamW update, elementwise on the params) on a (data 1, fsdp 2) mesh, 12 x 128 tokens:
+  one program under one ``named_scope`` per design, one subprocess, 2 fake CPU devices."""
+  proc = subprocess.run([sys.executable, "-c", _WHOLE_BATCH_SCRIPT], cwd=helpers.ROOT,
+                        capture_output=True, text=True, env=helpers.subprocess_env(devices=2),
+                        timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("design", _SOURCE_BUFFER_DESIGNS)
-def test_fsdp_train_step_holds_no_whole_batch_array(train_step_hlo, design):
-  hlo = train_step_hlo[design]
-  # Each device's rows are 6 of the 12: a [.., 12, 128, ..] array is the whole batch (before
-  # the fix: Full AttnRes's buffer f32[5,12,128,32] sharded on d, Block's f32[5,12,128,64]).
+def test_fsdp_gradient_holds_no_whole_batch_array(gradient_hlo):
+  """Each device's rows are 6 of the 12: a [.., 12, 128, ..] array is the whole batch (before
+  the fixes: Full AttnRes's buffer f32[5,12,128,32] sharded on d, Block's f32[5,12,128,64],
+  HC's projection cotangent f32[4,12,128,6] with the streams merged into the tokens)."""
+  from depthbench_jax.residual import registry
+  hlo = gradient_hlo
+  missing = [d for d in registry.names() if f"/{d}/" not in hlo]
+  assert not missing, f"designs not in the compiled program: {missing}"
   assert re.search(r"\[(?:\d+,)*6,128[,\]]", hlo), "the rows' arrays are not in the HLO"
-  whole = sorted(set(re.findall(r"\w+\[(?:\d+,)*12,128(?:,\d+)*\]", hlo)))
-  assert not whole, f"{design}: whole-batch arrays in the FSDP train step: {whole}"
+  whole = {}
+  for line in hlo.splitlines():
+    shapes = re.findall(r"\w+\[(?:\d+,)*12,128(?:,\d+)*\]", line)
+    if shapes:
+      scope = re.search(r'op_name="[^/"]*/(\w+)/', line)
+      whole.setdefault(scope.group(1) if scope else "?", set()).update(shapes)
+  assert not whole, f"whole-batch arrays in the FSDP gradient, by design: {whole}"
 
 
 _ACCUM_SCRIPT = """
