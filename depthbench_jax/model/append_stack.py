@@ -8,10 +8,10 @@ a 92 GiB step on an H200). The observation that ``buffer_stack.py`` makes for Fu
 holds here too: the buffer layer ``l`` read equals the *final* buffer with the slots from
 ``l``'s own on masked, and masked slots get zero weight and zero gradient. So:
 
-* forward: the usual scan, saving per layer only its input ``x_l`` [B,T,d] (and, once, the
-  final buffer);
-* backward: one reverse scan carrying ``(dx, dbuffer)``: layer ``l`` is recomputed on
-  ``(x_l, final buffer)`` under ``jax.vjp`` with the cotangent of its writes read off
+* forward: the usual scan, saving per layer its input ``x_l`` [B,T,d] and what the remat
+  policy keeps (below), and, once, the final buffer;
+* backward: one reverse scan carrying ``(dx, dbuffer)``: layer ``l``'s VJP is replayed on
+  ``(x_l, final buffer)`` with the cotangent of its writes read off
   ``dbuffer`` at its slots (every later read has added into them by then); its VJP gives the
   parameter gradient, ``dx_l``, and the read's cotangent, which lands on earlier slots only.
 
@@ -20,10 +20,16 @@ Layer ``l`` reads slots ``< width * l`` only, so the layers run in ``SEGMENTS`` 
 cotangent and their adds then cover 5/8 of the slots on average over 4 segments, not all; the
 masked rest of a prefix still takes part).
 
-Each layer is recomputed once in the backward whatever the remat policy (the forward cannot
-keep residuals that hold the buffer without keeping L of them), which is what the suites'
-``nothing_saveable`` does anyway. ``tests/model/test_append_stack.py`` checks loss and every
-gradient against the plain scan, and the memory's growth with depth.
+The remat policy decides what of a layer is kept, as under ``nn.remat``: the forward runs each
+layer through ``jax.vjp(jax.checkpoint(layer, policy))`` and saves that VJP's residuals (a
+``jax.VJP`` is a pytree of them) except those that *are* the layer's inputs ``params_l`` and
+the buffers: a residual that is the buffer would keep L copies of it. The backward puts the
+layer's parameters and the final buffer in their place (equal wherever the layer reads) and
+replays the VJP. Under ``nothing_saveable`` (the suites' default) the residuals are the inputs
+and the layer is recomputed; under ``dots_saveable`` the matmul outputs are kept, so the
+backward does not run the layer's matmuls again (interleaved at 8x512 on 2 CPU cores, MoDA's
+step over Pre-LN's: see benchmarks/README.md). ``tests/model/test_append_stack.py`` checks loss
+and every gradient against the plain scan, and the memory's growth with depth.
 """
 
 from __future__ import annotations
@@ -43,12 +49,15 @@ Layer = Callable[[Any, Array, dict, Array], tuple[Array, dict]]
 
 
 def append_buffer_stack(layer: Layer, axis: int, width: int, params: Any, x: Array,
-                        buffers: dict) -> tuple[Array, dict]:
+                        buffers: dict,
+                        policy: Callable = jax.checkpoint_policies.nothing_saveable
+                        ) -> tuple[Array, dict]:
   """Runs L layers (``params`` stacked [L, ...]); returns the final ``(x, buffers)``.
 
-  axis: the buffers' slot axis; width: slots each layer writes, at ``width * l``.
+  axis: the buffers' slot axis; width: slots each layer writes, at ``width * l``; policy: the
+  ``jax.checkpoint_policies`` entry saying what of a layer the forward keeps for the backward.
   """
-  return _stack(layer, axis, width, params, x, buffers)
+  return _stack(layer, axis, width, policy, params, x, buffers)
 
 
 def segments(n_layers: int, n_segments: int | None = None) -> list[tuple[int, int]]:
@@ -77,57 +86,81 @@ def _write(buffers: dict, writes: dict, start: Array, axis: int) -> dict:
                                                  start, axis) for n in buffers}
 
 
-def _forward(layer, axis, width, params, x, buffers, save: bool):
+def _layer_vjp(layer, policy, p, x, buffers, l):
+  """``(out, leaves, treedef, kept)`` of layer ``l``'s VJP under ``policy``: ``kept[i]`` is
+  False where leaf ``i`` is one of the inputs ``p`` or ``buffers`` (not saved; the backward
+  passes its own), True for what the forward must save (``x``, the kept matmul outputs)."""
+  out, vjp = jax.vjp(jax.checkpoint(lambda p, x, b: layer(p, x, b, l), policy=policy),
+                     p, x, buffers)
+  leaves, tree = jax.tree.flatten(vjp)
+  inputs = {id(a) for a in jax.tree.leaves((p, buffers))}
+  return out, leaves, tree, [id(a) not in inputs for a in leaves]
+
+
+def _forward(layer, axis, width, policy, params, x, buffers, save: bool):
   """The layers segment by segment; a segment ``[a, b)`` carries only the first ``width * b``
-  slots, all that its layers read or write. Returns ``((x, buffers), per-segment inputs)``."""
+  slots, all that its layers read or write. Returns ``((x, buffers), per-segment saved
+  residuals)`` (``_layer_vjp``'s kept leaves, per layer)."""
   def step(carry, l):
     x, buffers = carry
-    x_next, writes = layer(_layer_params(params, l), x, buffers, l)
-    return (x_next, _write(buffers, writes, width * l, axis)), (x if save else None)
+    if save:
+      (x_next, writes), leaves, _, kept = _layer_vjp(layer, policy, _layer_params(params, l), x,
+                                                      buffers, l)
+      saved = [a for a, k in zip(leaves, kept) if k]
+    else:
+      x_next, writes = layer(_layer_params(params, l), x, buffers, l)
+      saved = None
+    return (x_next, _write(buffers, writes, width * l, axis)), saved
 
-  inputs = []
+  saved = []
   for a, b in segments(jax.tree.leaves(params)[0].shape[0]):
-    (x, prefix), seg_inputs = jax.lax.scan(step, (x, _prefix(buffers, width * b, axis)),
-                                           jnp.arange(a, b))
+    (x, prefix), seg_saved = jax.lax.scan(step, (x, _prefix(buffers, width * b, axis)),
+                                          jnp.arange(a, b))
     buffers = _put_prefix(buffers, prefix, axis)
-    inputs.append(seg_inputs)
-  return (x, buffers), tuple(inputs)
+    saved.append(seg_saved)
+  return (x, buffers), tuple(saved)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
-def _stack(layer, axis, width, params, x, buffers):
-  return _forward(layer, axis, width, params, x, buffers, False)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
+def _stack(layer, axis, width, policy, params, x, buffers):
+  return _forward(layer, axis, width, policy, params, x, buffers, False)[0]
 
 
-def _stack_fwd(layer, axis, width, params, x, buffers):
-  (x, buffers), inputs = _forward(layer, axis, width, params, x, buffers, True)
-  return (x, buffers), (params, inputs, buffers)
+def _stack_fwd(layer, axis, width, policy, params, x, buffers):
+  (x, buffers), saved = _forward(layer, axis, width, policy, params, x, buffers, True)
+  return (x, buffers), (params, saved, buffers)
 
 
-def _stack_bwd(layer, axis, width, res, cotangents):
-  params, inputs, buffers = res    # per segment its layers' inputs x_l; the final buffer, once
+def _stack_bwd(layer, axis, width, policy, res, cotangents):
+  params, saved, buffers = res  # per segment its layers' saved residuals; the final buffer, once
   g_x, g_buffers = cotangents
 
   def step(carry, xs):
     g_x, g_buffers, read = carry
-    x_l, l = xs
+    saved_l, l = xs
+    p_l = _layer_params(params, l)
+    # The VJP's structure, its input leaves bound to p_l and the final buffer; the rest of the
+    # leaves from the forward (this trace's own values of them are dead code).
+    x_like = jax.tree.map(jnp.zeros_like, g_x)
+    _, leaves, tree, kept = _layer_vjp(layer, policy, p_l, x_like, read, l)
+    it = iter(saved_l)
+    vjp = jax.tree.unflatten(tree, [next(it) if k else a for a, k in zip(leaves, kept)])
     start = width * l
     g_writes = {n: jax.lax.dynamic_slice_in_dim(g, start, width, axis)
                 for n, g in g_buffers.items()}
     # The written slots' cotangents are consumed here: the slots held nothing before.
     g_buffers = {n: jax.lax.dynamic_update_slice_in_dim(g, jnp.zeros_like(g_writes[n]), start,
                                                         axis) for n, g in g_buffers.items()}
-    _, vjp = jax.vjp(lambda p, x, b: layer(p, x, b, l), _layer_params(params, l), x_l, read)
     g_p, g_x, g_read = vjp((g_x, g_writes))
     return (g_x, jax.tree.map(jnp.add, g_buffers, g_read), read), g_p
 
   g_params = []
   n_layers = jax.tree.leaves(params)[0].shape[0]
-  for (a, b), seg_inputs in reversed(list(zip(segments(n_layers), inputs))):
+  for (a, b), seg_saved in reversed(list(zip(segments(n_layers), saved))):
     n_slots = width * b
     (g_x, g_prefix, _), g_p = jax.lax.scan(
         step, (g_x, _prefix(g_buffers, n_slots, axis), _prefix(buffers, n_slots, axis)),
-        (seg_inputs, jnp.arange(a, b)), reverse=True)
+        (seg_saved, jnp.arange(a, b)), reverse=True)
     g_buffers = _put_prefix(g_buffers, g_prefix, axis)
     g_params.insert(0, g_p)
   g_params = jax.tree.map(lambda *parts: jnp.concatenate(parts), *g_params)

@@ -231,7 +231,8 @@ class Transformer(nn.Module):
                                                  method=Block.append_layer)
     params = nn.unbox(self.variables["params"]["layers"])
     x, buffers = append_stack.append_buffer_stack(
-        layer, spec.axis, spec.width, params, state["x"], {n: state[n] for n in spec.names})
+        layer, spec.axis, spec.width, params, state["x"], {n: state[n] for n in spec.names},
+        policy=_POLICIES[self.cfg.remat_policy])
     return {**state, "x": x, **buffers,
             "presence": spec.presence(self.cfg, jnp.asarray(self.cfg.n_layers))}
 

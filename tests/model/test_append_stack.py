@@ -43,7 +43,7 @@ def test_loss_and_gradients_equal_the_plain_scan(policy, residual, layout, monke
   calls = []
   real = append_stack.append_buffer_stack
   monkeypatch.setattr(append_stack, "append_buffer_stack",
-                      lambda *a: calls.append(1) or real(*a))
+                      lambda *a, **k: calls.append(1) or real(*a, **k))
   fast = jax.jit(jax.value_and_grad(functools.partial(_loss, cfg)))(params, tokens)
   assert calls, "the training path did not go through append_stack"
   gate = jnp.ones((cfg.n_layers,))  # a gate forces the plain nn.scan path; 1 = same network
@@ -76,10 +76,12 @@ def _toy_plain(params, x, buffers):
   return x, buffers
 
 
-def test_a_toy_stack_equals_the_plain_loop_with_every_gradient():
+@pytest.mark.parametrize("policy", ["nothing_saveable", "dots_saveable"])
+def test_a_toy_stack_equals_the_plain_loop_with_every_gradient(policy):
   """Over 5 layers (segments 1, 1, 2, 1): the output, and the gradients of params, x and the
   input buffer; the input's slots that layers overwrite get none, the 3 unwritten ones pass
-  their cotangent through. A bf16 buffer keeps its dtype (writes are cast)."""
+  their cotangent through. A bf16 buffer keeps its dtype (writes are cast). Under either remat
+  policy (dots_saveable replays the saved ``x @ w`` against the final buffer)."""
   k = jax.random.split(jax.random.PRNGKey(0), 7)
   d = 3
   params = {"w": jax.random.normal(k[0], (5, d, d)), "r": jax.random.normal(k[1], (5, d)),
@@ -94,7 +96,8 @@ def test_a_toy_stack_equals_the_plain_loop_with_every_gradient():
       return jnp.sum(y * cx) + jnp.sum(out["kv"] * cb)
     return jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2)))(params, x, buffers)
 
-  stack = functools.partial(append_stack.append_buffer_stack, _toy_layer, 1, WIDTH)
+  stack = functools.partial(append_stack.append_buffer_stack, _toy_layer, 1, WIDTH,
+                            policy=getattr(jax.checkpoint_policies, policy))
   (got, got_g), (want, want_g) = loss(stack), loss(_toy_plain)
   np.testing.assert_allclose(got, want, rtol=1e-6)
   for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(got_g), jax.tree.leaves(want_g)):
@@ -103,6 +106,23 @@ def test_a_toy_stack_equals_the_plain_loop_with_every_gradient():
   assert not np.any(g_buffer[:, :10]) and np.array_equal(g_buffer[:, 10:], cb[:, 10:])
   _, out = stack(params, x, {"kv": buffers["kv"].astype(jnp.bfloat16)})
   assert out["kv"].dtype == jnp.bfloat16
+
+
+def test_the_forward_saves_what_the_policy_keeps_and_never_the_buffer_or_params():
+  """Per layer the forward saves its input x [B,d] (and its index); dots_saveable adds the
+  matmul output ``x @ w`` [B,d], so the backward does not recompute it. Never the buffer
+  [B,S,d] or the layer's params (which would be L copies): the backward passes its own."""
+  d = 3
+  params = {"w": jnp.ones((5, d, d)), "r": jnp.ones((5, d)), "a": jnp.ones((5, d))}
+  x, buffers = jnp.ones((2, d)), {"kv": jnp.ones((2, SLOTS, d))}
+
+  def saved(policy):
+    run = lambda p, x, b: append_stack._forward(_toy_layer, 1, WIDTH, policy, p, x, b, True)[1]
+    segs = jax.eval_shape(run, params, x, buffers)
+    return [sorted(a.shape[1:] for a in jax.tree.leaves(seg)) for seg in segs]
+
+  assert saved(jax.checkpoint_policies.nothing_saveable) == [[(), (2, d)]] * 4
+  assert saved(jax.checkpoint_policies.dots_saveable) == [[(), (2, d), (2, d)]] * 4
 
 
 def test_segments_cover_the_layers_in_order_with_near_equal_lengths():
