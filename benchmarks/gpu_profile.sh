@@ -13,7 +13,8 @@
 # For the device tool, like gpu_bench.sh:
 #   run(command="DEPTHBENCH_COMMIT=<sha> bash benchmarks/gpu_profile.sh", carry=[".whl"],
 #       timeout_s=540)   # ~6 min: the bench of 7 candidates, then 6 profiles
-# Test it locally first (the quick preset; ~80 s on 2 CPU cores):
+# No Hugging Face step (gpu400m has none; --no_hf keeps the quick preset's miniature to the same
+# sections). Test it locally first (the quick preset; ~40 s on 2 CPU cores):
 #   OUT=/tmp/gp PYTHON=.venv/bin/python BENCH_PRESET=quick BENCH_SHAPE=2x64 BENCH_ROUNDS=2 \
 #   bash benchmarks/gpu_profile.sh
 set -uo pipefail
@@ -22,7 +23,7 @@ source "$(dirname "$0")/device_env.sh"
 PRESET=${BENCH_PRESET:-gpu400m}
 "$PY" -m depthbench_jax.bench --preset="$PRESET" \
   --designs="${BENCH_DESIGNS:-preln,hc,mhc,mhc:sinkhorn_kernel=pallas,attnres_full,attnres_block,moda}" \
-  --shapes="${BENCH_SHAPE:-16x1216}" --rounds="${BENCH_ROUNDS:-10}" --out="$OUT_DIR" 2>&1 \
+  --shapes="${BENCH_SHAPE:-16x1216}" --rounds="${BENCH_ROUNDS:-10}" --no_hf --out="$OUT_DIR" 2>&1 \
   | tee "$OUT_DIR/bench-designs.log"
 # This run's PNG only (it passes --designs and --shapes): with OUT unset OUT_DIR is benchmarks/,
 # whose committed results-<device>-designs.png a wider glob deleted.

@@ -32,8 +32,8 @@ def _loss(cfg, params, tokens, gate=None):
 
 @pytest.mark.parametrize("policy,residual,layout", [
     ("nothing_saveable", {}, {"model.n_layers": 5}),     # segments of 1, 1, 2 and 1 layers
-    ("dots_saveable", {"ffn_kv": False}, {}),                      # attention slots only
-    ("nothing_saveable", {}, {"model.n_kv_heads": 2, "model.qk_norm": True}),   # Qwen3 GQA
+    # Attention slots only, with the Qwen3 GQA layout (2 K/V heads for 4, q/k norms).
+    ("dots_saveable", {"ffn_kv": False}, {"model.n_kv_heads": 2, "model.qk_norm": True}),
 ])
 def test_loss_and_gradients_equal_the_plain_scan(policy, residual, layout, monkeypatch):
   cfg = _cfg(policy, layout, **residual)
@@ -150,17 +150,19 @@ def _train_temp_bytes(n_layers: int, plain: bool, policy: str = "nothing_saveabl
   return grad.lower(params, tokens).compile().memory_analysis().temp_size_in_bytes
 
 
+@pytest.mark.slow  # five compiles of a 16-layer MoDA gradient: ~35 s on 2 cores
 def test_training_memory_grows_linearly_not_quadratically_with_depth(monkeypatch):
   """Temporaries of the gradient at 8 and 16 layers: the plain scan saves every layer's copy of
   the 2L-slot depth K/V, O(L^2); the append stack saves the final buffer and one input per
-  layer, O(L), also when dots_saveable keeps each layer's matmul outputs. (Measured: 1.8x vs
+  layer, O(L); with dots_saveable keeping each layer's matmul outputs it stays well under the
+  plain scan's at 16 layers (a buffer kept per layer would exceed it). (Measured: 1.8x vs
   3.3x growth here, 3.9x less at 16 layers; at the 400M bench shape the plain scan's step was
   92 GiB on the H200, benchmarks/README.md.) Two segments, not four: the hand-off between
   segment scans is in the program, at 0.6x the compile time."""
   monkeypatch.setattr(append_stack, "SEGMENTS", 2)
   mem = {(n, plain): _train_temp_bytes(n, plain) for n in (8, 16) for plain in (False, True)}
-  dots = {n: _train_temp_bytes(n, False, "dots_saveable") for n in (8, 16)}
+  dots = _train_temp_bytes(16, False, "dots_saveable")
   assert mem[16, False] / mem[8, False] < 2.3, mem     # 2x the layers: ~2x the memory
-  assert dots[16] / dots[8] < 2.3 and dots[16] < mem[16, True] / 2, (dots, mem)
+  assert dots < 0.7 * mem[16, True], (dots, mem)       # 0.49x; a buffer kept per layer: 1.14x
   assert mem[16, True] / mem[8, True] > 2.7, mem       # the quadratic term shows
   assert mem[16, True] > 3 * mem[16, False], mem
