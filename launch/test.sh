@@ -13,6 +13,9 @@ args=("$@")
 # 2-core reference machine the suite took 13m04s this way, 14m42s with the bootstrap (807 tests
 # at d923c3c; the host's GEMMs at 179 GFLOP/s, 208 on good days), longer serially.
 if [[ " $* " != *" -n "* && " $* " != *" -n"[0-9a]* && "${TEST_WORKERS:-2}" != "0" ]]; then
-  args=(-n "${TEST_WORKERS:-2}" --dist loadgroup "${args[@]}")  # xdist_group: one worker each
+  # loadgroup (no test carries an xdist_group mark): one test per work unit, handed out in
+  # collection order, slow ones first (tests/conftest.py); "load" would send each worker a first
+  # chunk of an eighth of the tests, so one worker would get every slow test.
+  args=(-n "${TEST_WORKERS:-2}" --dist loadgroup "${args[@]}")
 fi
 exec "$ROOT/.venv/bin/python" -m pytest "${args[@]}"

@@ -34,6 +34,30 @@ def tiny_config(**overrides):
   return c
 
 
+def built_once_per_session(tmp_path_factory, name: str, build) -> str:
+  """``<session temp>/<name>``, filled by ``build(path)`` once per test session, however many
+  xdist workers ask (pytest-xdist's documented pattern: the workers' base temp directories
+  share the session's as parent, and a file lock makes one build while the others wait).
+
+  A module-scoped fixture is rebuilt on every worker that runs one of its tests, and again each
+  time a worker comes back to the module after another's test. ``--dist loadgroup`` with an
+  ``xdist_group`` mark kept such a module on one worker until pytest 9.2 silently stopped the
+  grouping (pytest-xdist#1386): test_train_loop.py's reference run trained 4 times a session."""
+  import fcntl
+  import shutil
+  root = tmp_path_factory.getbasetemp()
+  if os.environ.get("PYTEST_XDIST_WORKER"):
+    root = root.parent
+  path, done = root / name, root / f"{name}.done"
+  with open(root / f"{name}.lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    if not done.exists():
+      shutil.rmtree(path, ignore_errors=True)  # A build that failed on another worker.
+      build(str(path))
+      done.touch()
+  return str(path)
+
+
 def saved_run(workdir: str, step: int = 5, **overrides):
   """A run dir with ``tiny_config(**overrides)``'s config.json and a checkpoint at ``step`` of
   freshly initialised params (what diagnose and evaluate read); returns ``(config, params)``."""

@@ -14,23 +14,21 @@ import pytest
 
 from tests import helpers
 
-# One worker runs this file (launch/test.sh: --dist loadgroup), so the module's 20-step
-# reference run trains once per session, not once per xdist worker.
-pytestmark = pytest.mark.xdist_group("train_loop_reference_run")
 
-
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def reference_run(tmp_path_factory):
-  """One uninterrupted 20-step run that several tests compare against. It reads its data in 2
-  grain workers (the suites read in 4); the runs compared with it read in none: the same
-  batches, and a resume from its checkpoints may change the worker count."""
-  workdir = str(tmp_path_factory.mktemp("reference"))
-  proc = helpers.run_main(workdir, helpers.tiny_flags(**{"data.worker_count": 2}))
-  with open(workdir + ".stdout", "w") as f:  # Beside the run dir: the progress lines.
-    f.write(proc.stdout)
-  with open(workdir + ".stderr", "w") as f:
-    f.write(proc.stderr)
-  return workdir
+  """One uninterrupted 20-step run that several tests compare against, trained once a session
+  (``helpers.built_once_per_session``: both xdist workers run this file's tests). It reads its
+  data in 2 grain workers (the suites read in 4); the runs compared with it read in none: the
+  same batches, and a resume from its checkpoints may change the worker count."""
+  def train(workdir):
+    os.makedirs(workdir)
+    proc = helpers.run_main(workdir, helpers.tiny_flags(**{"data.worker_count": 2}))
+    with open(workdir + ".stdout", "w") as f:  # Beside the run dir: the progress lines.
+      f.write(proc.stdout)
+    with open(workdir + ".stderr", "w") as f:
+      f.write(proc.stderr)
+  return helpers.built_once_per_session(tmp_path_factory, "train_loop_reference", train)
 
 
 def assert_losses_match(workdir, reference_run, rtol):
