@@ -173,7 +173,7 @@ class Transformer(nn.Module):
     if self.decode:
       variable_axes["cache"] = 0
     if self._use_source_buffer_stack(design, gate, return_layers):
-      state = self._run_source_buffer_stack(state, positions)
+      state = self._run_source_buffer_stack(state, positions, pin)
       layer_outputs = None
     elif self._use_append_buffer_stack(design, gate, return_layers):
       state = self._run_append_buffer_stack(design.append_buffer, state, positions)
@@ -236,7 +236,7 @@ class Transformer(nn.Module):
     return {**state, "x": x, **buffers,
             "presence": spec.presence(self.cfg, jnp.asarray(self.cfg.n_layers))}
 
-  def _run_source_buffer_stack(self, state, positions):
+  def _run_source_buffer_stack(self, state, positions, pin):
     cfg = self.cfg
     block = Block(cfg)
     branch = lambda p, h, sub: block.apply({"params": p}, h, sub, positions, method=Block.branch)
@@ -244,8 +244,7 @@ class Transformer(nn.Module):
     params = nn.unbox(self.variables["params"]["layers"])
     values, inv_rms = buffer_stack.source_buffer_stack(
         branch, query, cfg.norm_eps, params, state["values"], state["inv_rms"],
-        policy=_POLICIES[cfg.remat_policy],
-        pin=lambda tree: batch_sharded(tree, self.mesh, *positions.shape))
+        policy=_POLICIES[cfg.remat_policy], pin=pin)
     n_slots = values.shape[0]
     return attnres.depth_state(values, jnp.ones((n_slots,), jnp.float32),
                                jnp.asarray(n_slots - 1, jnp.int32), cfg.norm_eps, inv_rms)
