@@ -374,7 +374,8 @@ def paper_comparison(rows: Sequence[dict], records: Sequence[dict] = ()) -> str 
          and 350e6 <= r["params_median"] <= 450e6 and r["design"] in PAPER_400M]
   if not fam:
     return None
-  differ = recipe_differences(r for r in records if r.get("family") in {f["family"] for f in fam})
+  families = {f["family"] for f in fam}
+  differ = recipe_differences(r for r in records if r.get("family") in families)
   if differ:
     paper = ", ".join(f"{k}={v!r}" for k, v in PAPER_RECIPE.items())
     return (f"Not compared: these runs trained with {', '.join(differ)}; the paper's losses "
