@@ -261,11 +261,15 @@ def markdown_table(solutions: Sequence[Solution], listed: Sequence[Shape] = ()) 
   return "\n".join(lines)
 
 
+# What a suite module defines for its shapes to be solved and checked: the shape sets, and per
+# set key the model the solver counts and the FFN rule.
+SOLVER_NAMES = ("SHAPE_SETS", "solver_model", "ffn_rule")
+
+
 def suite_tables(suite_module: Any) -> str:
   """Markdown tables re-solving every ``SHAPE_SETS`` entry of a suite config module."""
   from depthbench_jax.sweep import suite_name  # Local: sweep imports this module.
-  needed = ("SHAPE_SETS", "solver_model", "ffn_rule")
-  missing = [name for name in needed if not hasattr(suite_module, name)]
+  missing = [name for name in SOLVER_NAMES if not hasattr(suite_module, name)]
   if missing:
     raise ConfigError(f"{suite_module.__file__} has no {', '.join(missing)}; allowed: a suite "
                       f"config with SHAPE_SETS, solver_model(key) and ffn_rule(key), e.g. "

@@ -329,20 +329,22 @@ def off_target_shapes(config_path: str, module) -> list[str]:
   at the shape, FFN by ``ffn_rule(key)``, ``jax.eval_shape``) is off the set's target:
   ``|count / target - 1| > tolerance``. A typed-in width nothing else checks would otherwise
   train the whole grid at the wrong size; a file without the three names: none."""
-  from depthbench_jax.shapes import param_counts
-  if not all(hasattr(module, n) for n in ("SHAPE_SETS", "solver_model", "ffn_rule")):
+  from depthbench_jax.shapes import SOLVER_NAMES, Solution, param_counts
+  if not all(hasattr(module, n) for n in SOLVER_NAMES):
     return []
   out = []
   for key, shape_set in module.SHAPE_SETS.items():
     model, ffn = module.solver_model(key), module.ffn_rule(key)
     for shape in shape_set.parsed():
-      count = param_counts(shaped_model(model, shape, ffn))[shape_set.count]
-      error = count / shape_set.target - 1.0
-      if abs(error) > shape_set.tolerance:
-        out.append(f"warning: SHAPE_SETS[{key!r}] shape {shape.name} has {human(count, 4)} "
-                   f"{shape_set.count} Pre-LN parameters, {error:+.2%} off its target "
-                   f"{human(shape_set.target, 4)} (tolerance {shape_set.tolerance:.2%}); the "
-                   f"solver's widths: python -m depthbench_jax.shapes {config_path}")
+      shaped = shaped_model(model, shape, ffn)
+      listed = Solution(shape, shape_set.target, shape_set.count, param_counts(shaped),
+                        shaped.ffn_dim)
+      if abs(listed.rel_error) > shape_set.tolerance:
+        out.append(f"warning: SHAPE_SETS[{key!r}] shape {shape.name} has "
+                   f"{human(listed.achieved, 4)} {shape_set.count} Pre-LN parameters, "
+                   f"{listed.rel_error:+.2%} off its target {human(shape_set.target, 4)} "
+                   f"(tolerance {shape_set.tolerance:.2%}); the solver's widths: "
+                   f"python -m depthbench_jax.shapes {config_path}")
   return out
 
 
