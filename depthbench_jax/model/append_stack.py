@@ -40,6 +40,8 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
+from depthbench_jax.model import replay
+
 Array = jax.Array
 # Layer segments, each carrying only the buffer prefix its layers reach (``segments``).
 SEGMENTS = 4
@@ -87,14 +89,10 @@ def _write(buffers: dict, writes: dict, start: Array, axis: int) -> dict:
 
 
 def _layer_vjp(layer, policy, p, x, buffers, l):
-  """``(out, leaves, treedef, kept)`` of layer ``l``'s VJP under ``policy``: ``kept[i]`` is
-  False where leaf ``i`` is one of the inputs ``p`` or ``buffers`` (not saved; the backward
-  passes its own), True for what the forward must save (``x``, the kept matmul outputs)."""
-  out, vjp = jax.vjp(jax.checkpoint(lambda p, x, b: layer(p, x, b, l), policy=policy),
-                     p, x, buffers)
-  leaves, tree = jax.tree.flatten(vjp)
-  inputs = {id(a) for a in jax.tree.leaves((p, buffers))}
-  return out, leaves, tree, [id(a) not in inputs for a in leaves]
+  """``replay.policy_vjp`` of layer ``l``: the inputs ``p`` and ``buffers`` are not saved (the
+  backward passes its own); ``x`` and the kept matmul outputs are."""
+  return replay.policy_vjp(lambda p, x, b: layer(p, x, b, l), policy, (p, x, buffers),
+                           (p, buffers))
 
 
 def _forward(layer, axis, width, policy, params, x, buffers, save: bool):
@@ -106,7 +104,7 @@ def _forward(layer, axis, width, policy, params, x, buffers, save: bool):
     if save:
       (x_next, writes), leaves, _, kept = _layer_vjp(layer, policy, _layer_params(params, l), x,
                                                       buffers, l)
-      saved = [a for a, k in zip(leaves, kept) if k]
+      saved = replay.saved_leaves(leaves, kept)
     else:
       x_next, writes = layer(_layer_params(params, l), x, buffers, l)
       saved = None
@@ -143,8 +141,7 @@ def _stack_bwd(layer, axis, width, policy, res, cotangents):
     # leaves from the forward (this trace's own values of them are dead code).
     x_like = jax.tree.map(jnp.zeros_like, g_x)
     _, leaves, tree, kept = _layer_vjp(layer, policy, p_l, x_like, read, l)
-    it = iter(saved_l)
-    vjp = jax.tree.unflatten(tree, [next(it) if k else a for a, k in zip(leaves, kept)])
+    vjp = replay.rebind(tree, leaves, kept, saved_l)
     start = width * l
     g_writes = {n: jax.lax.dynamic_slice_in_dim(g, start, width, axis)
                 for n, g in g_buffers.items()}
