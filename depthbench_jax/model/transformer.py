@@ -19,7 +19,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from depthbench_jax.model import append_stack, buffer_stack
+from depthbench_jax.model import append_stack, buffer_stack, running_stack
 from depthbench_jax.model.config import ModelConfig
 from depthbench_jax.model.layers import Attention, SwiGLU, dtype_of, normal_init
 from depthbench_jax.model.matmul import PROJECTION, projection_dot_general
@@ -86,6 +86,15 @@ class Block(nn.Module):
     writes = {n: jax.lax.dynamic_slice_in_dim(state[n], spec.width * layer, spec.width, spec.axis)
               for n in spec.names}
     return state["x"], writes
+
+  def running_layer(self, values, inv_rms, layer, positions):
+    """The layer for ``model/running_stack.py``: ``(values, inv_rms) -> (values, inv_rms)``
+    with the presence of an ungated stack before ``layer``."""
+    spec = registry.get(self.cfg.design).running_buffer
+    state = {"values": values, "inv_rms": inv_rms, "presence": spec.presence(self.cfg, layer),
+             "slot": spec.first_slot(self.cfg, layer)}
+    state, _, _ = _sublayers(self, state, layer, positions)
+    return state["values"], state["inv_rms"]
 
   def depth_query(self, sub: int):
     return self.wiring.depth_query(sub)
@@ -178,6 +187,9 @@ class Transformer(nn.Module):
     elif self._use_append_buffer_stack(design, gate, return_layers):
       state = self._run_append_buffer_stack(design.append_buffer, state, positions)
       layer_outputs = None
+    elif self._use_running_buffer_stack(design, gate, return_layers):
+      state = self._run_running_buffer_stack(design.running_buffer, state, positions, pin)
+      layer_outputs = None
     elif cfg.scan_layers:
       stack = nn.scan(
           block_cls, variable_axes=variable_axes,
@@ -224,6 +236,23 @@ class Transformer(nn.Module):
     """Whether to train through ``model/append_stack.py`` (O(L) memory for MoDA)."""
     return (design.append_buffer is not None
             and self._plain_training_stack(gate, return_layers))
+
+  def _use_running_buffer_stack(self, design, gate, return_layers) -> bool:
+    """Whether to train through ``model/running_stack.py`` (O(L) memory for Block AttnRes)."""
+    return (design.running_buffer is not None
+            and self._plain_training_stack(gate, return_layers))
+
+  def _run_running_buffer_stack(self, spec, state, positions, pin):
+    cfg = self.cfg
+    block = Block(cfg)
+    layer = lambda p, v, r, l: block.apply({"params": p}, v, r, l, positions,
+                                           method=Block.running_layer)
+    values, inv_rms = running_stack.running_buffer_stack(
+        layer, lambda l: spec.first_slot(cfg, l), nn.unbox(self.variables["params"]["layers"]),
+        state["values"], state["inv_rms"], policy=_POLICIES[cfg.remat_policy], pin=pin)
+    n_slots = values.shape[0]
+    return attnres.depth_state(values, jnp.ones((n_slots,), jnp.float32),
+                               jnp.asarray(n_slots - 1, jnp.int32), cfg.norm_eps, inv_rms)
 
   def _run_append_buffer_stack(self, spec, state, positions):
     block = Block(self.cfg)

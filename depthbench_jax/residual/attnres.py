@@ -48,8 +48,9 @@ import jax
 import jax.numpy as jnp
 
 from depthbench_jax.model.layers import dtype_of
-from depthbench_jax.residual.base import (Design, LayerWiring, StateIO, check_fields, depth_softmax,
-                                          inverse_rms, static_prefix, write_slot)
+from depthbench_jax.residual.base import (Design, LayerWiring, RunningBuffer, StateIO,
+                                          check_fields, depth_softmax, inverse_rms,
+                                          static_prefix, write_slot)
 
 Array = jax.Array
 
@@ -245,7 +246,10 @@ class BlockAttnRes(_DepthQueries):
   the running partial sum ``b_n^i`` lives in its own slot ``n`` until the block completes, so no
   separate partial-sum array is needed), ``presence`` [n_blocks+1] (a block's slot turns present
   with its first written sublayer, which makes Eq. 6's "no partial sum for i = 1" automatic), and
-  ``slot`` = the last slot written. Memory O(n_blocks d) per token.
+  ``slot`` = the last slot written. Memory O(n_blocks d) per token. Reverse-mode through
+  ``nn.scan`` would save every layer's copy of the whole buffer; trained with remat, the
+  Transformer runs ``model/running_stack.py`` instead, which saves one slot per layer
+  (``Design.running_buffer``).
 
   Gate 0 = layer absent: the layer's outputs are not added to its block's partial sum (the one or
   two slots it touched are restored) and a slot it opened stays absent.
@@ -283,6 +287,20 @@ class BlockAttnRes(_DepthQueries):
             "presence": _blend(old["presence"], new["presence"], gate), "slot": new["slot"]}
 
 
+def block_first_slot(cfg, layer: Array) -> Array:
+  """The block slot layer ``layer``'s attention sublayer adds into (its lowest write)."""
+  per_block, _ = block_schedule_of(cfg)
+  return (2 * layer) // per_block + 1
+
+
+def block_presence_before(cfg, layer: Array) -> Array:
+  """Presence [n_blocks+1] before layer ``layer`` (ungated): slot 0 and every block whose first
+  sublayer ``(n - 1) * per_block`` has run, i.e. comes before sublayer ``2 * layer``."""
+  per_block, n_blocks = block_schedule_of(cfg)
+  slots = jnp.arange(n_blocks + 1)
+  return ((slots == 0) | ((slots - 1) * per_block < 2 * layer)).astype(jnp.float32)
+
+
 class BlockAttnResIO(DepthReadout):
 
   def n_slots(self) -> int:
@@ -302,4 +320,5 @@ FULL = Design(name="attnres_full", layer=FullAttnRes, io=FullAttnResIO, check=_c
               description="h_k = sum_i softmax_i(w_k . N0(v_i)) v_i over all earlier sublayers")
 BLOCK = Design(name="attnres_block", layer=BlockAttnRes, io=BlockAttnResIO,
                defaults=BLOCK_DEFAULTS, check=_check_block,
+               running_buffer=RunningBuffer(block_first_slot, block_presence_before),
                description="AttnRes over block summaries + the current partial sum (Eq. 6)")

@@ -132,6 +132,17 @@ class AppendBuffer:
 
 
 @dataclasses.dataclass(frozen=True)
+class RunningBuffer:
+  """A source buffer in a dict state (``values``, ``inv_rms``, ``presence``, ``slot``) of
+  finished slots and one running slot: layer ``l`` adds into slot ``first_slot(cfg, l)`` (and
+  may open the next), writes no slot below it and reads only what is present,
+  ``presence(cfg, l)`` as it stands before layer ``l`` (ungated). Trainable with O(L) memory by
+  model/running_stack.py."""
+  first_slot: Callable[[Any, Array], Array]
+  presence: Callable[[Any, Array], Array]
+
+
+@dataclasses.dataclass(frozen=True)
 class Design:
   """A registry entry: the two modules, default hyperparameters, checks and init scales."""
   name: str
@@ -146,6 +157,7 @@ class Design:
   # memory by model/buffer_stack.py.
   source_buffer: bool = False
   append_buffer: AppendBuffer | None = None
+  running_buffer: RunningBuffer | None = None
   # The design's sublayers attend through ``model/layers.Attention`` (so
   # ``config.model.attention_kernel='fused'``, cuDNN on GPU, applies); False where the design
   # attends with its own einsums (MoDA's depth keys), which stay blocked XLA attention.
