@@ -10,8 +10,9 @@ shard), ``temporaries``, and ``peak`` = arguments + outputs + temporaries - alia
 is donated), against ``--budget_gib``. On a CPU host the devices are XLA's fake host devices
 (the command re-runs itself with ``--xla_force_host_platform_device_count``): XLA:CPU's buffer
 assignment, a guide for a GPU, which runs cuDNN attention and fuses differently (README,
-"Multi-host GPU pods"). A bad config (a ``--grad_accum_steps`` that does not divide a shard's
-rows, a mesh that does not fit) is one error line, exit 2, as ``main.py`` would print it.
+"Multi-host GPU pods"), compiled without one CPU-only artefact (``compile_for_memory``). A bad
+config (a ``--grad_accum_steps`` that does not divide a shard's rows, a mesh that does not fit)
+is one error line, exit 2, as ``main.py`` would print it.
 """
 
 from __future__ import annotations
@@ -25,6 +26,21 @@ from typing import Sequence
 from depthbench_jax.errors import ConfigError
 
 _CHILD = "DEPTHBENCH_TRAIN_MEMORY_CHILD"
+# XLA:CPU has no bf16 dynamic-slice: float normalisation wraps the backward's per-layer slice of
+# each saved bf16 stack [L, ...] in converts (f32 stack -> slice -> bf16), and loop-invariant
+# code motion then hoists the convert of the whole stack out of the backward loop: an f32 copy
+# of every layer's saved carry, live beside the bf16 one. A GPU slices bf16 in place. With the
+# pass off the convert stays in the loop, fused with the slice (one layer's worth). 1.6B suite,
+# 56x1472 on 16 devices: Pre-LN 47.8 -> 37.7 GiB peak, HC 124 -> 72.7 (its 4 streams made the
+# f32 copy 80.5 GiB). fp32 programs compile the same either way.
+CPU_COMPILER_OPTIONS = {"xla_disable_hlo_passes": "while-loop-invariant-code-motion"}
+
+
+def compile_for_memory(lowered):
+  """``lowered.compile()``, on a CPU backend with ``CPU_COMPILER_OPTIONS`` (this compile only)."""
+  import jax
+  cpu = jax.default_backend() == "cpu"
+  return lowered.compile(compiler_options=CPU_COMPILER_OPTIONS if cpu else None)
 
 
 def row(config, design: str, shape: str, budget_gib: float) -> dict:
@@ -40,7 +56,8 @@ def row(config, design: str, shape: str, budget_gib: float) -> dict:
   jitted = loop.jitted_steps(config, model_cfg, mesh, steps=100)
   batch = {"tokens": jax.ShapeDtypeStruct(
       (config.data.global_batch_size, config.data.seq_len + 1), jnp.int32)}
-  memory = jitted.step_fn.lower(jitted.abstract_state, batch).compile().memory_analysis()
+  lowered = jitted.step_fn.lower(jitted.abstract_state, batch)
+  memory = compile_for_memory(lowered).memory_analysis()
   peak = peak_bytes(memory)
   rows = config.data.global_batch_size // sharding.data_parallel_size(mesh)
   k = config.get("grad_accum_steps", 1)
