@@ -246,8 +246,10 @@ def _depth_attend(query, values, inv_rms, bias):
 
 
 def _depth_attend_fwd(query, values, inv_rms, bias):
-  qv = jnp.einsum("sbtd,d->sbt", values, query.astype(values.dtype),
-                  preferred_element_type=jnp.float32)
+  def add_chunk(start, v, qv):
+    qv_c = jnp.einsum("sbtd,d->sbt", v, query.astype(v.dtype), preferred_element_type=jnp.float32)
+    return jax.lax.dynamic_update_slice_in_dim(qv, qv_c, start, 0)
+  qv = slot_pieces(values, add_chunk, jnp.zeros(values.shape[:-1], jnp.float32))
   a = jax.nn.softmax(qv * inv_rms + bias[:, None, None], axis=0)                   # [S,B,T]
   h = _slot_weighted_sum(a, values)
   return (h.astype(values.dtype), a), (query, values, inv_rms, qv, a)
@@ -313,23 +315,57 @@ def write_slot(values: Array, inv_rms: Array, slot: Array, value: Array,
 
 def _depth_attend_bwd(res, cotangents):
   """``da_s = <v_s, g_h> + g_a``, ``dz = a (da - sum_s a da)``; then ``dv_s = a_s g_h + dz_s
-  inv_rms_s q``, ``dq = sum dz inv_rms v``, ``d inv_rms = dz (q . v)``, ``d bias = sum_bt dz``."""
+  inv_rms_s q``, ``dq = sum dz inv_rms v``, ``d inv_rms = dz (q . v)``, ``d bias = sum_bt dz``.
+
+  Two passes over the buffer (``da``; then ``dv`` and ``dq``), ``SLOT_CHUNK`` slots at a time.
+  ``dq`` contracts a chunk's slots and tokens as axes: flattening ``S x B x T`` into rows
+  all-gathered a batch-sharded buffer (FSDP and data parallel alike).
+  """
   query, values, inv_rms, qv, a = res
   g_h, g_a = cotangents
   g_h = g_h.astype(jnp.float32)
-  v32 = values.astype(jnp.float32)
-  da = jnp.sum(v32 * g_h[None], axis=-1) + g_a
+
+  def da_chunk(start, v, da):
+    da_c = jnp.sum(v.astype(jnp.float32) * g_h[None], axis=-1)
+    return jax.lax.dynamic_update_slice_in_dim(da, da_c, start, 0)
+  da = slot_pieces(values, da_chunk, jnp.zeros(values.shape[:-1], jnp.float32)) + g_a
   dz = a * (da - jnp.sum(a * da, axis=0, keepdims=True))
   dz_scaled = dz * inv_rms
-  dv = a[..., None] * g_h[None] + dz_scaled[..., None] * query
-  # dq as one dot contracting the slots and the B*T tokens: at [9, 8, 128, 512] on 2 CPU cores
-  # 0.77 ms, the einsum "sbt,sbtd->d" 2.9. Not over S*B*T flattened rows: merging S into the
-  # tokens all-gathered a batch-sharded buffer (FSDP and data parallel alike); nor batched over
-  # slots, which XLA:CPU gave an fp32 copy of the buffer (1.6B, Full AttnRes: +30 GiB).
-  s = values.shape[0]
-  dq = jax.lax.dot_general(dz_scaled.reshape(s, -1), v32.reshape(s, -1, v32.shape[-1]),
-                           (((0, 1), (0, 1)), ((), ())))
-  return dq, dv.astype(values.dtype), (dz * qv).astype(inv_rms.dtype), jnp.sum(dz, axis=(1, 2))
+
+  def dv_dq_chunk(start, v, carry):
+    dv, dq = carry
+    window = lambda x: jax.lax.dynamic_slice_in_dim(x, start, v.shape[0], 0)
+    w_a, w_z = window(a), window(dz_scaled)
+    dv_c = w_a[..., None] * g_h[None] + w_z[..., None] * query
+    dq = dq + jax.lax.dot_general(w_z, v.astype(jnp.float32), (((0, 1, 2), (0, 1, 2)), ((), ())))
+    return jax.lax.dynamic_update_slice_in_dim(dv, dv_c.astype(dv.dtype), start, 0), dq
+  dv, dq = slot_pieces(values, dv_dq_chunk,
+                       (jnp.zeros_like(values), jnp.zeros(query.shape, jnp.float32)))
+  return dq, dv, (dz * qv).astype(inv_rms.dtype), jnp.sum(dz, axis=(1, 2))
+
+
+def slot_pieces(values: Array, body: Callable, init, chunk: int = SLOT_CHUNK):
+  """``body(start, v, carry)`` over the buffer ``values`` [S, ...] in chunks ``v`` of ``chunk``
+  slots (a loop over the whole chunks, then the remainder); a buffer of at most ``2 * chunk``
+  slots is one piece (Block AttnRes's 9: a loop of one chunk and a remainder of one was 5%
+  slower in the step at 8x512).
+
+  So no op converts the whole buffer to fp32: one chunk at a time. A whole-buffer fp32 operand (a
+  dot's, or a convert that several ops share) is a materialised copy: in the 1.6B Full AttnRes
+  readout (113 slots of bf16 [32, 2048, 1472] per device) 40 GiB each, three of them in the
+  step.
+  """
+  if values.shape[0] <= 2 * chunk:
+    chunk = values.shape[0]
+  n_full, rest = divmod(values.shape[0], chunk)
+  piece = lambda start, size, carry: body(
+      start, jax.lax.dynamic_slice_in_dim(values, start, size, 0), carry)
+  carry = init
+  if n_full:
+    carry = jax.lax.fori_loop(0, n_full, lambda i, c: piece(i * chunk, chunk, c), carry)
+  if rest:
+    carry = piece(n_full * chunk, rest, carry)
+  return carry
 
 
 _depth_attend.defvjp(_depth_attend_fwd, _depth_attend_bwd)

@@ -39,13 +39,15 @@ def naive_depth_softmax(query, sources, presence):
   return jnp.einsum("sbt,sbtd->btd", weights, sources), weights
 
 
-def test_depth_softmax_gradients_match_autodiff_of_the_formula():
+@pytest.mark.parametrize("n_slots", [4, 21])  # one piece; 8-slot chunks and a remainder of 5
+def test_depth_softmax_gradients_match_autodiff_of_the_formula(n_slots):
   """The written-out VJP: d query, d sources (through the keys' RMS too), d presence (soft
-  gates), and a cotangent on the weights as well as on h."""
+  gates), and a cotangent on the weights as well as on h; over the buffer in one piece and in
+  chunks (``base.slot_pieces``)."""
   rng = np.random.RandomState(0)
-  q, v = jnp.asarray(rng.randn(6)), jnp.asarray(rng.randn(4, 2, 3, 6))
-  p = jnp.array([1.0, 0.7, 1.0, 0.2])
-  g_h, g_w = jnp.asarray(rng.randn(2, 3, 6)), jnp.asarray(rng.randn(4, 2, 3))
+  q, v = jnp.asarray(rng.randn(6)), jnp.asarray(rng.randn(n_slots, 2, 3, 6))
+  p = jnp.array([1.0, 0.7, 1.0, 0.2] * (n_slots // 4) + [0.9] * (n_slots % 4))
+  g_h, g_w = jnp.asarray(rng.randn(2, 3, 6)), jnp.asarray(rng.randn(n_slots, 2, 3))
   loss = lambda f: lambda q, v, p: (jnp.sum(f(q, v, p)[0] * g_h) + jnp.sum(f(q, v, p)[1] * g_w))
   ours = jax.grad(loss(depth_softmax), argnums=(0, 1, 2))(q, v, p)
   want = jax.grad(loss(naive_depth_softmax), argnums=(0, 1, 2))(q, v, p)
@@ -53,7 +55,7 @@ def test_depth_softmax_gradients_match_autodiff_of_the_formula():
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
   # An absent slot (presence 0) gets no weight and no gradient, and leaves the rest unchanged.
   p0 = p.at[1].set(0.0)
-  kept = jnp.array([0, 2, 3])
+  kept = jnp.array([s for s in range(n_slots) if s != 1])
   (h0, w0), (h1, _) = depth_softmax(q, v, p0), naive_depth_softmax(q, v[kept], p[kept])
   np.testing.assert_allclose(h0, h1, rtol=1e-5, atol=1e-6)
   assert float(jnp.max(w0[1])) == 0.0
@@ -124,6 +126,20 @@ def test_full_readout_hand_computed():
   alpha = np.exp(logits) / np.exp(logits).sum(0)
   h = np.einsum("sbt,sbtd->btd", alpha, values[:2])
   np.testing.assert_allclose(out, h / kit.rms(h) * gain, atol=1e-5)
+
+
+def test_init_state_holds_the_embedding_and_each_slot_s_inverse_rms():
+  """Slot 0 = x0, the rest zeros, presence e_0, and ``inv_rms`` as ``depth_state`` would compute
+  it from the whole buffer (1/sqrt(eps) for an unwritten slot)."""
+  cfg = kit.tiny_cfg("attnres_full", n_layers=2, d_model=8)   # 5 slots
+  x0 = jnp.asarray(np.random.RandomState(3).randn(2, 3, 8).astype(np.float32))
+  state, _ = attnres.FullAttnResIO(cfg).init_with_output(
+      jax.random.PRNGKey(0), x0, method=attnres.FullAttnResIO.init_state)
+  want = attnres.depth_state(jnp.zeros((5, 2, 3, 8)).at[0].set(x0), jnp.eye(5)[0], jnp.array(0),
+                             cfg.norm_eps)
+  for key in ("values", "inv_rms", "presence", "slot"):
+    np.testing.assert_allclose(state[key], want[key], rtol=1e-6, err_msg=key)
+
 
 def test_block_update_equation_hand_computed():
   """Eq. 6 with 2-sublayer blocks: first sublayer of block 2 sees [b0, b1], then b2 = y."""
