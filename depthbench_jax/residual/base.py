@@ -317,8 +317,10 @@ def _depth_attend_bwd(res, cotangents):
   """``da_s = <v_s, g_h> + g_a``, ``dz = a (da - sum_s a da)``; then ``dv_s = a_s g_h + dz_s
   inv_rms_s q``, ``dq = sum dz inv_rms v``, ``d inv_rms = dz (q . v)``, ``d bias = sum_bt dz``.
 
-  Two passes over the buffer (``da``; then ``dv`` and ``dq``), ``SLOT_CHUNK`` slots at a time.
-  ``dq`` contracts a chunk's slots and tokens as axes: flattening ``S x B x T`` into rows
+  Two passes over the buffer (``da``, ``dq``), ``SLOT_CHUNK`` slots at a time; ``dv`` reads no
+  slot (one elementwise expression, written in the buffer's dtype).
+  ``dq`` is a dot contracting a chunk's slots and its ``B*T`` tokens (0.77 ms at [9, 8, 128, 512]
+  on 2 CPU cores, the einsum "sbt,sbtd->d" 2.9); not over ``S*B*T`` flattened rows, which
   all-gathered a batch-sharded buffer (FSDP and data parallel alike).
   """
   query, values, inv_rms, qv, a = res
@@ -332,15 +334,14 @@ def _depth_attend_bwd(res, cotangents):
   dz = a * (da - jnp.sum(a * da, axis=0, keepdims=True))
   dz_scaled = dz * inv_rms
 
-  def dv_dq_chunk(start, v, carry):
-    dv, dq = carry
-    window = lambda x: jax.lax.dynamic_slice_in_dim(x, start, v.shape[0], 0)
-    w_a, w_z = window(a), window(dz_scaled)
-    dv_c = w_a[..., None] * g_h[None] + w_z[..., None] * query
-    dq = dq + jax.lax.dot_general(w_z, v.astype(jnp.float32), (((0, 1, 2), (0, 1, 2)), ((), ())))
-    return jax.lax.dynamic_update_slice_in_dim(dv, dv_c.astype(dv.dtype), start, 0), dq
-  dv, dq = slot_pieces(values, dv_dq_chunk,
-                       (jnp.zeros_like(values), jnp.zeros(query.shape, jnp.float32)))
+  dv = (a[..., None] * g_h[None] + dz_scaled[..., None] * query).astype(values.dtype)
+
+  def dq_chunk(start, v, dq):
+    c = v.shape[0]
+    w_z = jax.lax.dynamic_slice_in_dim(dz_scaled, start, c, 0).reshape(c, -1)
+    v32 = v.astype(jnp.float32).reshape(c, -1, v.shape[-1])
+    return dq + jax.lax.dot_general(w_z, v32, (((0, 1), (0, 1)), ((), ())))
+  dq = slot_pieces(values, dq_chunk, jnp.zeros(query.shape, jnp.float32))
   return dq, dv, (dz * qv).astype(inv_rms.dtype), jnp.sum(dz, axis=(1, 2))
 
 
