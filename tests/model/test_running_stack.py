@@ -112,6 +112,7 @@ def _train_temp_bytes(design: str, n_layers: int, plain: bool) -> int:
   return grad.lower(params, tokens).compile().memory_analysis().temp_size_in_bytes
 
 
+@pytest.mark.slow  # six compiles of the gradient: ~20 s on 2 cores
 def test_training_memory_per_layer_is_pre_ln_s_not_the_whole_buffer():
   """Growth of the gradient's temporaries from 4 to 8 layers (8 blocks, 9 slots, at both
   depths): the running stack's matches Pre-LN's (one [B,T,d] slot a layer; measured 1.03x), the
