@@ -34,6 +34,42 @@ def tiny_config(**overrides):
   return c
 
 
+def model_loss(cfg, params, tokens, gate=None):
+  """Mean next-token cross-entropy of ``Transformer(cfg)`` on ``tokens`` [B, T+1]."""
+  import jax.numpy as jnp
+  from depthbench_jax.model.transformer import Transformer
+  from depthbench_jax.train.step import cross_entropy
+  logits = Transformer(cfg).apply({"params": params}, tokens[:, :-1], gate=gate)
+  return jnp.mean(cross_entropy(logits, tokens[:, 1:]))
+
+
+def assert_training_path_equals_plain_scan(cfg, params, rtol: float, atol: float,
+                                           through=None) -> None:
+  """Loss and every gradient (each nonzero) of the training path equal the plain ``nn.scan``'s,
+  which a gate of ones forces (the same network). through: ``(monkeypatch, module, name)`` of
+  the custom layer stack the training path must call."""
+  import functools
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  calls = []
+  if through is not None:
+    monkeypatch, module, name = through
+    real = getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *a, **k: calls.append(1) or real(*a, **k))
+  tokens = jax.random.randint(jax.random.PRNGKey(2), (2, 13), 0, cfg.vocab_size)
+  fast = jax.jit(jax.value_and_grad(functools.partial(model_loss, cfg)))(params, tokens)
+  assert through is None or calls, f"the training path did not call {through[2]}"
+  gate = jnp.ones((cfg.n_layers,))
+  plain = jax.jit(jax.value_and_grad(lambda p, t: model_loss(cfg, p, t, gate)))(params, tokens)
+  np.testing.assert_allclose(fast[0], plain[0], rtol=1e-6)
+  for (path, got), want in zip(jax.tree_util.tree_leaves_with_path(fast[1]),
+                               jax.tree.leaves(plain[1])):
+    assert float(jnp.max(jnp.abs(want))) > 0, jax.tree_util.keystr(path)
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=atol,
+                               err_msg=jax.tree_util.keystr(path))
+
+
 def built_once_per_session(tmp_path_factory, name: str, build) -> str:
   """``<session temp>/<name>``, filled by ``build(path)`` once per test session, however many
   xdist workers ask (pytest-xdist's documented pattern: the workers' base temp directories

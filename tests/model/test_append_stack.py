@@ -13,8 +13,7 @@ from depthbench_jax.model import append_stack
 from depthbench_jax.model.config import model_config_from
 from depthbench_jax.model.transformer import Transformer
 from depthbench_jax.residual import moda
-from depthbench_jax.train.step import cross_entropy
-from tests.helpers import tiny_config
+from tests.helpers import assert_training_path_equals_plain_scan, model_loss, tiny_config
 
 
 def _cfg(policy="nothing_saveable", layout=None, **residual):
@@ -23,11 +22,6 @@ def _cfg(policy="nothing_saveable", layout=None, **residual):
   c.model.residual = {"name": "moda", **residual}
   c.model.remat_policy = policy
   return model_config_from(c.model)
-
-
-def _loss(cfg, params, tokens, gate=None):
-  logits = Transformer(cfg).apply({"params": params}, tokens[:, :-1], gate=gate)
-  return jnp.mean(cross_entropy(logits, tokens[:, 1:]))
 
 
 @pytest.mark.parametrize("policy,residual,layout", [
@@ -39,21 +33,9 @@ def test_loss_and_gradients_equal_the_plain_scan(policy, residual, layout, monke
   cfg = _cfg(policy, layout, **residual)
   params = nn.unbox(Transformer(cfg).init(jax.random.PRNGKey(0),
                                           jnp.zeros((1, 8), jnp.int32))["params"])
-  tokens = jax.random.randint(jax.random.PRNGKey(2), (2, 13), 0, cfg.vocab_size)
-  calls = []
-  real = append_stack.append_buffer_stack
-  monkeypatch.setattr(append_stack, "append_buffer_stack",
-                      lambda *a, **k: calls.append(1) or real(*a, **k))
-  fast = jax.jit(jax.value_and_grad(functools.partial(_loss, cfg)))(params, tokens)
-  assert calls, "the training path did not go through append_stack"
-  gate = jnp.ones((cfg.n_layers,))  # a gate forces the plain nn.scan path; 1 = same network
-  plain = jax.jit(jax.value_and_grad(lambda p, t: _loss(cfg, p, t, gate)))(params, tokens)
-  np.testing.assert_allclose(fast[0], plain[0], rtol=1e-6)
-  for (path, got), want in zip(jax.tree_util.tree_leaves_with_path(fast[1]),
-                               jax.tree.leaves(plain[1])):
-    assert float(jnp.max(jnp.abs(want))) > 0, jax.tree_util.keystr(path)
-    np.testing.assert_allclose(got, want, rtol=2e-4, atol=1e-6,
-                               err_msg=jax.tree_util.keystr(path))
+  assert_training_path_equals_plain_scan(
+      cfg, params, rtol=2e-4, atol=1e-6,
+      through=(monkeypatch, append_stack, "append_buffer_stack"))
 
 
 WIDTH, SLOTS = 2, 2 * 5 + 3      # 5 layers write 2 slots each; 3 slots nothing writes
@@ -146,7 +128,7 @@ def _train_temp_bytes(n_layers: int, plain: bool, policy: str = "nothing_saveabl
                                                          jnp.zeros((1, 8), jnp.int32))["params"])
   tokens = jax.ShapeDtypeStruct((2, 129), jnp.int32)
   gate = jnp.ones((n_layers,)) if plain else None
-  grad = jax.jit(jax.grad(lambda p, t: _loss(cfg, nn.unbox(p), t, gate)))
+  grad = jax.jit(jax.grad(lambda p, t: model_loss(cfg, nn.unbox(p), t, gate)))
   return grad.lower(params, tokens).compile().memory_analysis().temp_size_in_bytes
 
 

@@ -1,7 +1,5 @@
 """Full AttnRes through model/buffer_stack.py equals the plain scan, with O(L d) memory."""
 
-import functools
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -12,8 +10,7 @@ from depthbench_jax.model import buffer_stack
 from depthbench_jax.model.config import model_config_from
 from depthbench_jax.model.transformer import Transformer
 from depthbench_jax.residual.base import depth_softmax, inverse_rms
-from depthbench_jax.train.step import cross_entropy
-from tests.helpers import tiny_config
+from tests.helpers import assert_training_path_equals_plain_scan, model_loss, tiny_config
 
 
 def _cfg(n_layers, d_model=32, policy="nothing_saveable"):
@@ -22,11 +19,6 @@ def _cfg(n_layers, d_model=32, policy="nothing_saveable"):
   c.model.residual = {"name": "attnres_full"}
   c.model.remat_policy = policy  # what of each branch the buffer stack saves for its backward
   return model_config_from(c.model)
-
-
-def _loss(cfg, params, tokens, gate=None):
-  logits = Transformer(cfg).apply({"params": params}, tokens[:, :-1], gate=gate)
-  return jnp.mean(cross_entropy(logits, tokens[:, 1:]))
 
 
 def _random_params(cfg, seed=0):
@@ -46,27 +38,18 @@ def _random_params(cfg, seed=0):
 
 
 @pytest.mark.parametrize("policy", ["nothing_saveable", "dots_saveable"])
-def test_loss_and_gradients_equal_the_plain_scan(policy):
+def test_loss_and_gradients_equal_the_plain_scan(policy, monkeypatch):
   cfg = _cfg(3, policy=policy)
-  params = _random_params(cfg)
-  tokens = jax.random.randint(jax.random.PRNGKey(2), (2, 13), 0, cfg.vocab_size)
-  gate = jnp.ones((cfg.n_layers,))  # a gate forces the plain nn.scan path; 1 = same network
-  fast = jax.jit(jax.value_and_grad(functools.partial(_loss, cfg)))(params, tokens)
-  plain = jax.jit(jax.value_and_grad(
-      lambda p, t: _loss(cfg, p, t, gate)))(params, tokens)
-  np.testing.assert_allclose(fast[0], plain[0], rtol=1e-6)
-  flat_fast, flat_plain = jax.tree_util.tree_leaves_with_path(fast[1]), jax.tree.leaves(plain[1])
-  for (path, got), want in zip(flat_fast, flat_plain):
-    assert float(jnp.max(jnp.abs(want))) > 0, jax.tree_util.keystr(path)
-    np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-6,
-                               err_msg=jax.tree_util.keystr(path))
+  assert_training_path_equals_plain_scan(
+      cfg, _random_params(cfg), rtol=2e-4, atol=2e-6,
+      through=(monkeypatch, buffer_stack, "source_buffer_stack"))
 
 
 def _train_temp_bytes(cfg, plain: bool, batch=2, seq=64):
   params = jax.eval_shape(lambda: _random_params(cfg))
   tokens = jax.ShapeDtypeStruct((batch, seq + 1), jnp.int32)
   gate = jnp.ones((cfg.n_layers,)) if plain else None
-  loss = lambda p, t: _loss(cfg, p, t, gate)
+  loss = lambda p, t: model_loss(cfg, p, t, gate)
   compiled = jax.jit(jax.grad(loss)).lower(params, tokens).compile()
   return compiled.memory_analysis().temp_size_in_bytes
 
@@ -91,7 +74,7 @@ def test_saved_residuals_skip_the_recompute():
     cfg = _cfg(2, policy=policy)
     params = jax.eval_shape(lambda: _random_params(cfg))
     tokens = jax.ShapeDtypeStruct((2, 17), jnp.int32)
-    compiled = jax.jit(jax.grad(lambda p, t: _loss(cfg, p, t))).lower(params, tokens).compile()
+    compiled = jax.jit(jax.grad(lambda p, t: model_loss(cfg, p, t))).lower(params, tokens).compile()
     return compiled.cost_analysis()["flops"]
   assert flops("dots_saveable") < 0.92 * flops("nothing_saveable")
 

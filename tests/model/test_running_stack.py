@@ -1,20 +1,16 @@
 """Block AttnRes through model/running_stack.py equals the plain nn.scan, loss and every
 gradient, and saves per layer what Pre-LN saves where the plain scan saves the whole buffer."""
 
-import functools
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
 from depthbench_jax.model import running_stack
 from depthbench_jax.model.config import model_config_from
 from depthbench_jax.model.transformer import Transformer
 from depthbench_jax.residual import attnres
-from depthbench_jax.train.step import cross_entropy
-from tests.helpers import tiny_config
+from tests.helpers import assert_training_path_equals_plain_scan, model_loss, tiny_config
 
 
 def _cfg(n_layers=5, policy="nothing_saveable", design="attnres_block", d_model=32, **residual):
@@ -25,40 +21,20 @@ def _cfg(n_layers=5, policy="nothing_saveable", design="attnres_block", d_model=
   return model_config_from(c.model)
 
 
-def _loss(cfg, params, tokens, gate=None):
-  logits = Transformer(cfg).apply({"params": params}, tokens[:, :-1], gate=gate)
-  return jnp.mean(cross_entropy(logits, tokens[:, 1:]))
-
-
-@pytest.mark.parametrize("n_layers,policy,residual", [
-    # 3-sublayer blocks: the boundaries fall inside layers 1 and 4 (a layer opens a slot).
-    (5, "nothing_saveable", {"n_blocks": 4}),
-    # 8 blocks for 6 sublayers: 1-sublayer blocks (Full AttnRes), two slots a layer; the
-    # matmul outputs kept and replayed against the rebuilt buffer.
-    (3, "dots_saveable", {"n_blocks": 8}),
-])
-def test_loss_and_gradients_equal_the_plain_scan(n_layers, policy, residual, monkeypatch):
-  cfg = _cfg(n_layers, policy, **residual)
+def test_loss_and_gradients_equal_the_plain_scan(monkeypatch):
+  """5 layers in 3-sublayer blocks: boundaries fall inside layers 1 and 4 (the MLP opens the
+  next slot) and before layer 3 (its attention starts a slot from zero). Under dots_saveable,
+  so the kept matmul outputs are replayed against the rebuilt buffer; nothing_saveable differs
+  only in what is kept (the saved-residuals test below)."""
+  cfg = _cfg(5, "dots_saveable", n_blocks=4)
   params = nn.unbox(Transformer(cfg).init(jax.random.PRNGKey(0),
                                           jnp.zeros((1, 8), jnp.int32))["params"])
   # Away from init (zero queries: uniform depth weights), so the depth softmax's gradient counts.
   keys = iter(jax.random.split(jax.random.PRNGKey(5), len(jax.tree.leaves(params))))
   params = jax.tree.map(lambda a: a + 0.1 * jax.random.normal(next(keys), a.shape), params)
-  tokens = jax.random.randint(jax.random.PRNGKey(2), (2, 13), 0, cfg.vocab_size)
-  calls = []
-  real = running_stack.running_buffer_stack
-  monkeypatch.setattr(running_stack, "running_buffer_stack",
-                      lambda *a, **k: calls.append(1) or real(*a, **k))
-  fast = jax.jit(jax.value_and_grad(functools.partial(_loss, cfg)))(params, tokens)
-  assert calls, "the training path did not go through running_stack"
-  gate = jnp.ones((cfg.n_layers,))  # a gate forces the plain nn.scan path; 1 = same network
-  plain = jax.jit(jax.value_and_grad(lambda p, t: _loss(cfg, p, t, gate)))(params, tokens)
-  np.testing.assert_allclose(fast[0], plain[0], rtol=1e-6)
-  for (path, got), want in zip(jax.tree_util.tree_leaves_with_path(fast[1]),
-                               jax.tree.leaves(plain[1])):
-    assert float(jnp.max(jnp.abs(want))) > 0, jax.tree_util.keystr(path)
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7,
-                               err_msg=jax.tree_util.keystr(path))
+  assert_training_path_equals_plain_scan(
+      cfg, params, rtol=1e-5, atol=1e-7,
+      through=(monkeypatch, running_stack, "running_buffer_stack"))
 
 
 def test_block_first_slot_and_presence_follow_the_schedule():
@@ -108,20 +84,15 @@ def _train_temp_bytes(design: str, n_layers: int, plain: bool) -> int:
                                                          jnp.zeros((1, 8), jnp.int32))["params"])
   tokens = jax.ShapeDtypeStruct((2, 129), jnp.int32)
   gate = jnp.ones((n_layers,)) if plain else None
-  grad = jax.jit(jax.grad(lambda p, t: _loss(cfg, nn.unbox(p), t, gate)))
+  grad = jax.jit(jax.grad(lambda p, t: model_loss(cfg, nn.unbox(p), t, gate)))
   return grad.lower(params, tokens).compile().memory_analysis().temp_size_in_bytes
 
 
-@pytest.mark.slow  # six compiles of the gradient: ~20 s on 2 cores
 def test_training_memory_per_layer_is_pre_ln_s_not_the_whole_buffer():
   """Growth of the gradient's temporaries from 4 to 8 layers (8 blocks, 9 slots, at both
-  depths): the running stack's matches Pre-LN's (one [B,T,d] slot a layer; measured 1.03x), the
-  plain scan's is the 9-slot buffer a layer (measured 9.1x). At the 1.6B suite's 56x1472 on 16 devices:
-  278 -> 67 GiB per device (Pre-LN 47), benchmarks/README.md."""
-  growth = {(design, plain): _train_temp_bytes(design, 8, plain)
-            - _train_temp_bytes(design, 4, plain)
-            for design, plain in (("preln", False), ("attnres_block", False),
-                                  ("attnres_block", True))}
-  pre = growth["preln", False]
-  assert growth["attnres_block", False] < 1.3 * pre, growth
-  assert growth["attnres_block", True] > 4 * pre, growth
+  depths): the running stack's matches Pre-LN's (one [B,T,d] slot a layer; measured 1.03x);
+  the plain scan's, the 9-slot buffer a layer, measured 9.1x. At the 1.6B suite's 56x1472 on
+  16 devices: 278 -> 67 GiB per device, benchmarks/README.md."""
+  growth = {design: _train_temp_bytes(design, 8, False) - _train_temp_bytes(design, 4, False)
+            for design in ("preln", "attnres_block")}
+  assert growth["attnres_block"] < 1.3 * growth["preln"], growth
