@@ -70,6 +70,21 @@ def assert_training_path_equals_plain_scan(cfg, params, rtol: float, atol: float
                                err_msg=jax.tree_util.keystr(path))
 
 
+def gradient_temp_bytes(cfg, plain: bool, batch: int = 2, seq: int = 128) -> int:
+  """Temporaries of ``model_loss``'s gradient, compiled on abstract params (nothing allocated);
+  ``plain``: through the plain ``nn.scan`` (a gate of ones) instead of the training path."""
+  import flax.linen as nn
+  import jax
+  import jax.numpy as jnp
+  from depthbench_jax.model.transformer import Transformer
+  params = jax.eval_shape(lambda: Transformer(cfg).init(jax.random.PRNGKey(0),
+                                                         jnp.zeros((1, 8), jnp.int32))["params"])
+  tokens = jax.ShapeDtypeStruct((batch, seq + 1), jnp.int32)
+  gate = jnp.ones((cfg.n_layers,)) if plain else None
+  grad = jax.jit(jax.grad(lambda p, t: model_loss(cfg, nn.unbox(p), t, gate)))
+  return grad.lower(params, tokens).compile().memory_analysis().temp_size_in_bytes
+
+
 def built_once_per_session(tmp_path_factory, name: str, build) -> str:
   """``<session temp>/<name>``, filled by ``build(path)`` once per test session, however many
   xdist workers ask (pytest-xdist's documented pattern: the workers' base temp directories

@@ -13,7 +13,8 @@ from depthbench_jax.model import append_stack
 from depthbench_jax.model.config import model_config_from
 from depthbench_jax.model.transformer import Transformer
 from depthbench_jax.residual import moda
-from tests.helpers import assert_training_path_equals_plain_scan, model_loss, tiny_config
+from tests.helpers import (assert_training_path_equals_plain_scan, gradient_temp_bytes,
+                           tiny_config)
 
 
 def _cfg(policy="nothing_saveable", layout=None, **residual):
@@ -124,12 +125,7 @@ def test_presence_before_a_layer_marks_the_slots_of_earlier_layers():
 
 def _train_temp_bytes(n_layers: int, plain: bool, policy: str = "nothing_saveable") -> int:
   cfg = _cfg(policy, layout={"model.n_layers": n_layers, "model.d_model": 64})
-  params = jax.eval_shape(lambda: Transformer(cfg).init(jax.random.PRNGKey(0),
-                                                         jnp.zeros((1, 8), jnp.int32))["params"])
-  tokens = jax.ShapeDtypeStruct((2, 129), jnp.int32)
-  gate = jnp.ones((n_layers,)) if plain else None
-  grad = jax.jit(jax.grad(lambda p, t: model_loss(cfg, nn.unbox(p), t, gate)))
-  return grad.lower(params, tokens).compile().memory_analysis().temp_size_in_bytes
+  return gradient_temp_bytes(cfg, plain)
 
 
 @pytest.mark.slow  # five compiles of a 16-layer MoDA gradient: ~35 s on 2 cores

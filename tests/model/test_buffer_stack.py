@@ -10,7 +10,8 @@ from depthbench_jax.model import buffer_stack
 from depthbench_jax.model.config import model_config_from
 from depthbench_jax.model.transformer import Transformer
 from depthbench_jax.residual.base import depth_softmax, inverse_rms
-from tests.helpers import assert_training_path_equals_plain_scan, model_loss, tiny_config
+from tests.helpers import (assert_training_path_equals_plain_scan, gradient_temp_bytes,
+                           model_loss, tiny_config)
 
 
 def _cfg(n_layers, d_model=32, policy="nothing_saveable"):
@@ -45,20 +46,11 @@ def test_loss_and_gradients_equal_the_plain_scan(policy, monkeypatch):
       through=(monkeypatch, buffer_stack, "source_buffer_stack"))
 
 
-def _train_temp_bytes(cfg, plain: bool, batch=2, seq=64):
-  params = jax.eval_shape(lambda: _random_params(cfg))
-  tokens = jax.ShapeDtypeStruct((batch, seq + 1), jnp.int32)
-  gate = jnp.ones((cfg.n_layers,)) if plain else None
-  loss = lambda p, t: model_loss(cfg, p, t, gate)
-  compiled = jax.jit(jax.grad(loss)).lower(params, tokens).compile()
-  return compiled.memory_analysis().temp_size_in_bytes
-
-
 def test_training_memory_grows_linearly_not_quadratically_with_depth():
   """Temp memory of the gradient at 8 and 24 layers, same remat policy: the plain scan saves
   every layer's copy of the (2L+1)-slot buffer, O(L^2); the buffer stack saves the final buffer
   and one input per sublayer, O(L). (Measured: 2.8x vs 5.3x growth; 4.6x less at 24 layers.)"""
-  mem = {(n, plain): _train_temp_bytes(_cfg(n, d_model=64), plain)
+  mem = {(n, plain): gradient_temp_bytes(_cfg(n, d_model=64), plain, seq=64)
          for n in (8, 24) for plain in (False, True)}
   stack_growth = mem[24, False] / mem[8, False]
   plain_growth = mem[24, True] / mem[8, True]

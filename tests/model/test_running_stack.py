@@ -10,7 +10,8 @@ from depthbench_jax.model import running_stack
 from depthbench_jax.model.config import model_config_from
 from depthbench_jax.model.transformer import Transformer
 from depthbench_jax.residual import attnres
-from tests.helpers import assert_training_path_equals_plain_scan, model_loss, tiny_config
+from tests.helpers import (assert_training_path_equals_plain_scan, gradient_temp_bytes,
+                           tiny_config)
 
 
 def _cfg(n_layers=5, policy="nothing_saveable", design="attnres_block", d_model=32, **residual):
@@ -78,21 +79,12 @@ def test_the_forward_saves_one_slot_per_layer_and_never_the_buffer_or_params():
   assert saved(jax.checkpoint_policies.dots_saveable) == [(), (2,), (2, d), (2, d)]
 
 
-def _train_temp_bytes(design: str, n_layers: int, plain: bool) -> int:
-  cfg = _cfg(n_layers, design=design, d_model=64)
-  params = jax.eval_shape(lambda: Transformer(cfg).init(jax.random.PRNGKey(0),
-                                                         jnp.zeros((1, 8), jnp.int32))["params"])
-  tokens = jax.ShapeDtypeStruct((2, 129), jnp.int32)
-  gate = jnp.ones((n_layers,)) if plain else None
-  grad = jax.jit(jax.grad(lambda p, t: model_loss(cfg, nn.unbox(p), t, gate)))
-  return grad.lower(params, tokens).compile().memory_analysis().temp_size_in_bytes
-
-
 def test_training_memory_per_layer_is_pre_ln_s_not_the_whole_buffer():
   """Growth of the gradient's temporaries from 4 to 8 layers (8 blocks, 9 slots, at both
   depths): the running stack's matches Pre-LN's (one [B,T,d] slot a layer; measured 1.03x);
   the plain scan's, the 9-slot buffer a layer, measured 9.1x. At the 1.6B suite's 56x1472 on
   16 devices: 278 -> 67 GiB per device, benchmarks/README.md."""
-  growth = {design: _train_temp_bytes(design, 8, False) - _train_temp_bytes(design, 4, False)
-            for design in ("preln", "attnres_block")}
+  temp = lambda design, n_layers: gradient_temp_bytes(_cfg(n_layers, design=design, d_model=64),
+                                                      plain=False)
+  growth = {design: temp(design, 8) - temp(design, 4) for design in ("preln", "attnres_block")}
   assert growth["attnres_block"] < 1.3 * growth["preln"], growth
