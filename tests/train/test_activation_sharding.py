@@ -73,10 +73,10 @@ c = tiny_config(**{"model.d_model": 64, "model.ffn_dim": 128, "data.seq_len": 12
                    "data.global_batch_size": 12, "mesh.data": 1, "mesh.fsdp": 2})
 mesh = sharding.make_mesh(c.mesh)
 models, params, shardings = {}, {}, {}
-# Every design as loop.jitted_steps builds it; and Full AttnRes at 9 layers, whose 19-slot
+# Every design as loop.jitted_steps builds it; and Full AttnRes at 8 layers, whose 17-slot
 # depth reads run over the buffer in chunks (base.slot_pieces).
 for key, design, n_layers in [(d, d, c.model.n_layers) for d in registry.names()] + [
-    ("attnres_full_19_slots", "attnres_full", 9)]:
+    ("attnres_full_17_slots", "attnres_full", 8)]:
   c.model.residual, c.model.n_layers = {"name": design}, n_layers
   models[key] = model = Transformer(model_config_from(c.model), mesh=mesh)
   boxed = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, 128), jnp.int32)))
@@ -116,7 +116,7 @@ def test_fsdp_gradient_holds_no_whole_batch_array(gradient_hlo):
   HC's projection cotangent f32[4,12,128,6] with the streams merged into the tokens)."""
   from depthbench_jax.residual import registry
   hlo = gradient_hlo
-  missing = [d for d in (*registry.names(), "attnres_full_19_slots") if f"/{d}/" not in hlo]
+  missing = [d for d in (*registry.names(), "attnres_full_17_slots") if f"/{d}/" not in hlo]
   assert not missing, f"designs not in the compiled program: {missing}"
   assert re.search(r"\[(?:\d+,)*6,128[,\]]", hlo), "the rows' arrays are not in the HLO"
   whole = {}

@@ -1,5 +1,6 @@
 """The designs that carry a residual state other than [B,T,d] (HC's n streams, Full AttnRes's
-source buffer, MoDA's depth K/V) give the same loss and gradients on a 2x2x2 mesh of 8 fake
+source buffer, Block AttnRes's block summaries, MoDA's depth K/V; each but HC through its own
+custom-VJP layer stack) give the same loss and gradients on a 2x2x2 mesh of 8 fake
 CPU devices (params by the logical rules, batch over data x fsdp, activations pinned to batch
 rows as in training) as on one device. mHC carries HC's streams through the same code, with a
 per-token Sinkhorn on replicated [n, n] maps: its one sharding of its own, phi's, is checked
@@ -16,7 +17,7 @@ import pytest
 
 from tests import helpers
 
-DESIGNS = ("hc", "attnres_full", "moda")
+DESIGNS = ("hc", "attnres_full", "attnres_block", "moda")
 
 _SCRIPT = """
 import json, sys
