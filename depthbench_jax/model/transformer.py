@@ -181,13 +181,16 @@ class Transformer(nn.Module):
     variable_axes = {"params": 0, "intermediates": 0}
     if self.decode:
       variable_axes["cache"] = 0
-    if self._use_source_buffer_stack(design, gate, return_layers):
+    # A design with a buffer state trains through its own O(L)-memory stack (model/*_stack.py)
+    # wherever nothing but the loss is asked; everything else takes the plain scan.
+    custom_stack = self._plain_training_stack(gate, return_layers)
+    if custom_stack and design.source_buffer:         # Full AttnRes: buffer_stack.py
       state = self._run_source_buffer_stack(state, positions, pin)
       layer_outputs = None
-    elif self._use_append_buffer_stack(design, gate, return_layers):
+    elif custom_stack and design.append_buffer:       # MoDA: append_stack.py
       state = self._run_append_buffer_stack(design.append_buffer, state, positions)
       layer_outputs = None
-    elif self._use_running_buffer_stack(design, gate, return_layers):
+    elif custom_stack and design.running_buffer:      # Block AttnRes: running_stack.py
       state = self._run_running_buffer_stack(design.running_buffer, state, positions, pin)
       layer_outputs = None
     elif cfg.scan_layers:
@@ -222,25 +225,12 @@ class Transformer(nn.Module):
   def _plain_training_stack(self, gate, return_layers) -> bool:
     """A scanned, rematerialised (any policy but 'none') stack of which nothing but the loss
     is asked (no gate, per-layer outputs, sown diagnostics or KV cache): where the buffer
-    stacks below may replace ``nn.scan``."""
+    stacks (``Design.source_buffer``, ``append_buffer``, ``running_buffer``) replace
+    ``nn.scan``."""
     cfg = self.cfg
     return (cfg.scan_layers and cfg.remat_policy != "none" and gate is None
             and not return_layers and not self.decode and not self.is_initializing()
             and not self.is_mutable_collection("intermediates"))
-
-  def _use_source_buffer_stack(self, design, gate, return_layers) -> bool:
-    """Whether to train through ``model/buffer_stack.py`` (O(L d) memory for Full AttnRes)."""
-    return design.source_buffer and self._plain_training_stack(gate, return_layers)
-
-  def _use_append_buffer_stack(self, design, gate, return_layers) -> bool:
-    """Whether to train through ``model/append_stack.py`` (O(L) memory for MoDA)."""
-    return (design.append_buffer is not None
-            and self._plain_training_stack(gate, return_layers))
-
-  def _use_running_buffer_stack(self, design, gate, return_layers) -> bool:
-    """Whether to train through ``model/running_stack.py`` (O(L) memory for Block AttnRes)."""
-    return (design.running_buffer is not None
-            and self._plain_training_stack(gate, return_layers))
 
   def _run_running_buffer_stack(self, spec, state, positions, pin):
     cfg = self.cfg
@@ -250,9 +240,7 @@ class Transformer(nn.Module):
     values, inv_rms = running_stack.running_buffer_stack(
         layer, lambda l: spec.first_slot(cfg, l), nn.unbox(self.variables["params"]["layers"]),
         state["values"], state["inv_rms"], policy=_POLICIES[cfg.remat_policy], pin=pin)
-    n_slots = values.shape[0]
-    return attnres.depth_state(values, jnp.ones((n_slots,), jnp.float32),
-                               jnp.asarray(n_slots - 1, jnp.int32), cfg.norm_eps, inv_rms)
+    return attnres.written_state(values, inv_rms, cfg.norm_eps)
 
   def _run_append_buffer_stack(self, spec, state, positions):
     block = Block(self.cfg)
@@ -274,9 +262,7 @@ class Transformer(nn.Module):
     values, inv_rms = buffer_stack.source_buffer_stack(
         branch, query, cfg.norm_eps, params, state["values"], state["inv_rms"],
         policy=_POLICIES[cfg.remat_policy], pin=pin)
-    n_slots = values.shape[0]
-    return attnres.depth_state(values, jnp.ones((n_slots,), jnp.float32),
-                               jnp.asarray(n_slots - 1, jnp.int32), cfg.norm_eps, inv_rms)
+    return attnres.written_state(values, inv_rms, cfg.norm_eps)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -152,6 +152,14 @@ def depth_state(values: Array, presence: Array, slot: Array, eps: float,
   return {"values": values, "inv_rms": inv_rms, "presence": presence, "slot": slot}
 
 
+def written_state(values: Array, inv_rms: Array, eps: float) -> dict:
+  """The state after a stack (``model/buffer_stack.py``, ``running_stack.py``) has run every
+  layer: all ``S`` slots present, the last one written last."""
+  n_slots = values.shape[0]
+  return depth_state(values, jnp.ones((n_slots,), jnp.float32),
+                     jnp.asarray(n_slots - 1, jnp.int32), eps, inv_rms)
+
+
 def _put(state: dict, slot: Array, value: Array, eps: float) -> dict:
   """``state`` with ``values[slot] = value`` and its ``inv_rms`` (in place under jit)."""
   values, inv_rms = write_slot(state["values"], state["inv_rms"], slot, value, eps)
@@ -264,22 +272,14 @@ class BlockAttnRes(_DepthQueries):
   two slots it touched are restored) and a slot it opened stays absent.
   """
 
-  def schedule(self) -> tuple[int, int]:
-    return block_schedule_of(self.cfg)
-
-  def _position(self, sub, layer):
-    per_block, _ = self.schedule()
-    k = 2 * layer + sub
-    return k // per_block + 1, k % per_block  # (block slot n, index i in block, 0-based)
-
   def read(self, state, sub, layer):
-    n, _ = self._position(sub, layer)   # reads block slots 0..n
+    n = block_slot(self.cfg, 2 * layer + sub)   # reads block slots 0..n
     h, weights = self.aggregate(state, sub, static_prefix(n + 1, state["values"].shape[0]))
     self.sow("intermediates", "own_block_weight", jnp.take(weights, n, axis=0))
     return self.pre_norm(h.astype(state["values"].dtype), sub)
 
   def write(self, state, y, sub, layer):
-    n, _ = self._position(sub, layer)
+    n = block_slot(self.cfg, 2 * layer + sub)
     # A slot is zero until its block's first sublayer writes, so "+=" also starts the partial sum.
     current = jax.lax.dynamic_index_in_dim(state["values"], n, axis=0, keepdims=False)
     return _put(state, n, current + y.astype(current.dtype), self.cfg.norm_eps)
@@ -296,10 +296,16 @@ class BlockAttnRes(_DepthQueries):
             "presence": _blend(old["presence"], new["presence"], gate), "slot": new["slot"]}
 
 
+def block_slot(cfg, k: Array) -> Array:
+  """The block slot ``n`` that global sublayer ``k = 2*layer + sub`` adds into (slot 0 is the
+  embedding): ``k // per_block + 1``."""
+  per_block, _ = block_schedule_of(cfg)
+  return k // per_block + 1
+
+
 def block_first_slot(cfg, layer: Array) -> Array:
   """The block slot layer ``layer``'s attention sublayer adds into (its lowest write)."""
-  per_block, _ = block_schedule_of(cfg)
-  return (2 * layer) // per_block + 1
+  return block_slot(cfg, 2 * layer)
 
 
 def block_presence_before(cfg, layer: Array) -> Array:
