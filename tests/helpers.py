@@ -35,10 +35,13 @@ def tiny_config(**overrides):
 
 
 def model_loss(cfg, params, tokens, gate=None):
-  """Mean next-token cross-entropy of ``Transformer(cfg)`` on ``tokens`` [B, T+1]."""
+  """Training's loss (``train.step.lm_loss``) of ``Transformer(cfg)`` on ``tokens`` [B, T+1];
+  with a diagnostics ``gate``, the same mean cross-entropy through the gated call."""
   import jax.numpy as jnp
   from depthbench_jax.model.transformer import Transformer
-  from depthbench_jax.train.step import cross_entropy
+  from depthbench_jax.train.step import cross_entropy, lm_loss
+  if gate is None:
+    return lm_loss(params, Transformer(cfg), tokens)
   logits = Transformer(cfg).apply({"params": params}, tokens[:, :-1], gate=gate)
   return jnp.mean(cross_entropy(logits, tokens[:, 1:]))
 
