@@ -18,6 +18,9 @@ TINY = {
     "model.n_heads": 2, "model.ffn_dim": 64, "data.tokenizer": "byte", "data.seq_len": 32,
     "data.global_batch_size": 8, "data.val_batches": 2, "steps": 20, "warmup_steps": 2,
     "log_every": 1, "eval_every": 10, "checkpoint_every": 10,
+    # No TensorBoard, hence no TensorFlow import (train/writer.py): half of a tiny run's process
+    # time. The tests that read the events turn it on.
+    "tensorboard": False,
 }
 
 

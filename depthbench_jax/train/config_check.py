@@ -90,6 +90,8 @@ def validate_recipe(config) -> None:
   _require(isinstance(value, int) and value >= 0,
            f"config.eval_batches={value!r}; allowed: an integer >= 0 (validation batches per "
            f"periodic eval; 0 = all config.data.val_batches)")
+  value = config.get("tensorboard", True)
+  _require(isinstance(value, bool), f"config.tensorboard={value!r}; allowed: True or False")
 
 
 def validate_guards(config) -> None:
@@ -228,11 +230,12 @@ def validate(config, device_count: int, process_count: int | None = None) -> Mod
 # (data.worker_count: the same batches, `data/pipeline.TrainIterator`), not what a step
 # computes. Any other field must equal the value the run's checkpoints were trained with
 # (``check_resume``). A prefix names a whole group.
-RESUMABLE_FIELDS = ("name", "log_every", "eval_every", "eval_batches", "checkpoint_every",
-                    "keep_checkpoints", "async_checkpointing", "peak_flops_per_device",
-                    "diagnostics.", "divergence.", "skip_nonfinite_steps", "debug.", "mesh.",
-                    "evals.", "data.cache_dir", "data.worker_count", "iso_target_params",
-                    "iso_count", "iso_tolerance", "grad_accum_steps")
+RESUMABLE_FIELDS = ("name", "log_every", "tensorboard", "eval_every", "eval_batches",
+                    "checkpoint_every", "keep_checkpoints", "async_checkpointing",
+                    "peak_flops_per_device", "diagnostics.", "divergence.",
+                    "skip_nonfinite_steps", "debug.", "mesh.", "evals.", "data.cache_dir",
+                    "data.worker_count", "iso_target_params", "iso_count", "iso_tolerance",
+                    "grad_accum_steps")
 
 
 def flatten_fields(tree: dict, prefix: str = "") -> dict:

@@ -240,7 +240,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
     state, start_step = init_fn(jax.random.PRNGKey(config.seed)), 0
 
   writer = writer_lib.create(os.path.join(workdir, "tensorboard"), start_step,
-                             just_logging=process_index > 0)
+                             tensorboard=process_index == 0 and config.get("tensorboard", True))
   if start_step == 0:
     writer.write_hparams({"design": model_cfg.design, "n_layers": model_cfg.n_layers,
                           "d_model": model_cfg.d_model, "lr": config.lr,

@@ -15,7 +15,8 @@ from tests.helpers import (ROOT, assert_cli_refuses_before_loading, assert_refus
 @pytest.mark.slow
 def test_training_hook_and_posthoc_cli(tmp_path):
   workdir = str(tmp_path / "run")
-  run_main(workdir, tiny_flags(**{"model.n_layers": 4, "steps": 10, "diagnostics.every": 5}))
+  run_main(workdir, tiny_flags(**{"model.n_layers": 4, "steps": 10, "diagnostics.every": 5,
+                                     "tensorboard": True}))
 
   from tensorboard.backend.event_processing import event_accumulator
   acc = event_accumulator.EventAccumulator(os.path.join(workdir, "tensorboard"),

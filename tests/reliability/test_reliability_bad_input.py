@@ -110,6 +110,16 @@ def test_good_config_and_iso_shape_within_tolerance_pass():
     config_check.validate(helpers.tiny_config(iso_target_params=total * 1.03), 1, 1)
 
 
+@pytest.mark.parametrize("field", ["tensorboard", "skip_nonfinite_steps"])
+def test_a_switch_read_from_data_must_be_a_bool(field):
+  """A config built from data (a run's config.json, a dict) has no ConfigDict field types: the
+  string "false" would be truthy."""
+  import ml_collections
+  config = ml_collections.ConfigDict({**helpers.tiny_config().to_dict(), field: "false"})
+  with pytest.raises(ConfigError, match=f"config.{field}='false'; allowed: True or False"):
+    config_check.validate(config, 1, 1)
+
+
 # End to end: (case, --config file[:arg], extra flags, field named in the error line).
 CLI_CASES = [
     ("negative_steps_flag", "configs/base.py", ["--config.steps=-5"], "config.steps"),

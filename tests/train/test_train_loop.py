@@ -23,7 +23,8 @@ def reference_run(tmp_path_factory):
   same batches, and a resume from its checkpoints may change the worker count."""
   def train(workdir):
     os.makedirs(workdir)
-    proc = helpers.run_main(workdir, helpers.tiny_flags(**{"data.worker_count": 2}))
+    proc = helpers.run_main(workdir, helpers.tiny_flags(**{"data.worker_count": 2,
+                                                            "tensorboard": True}))
     with open(workdir + ".stdout", "w") as f:  # Beside the run dir: the progress lines.
       f.write(proc.stdout)
     with open(workdir + ".stderr", "w") as f:
@@ -139,9 +140,16 @@ def test_sigterm_saves_and_exits_cleanly_then_resumes(reference_run, tmp_path, c
   assert proc.wait(timeout=120) == 0
   ckpts = [d for d in os.listdir(os.path.join(workdir, "checkpoints")) if d.isdigit()]
   assert ckpts, "SIGTERM must leave a checkpoint"
-  helpers.run_main(workdir, helpers.tiny_flags(checkpoint_every=checkpoint_every))
-  # README: the same config twice on one device is bitwise the same run, resumed or not.
+  proc = helpers.run_main(workdir, helpers.tiny_flags(checkpoint_every=checkpoint_every),
+                          PYTHONPROFILEIMPORTTIME=1)
+  # README: the same config twice on one device is bitwise the same run, resumed or not (and
+  # with TensorBoard or not: the reference writes it, these sessions do not, nor import
+  # TensorFlow for it).
   assert_losses_match(workdir, reference_run, rtol=0)
+  assert not os.path.exists(os.path.join(workdir, "tensorboard"))
+  imported = [line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines()
+              if line.startswith("import time:")]
+  assert "jax" in imported and "tensorflow" not in imported
   from depthbench_jax.train import checkpoint
   _, params, _ = checkpoint.restore_run(workdir)
   _, want, _ = checkpoint.restore_run(reference_run)
@@ -186,7 +194,7 @@ def test_resume_on_other_shards_is_refused_and_on_its_own_matches(tmp_path):
   for i in range(2):
     pq.write_table(helpers.fineweb_like(150, 150 * i), data / f"{i:03d}_00000.parquet")
   flags = helpers.tiny_flags(**{"data.source": "parquet", "data.path": str(data),
-                                "data.cache_dir": str(tmp_path / "cache")})
+                                "data.cache_dir": str(tmp_path / "cache"), "tensorboard": True})
   reference, workdir = str(tmp_path / "reference"), str(tmp_path / "preempted")
   helpers.run_main(reference, flags)
   preempted_at_step_10(reference, workdir)
@@ -279,7 +287,8 @@ def test_resume_on_two_processes_continues_a_one_process_runs_data_and_diagnoses
   workdir = str(tmp_path / "regrown")
   preempted_at_step_10(reference_run, workdir)
   flags = helpers.tiny_flags(**{"mesh.data": 1, "mesh.fsdp": 2, "mesh.tensor": 2,
-                                "diagnostics.every": 10, "grad_accum_steps": 2})
+                                "diagnostics.every": 10, "grad_accum_steps": 2,
+                                "tensorboard": True})
   for p in start_two_processes(workdir, flags, devices=2):
     _, err = p.communicate(timeout=300)
     assert p.returncode == 0, err[-3000:]
