@@ -75,3 +75,15 @@ def test_gpu_decode_script_times_decoding_in_miniature(tmp_path):
     rows = json.load(f)["rows"]
   assert [(r["design"], r["shape"], r["context"]) for r in rows] == [
       (d, "2x32", 16) for d in ("preln", "hc", "attnres_full")]
+
+
+def test_gpu_train_memory_script_compiles_in_miniature(tmp_path):
+  run_script("gpu_train_memory.sh", tmp_path, MEMORY_CONFIG="configs/smoke.py",
+             MEMORY_SHAPES="4x128", MEMORY_DESIGNS="preln", MEMORY_GRAD_ACCUM="2")
+  assert os.listdir(tmp_path) == ["train_memory.log"]
+  rows = [line.split(" | ") for line in (tmp_path / "train_memory.log").read_text().splitlines()
+          if line.startswith("| ") and "---" not in line][1:]
+  # One device, the suite's batch in 2 microbatches, a positive peak.
+  assert [(r[0], r[1], r[2], r[3].split(" / ")[1]) for r in rows] == [
+      ("| preln", "4x128", "1, 1, 1", "2")]
+  assert float(rows[0][6]) > 0
