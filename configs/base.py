@@ -60,9 +60,9 @@ def get_config() -> ml_collections.ConfigDict:
   c.eval_every = 50
   c.eval_batches = 4               # val batches per periodic eval (0 = all); the final reads all.
   c.log_every = 10
-  c.tensorboard = True             # training's TensorBoard events in workdir/tensorboard (process
-                                   # 0); False: the progress lines and metrics.jsonl only, and no
-                                   # TensorFlow import (clu's writer: ~5 s of a start on 2 cores).
+  c.tensorboard = True             # TensorBoard events in workdir/tensorboard (training's process
+                                   # 0, evaluate); False: the progress lines and metrics.jsonl
+                                   # only, and no TensorFlow import (clu's writer: ~5 s a start).
   c.peak_flops_per_device = 0.0    # FLOP/s for MFU; 0 = by device kind (train/loop.PEAK_FLOPS).
   c.checkpoint_every = 50
   c.keep_checkpoints = 2

@@ -5,7 +5,8 @@ Restores the run's latest (or ``--step``) params and, for each eval set found un
 ``~/.cache/depthbench_jax/evals``; formats in
 ``evals/datasets.py``), computes the teacher-forced NLL of the reference answers and the set's
 task score (``evals/tasks.py``). Writes ``RUN_DIR/evals.json`` and scalars
-``evals/<set>/<metric>`` and ``evals/<domain>/nll_per_token`` to ``RUN_DIR/tensorboard``.
+``evals/<set>/<metric>`` and ``evals/<domain>/nll_per_token`` to ``RUN_DIR/tensorboard`` (unless
+the run's ``config.tensorboard`` is False).
 Sets whose file is missing are skipped and listed under ``missing`` with the message saying
 where to put them (``--strict`` makes that an error). ``--export_hf`` also writes a Hugging Face
 checkpoint (Pre-LN family) to ``RUN_DIR/hf``. ``--out=PATH`` writes ``PATH`` (and its scalars to
@@ -157,15 +158,19 @@ def scalars(evals: dict) -> dict[str, float]:
   return out
 
 
-def write_evals(workdir: str, evals: dict, step: int, path: str | None = None) -> str:
+def write_evals(workdir: str, evals: dict, step: int, path: str | None = None,
+                tensorboard: bool = True) -> str:
   """``evals`` to ``path`` (default ``workdir/evals.json``), its scalars to ``tensorboard/``
-  beside it."""
-  from clu import metric_writers  # pylint: disable=g-import-not-at-top
+  beside it when ``tensorboard`` (the run's ``config.tensorboard``: clu's writer imports
+  TensorFlow, which a run without TensorBoard never needs)."""
   from depthbench_jax.train import summary  # pylint: disable=g-import-not-at-top
 
   path = path or os.path.join(workdir, "evals.json")
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   summary.atomic_write_json(path, evals)
+  if not tensorboard:
+    return path
+  from clu import metric_writers  # pylint: disable=g-import-not-at-top
   writer = metric_writers.create_default_writer(
       os.path.join(os.path.dirname(os.path.abspath(path)), "tensorboard"), asynchronous=False)
   writer.write_scalars(step, scalars(evals))
@@ -211,7 +216,7 @@ def main(argv):
                    score_len=int(config.data.seq_len))
   evals.update(step=step, name=config.get("name", None), design=model_cfg.design,
                n_layers=model_cfg.n_layers, tokenizer=tokenizer.name, options=options)
-  path = write_evals(workdir, evals, int(step or 0), out)
+  path = write_evals(workdir, evals, int(step or 0), out, config.get("tensorboard", True))
   if _EXPORT.value:
     hf_dir = hf.export_hf(params, model_cfg, os.path.join(workdir, "hf"), tokenizer=tokenizer)
     logging.info("exported Hugging Face checkpoint to %s", hf_dir)

@@ -21,7 +21,7 @@ def test_cli_writes_evals_json_and_a_loadable_hf_export(tmp_path):
   from depthbench_jax.model.transformer import Transformer
 
   workdir = str(tmp_path / "run")
-  config, params = helpers.saved_run(workdir)
+  config, params = helpers.saved_run(workdir, tensorboard=True)
   cfg = model_config_from(config.model)
 
   proc = subprocess.run(
@@ -108,10 +108,11 @@ DEBUG = dict(FULL, sets=["sciq"], max_examples=1, generate=False)
 DEBUG_FLAGS = [*FULL_FLAGS, "--sets=sciq", "--max_examples=1", "--generate=false"]
 
 
-def _run_with_evals(tmp_path, options):
-  """A saved run whose evals.json was made with ``options``; returns (workdir, its bytes)."""
+def _run_with_evals(tmp_path, options, **overrides):
+  """A saved run (``tiny_config(**overrides)``) whose evals.json was made with ``options``;
+  returns (workdir, its bytes)."""
   workdir = str(tmp_path / "run")
-  helpers.saved_run(workdir)
+  helpers.saved_run(workdir, **overrides)
   path = os.path.join(workdir, "evals.json")
   with open(path, "w") as f:
     json.dump({"step": 1, "options": options, "sets": {}, "domains": {}, "missing": {}}, f)
@@ -150,6 +151,7 @@ def test_cli_rerun_with_the_same_settings_replaces_evals_and_records_them(tmp_pa
   assert not re.search(r"^I\d{4} ", proc.stderr, re.M), proc.stderr[-2000:]
   evals = json.load(open(os.path.join(workdir, "evals.json")))
   assert evals["step"] == 5 and evals["options"] == DEBUG and set(evals["sets"]) == {"sciq"}
+  assert not os.path.exists(os.path.join(workdir, "tensorboard"))  # the run's tensorboard=False
 
 
 def test_cli_overwrite_replaces_evals_made_with_other_settings(tmp_path):
@@ -163,7 +165,7 @@ def test_cli_overwrite_replaces_evals_made_with_other_settings(tmp_path):
 def test_cli_out_writes_elsewhere_and_leaves_the_finished_evals(tmp_path):
   """--out: the result and its scalars go beside PATH; the run's evals.json and tensorboard/
   stay as they were."""
-  workdir, before = _run_with_evals(tmp_path, FULL)
+  workdir, before = _run_with_evals(tmp_path, FULL, tensorboard=True)
   side = tmp_path / "debug" / "evals.json"
   proc = _evaluate(workdir, *DEBUG_FLAGS, f"--out={side}")
   assert proc.returncode == 0, proc.stderr[-2000:]
