@@ -37,6 +37,13 @@ def _number(config, field: str, *, low=None, high=None, low_open=False, allowed:
   return value
 
 
+def _switch(config, field: str, default: bool) -> None:
+  """A True/False field. A config built from data (a dict, a run's JSON) has no ConfigDict
+  field types, and there the string "false" would be truthy."""
+  value = config.get(field, default)
+  _require(isinstance(value, bool), f"config.{field}={value!r}; allowed: True or False")
+
+
 def validate_fields(config) -> None:
   """Every field is one of the schema's (``configs/base.py``, the single source of defaults):
   a misspelt field in a config file (``c.data.seqlen = 64``) adds a field nothing reads, and
@@ -90,8 +97,7 @@ def validate_recipe(config) -> None:
   _require(isinstance(value, int) and value >= 0,
            f"config.eval_batches={value!r}; allowed: an integer >= 0 (validation batches per "
            f"periodic eval; 0 = all config.data.val_batches)")
-  value = config.get("tensorboard", True)
-  _require(isinstance(value, bool), f"config.tensorboard={value!r}; allowed: True or False")
+  _switch(config, "tensorboard", True)
 
 
 def validate_guards(config) -> None:
@@ -105,9 +111,7 @@ def validate_guards(config) -> None:
     if field != "spike_factor":
       ok = ok and isinstance(value, int)
     _require(ok, f"config.divergence.{field}={value!r}; allowed: {allowed}")
-  skip = config.get("skip_nonfinite_steps", False)
-  _require(isinstance(skip, bool),
-           f"config.skip_nonfinite_steps={skip!r}; allowed: True or False")
+  _switch(config, "skip_nonfinite_steps", False)
   every = (config.get("diagnostics") or {}).get("every", 0)
   _require(isinstance(every, int) and not isinstance(every, bool) and every >= 0,
            f"config.diagnostics.every={every!r}; allowed: an integer >= 0 (0 = off)")
