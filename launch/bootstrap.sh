@@ -28,22 +28,25 @@ PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check -q)
 # uv reads no pip configuration, so the machine's pip find-links and constraint files are
 # passed on (here they hold the CPU-only torch wheel and its cap).
 UV_VERSION=0.13.9
+install() {  # INSTALLER...: the project with its test extras, then NO_DEPS without theirs
+  "$@" -c "$ROOT/launch/constraints.txt" -e "$ROOT[test]" &&
+    "$@" --no-deps -c "$ROOT/launch/constraints.txt" "${NO_DEPS[@]}"
+}
 install_with_uv() {
   "${PIP[@]}" "uv==$UV_VERSION" || return 1
-  local uv=("$VENV/bin/uv" pip install -q --python "$VENV/bin/python" --compile-bytecode
-            -c "$ROOT/launch/constraints.txt") opt values value
+  local uv=("$VENV/bin/uv" pip install -q --python "$VENV/bin/python" --compile-bytecode)
+  local opt values value
   for opt in find-links constraint; do
     values="$("$VENV/bin/python" -m pip config get "global.$opt" 2>/dev/null)" || continue
     for value in $values; do
       uv+=("--$([[ $opt == constraint ]] && echo constraints || echo "$opt")" "$value")
     done
   done
-  "${uv[@]}" -e "$ROOT[test]" && "${uv[@]}" --no-deps "${NO_DEPS[@]}"
+  install "${uv[@]}"
 }
 if ! install_with_uv; then
   echo "[bootstrap] uv failed; installing with pip" >&2
-  "${PIP[@]}" -c "$ROOT/launch/constraints.txt" -e "$ROOT[test]"
-  "${PIP[@]}" --no-deps -c "$ROOT/launch/constraints.txt" "${NO_DEPS[@]}"
+  install "${PIP[@]}"
 fi
 echo "$want" > "$STAMP"
 echo "[bootstrap] done" >&2
