@@ -246,10 +246,8 @@ def _depth_attend(query, values, inv_rms, bias):
 
 
 def _depth_attend_fwd(query, values, inv_rms, bias):
-  def add_chunk(start, v, qv):
-    qv_c = jnp.einsum("sbtd,d->sbt", v, query.astype(v.dtype), preferred_element_type=jnp.float32)
-    return jax.lax.dynamic_update_slice_in_dim(qv, qv_c, start, 0)
-  qv = slot_pieces(values, add_chunk, jnp.zeros(values.shape[:-1], jnp.float32))
+  qv = _per_slot(values, lambda v: jnp.einsum("sbtd,d->sbt", v, query.astype(v.dtype),
+                                               preferred_element_type=jnp.float32))
   a = jax.nn.softmax(qv * inv_rms + bias[:, None, None], axis=0)                   # [S,B,T]
   h = _slot_weighted_sum(a, values)
   return (h.astype(values.dtype), a), (query, values, inv_rms, qv, a)
@@ -327,10 +325,7 @@ def _depth_attend_bwd(res, cotangents):
   g_h, g_a = cotangents
   g_h = g_h.astype(jnp.float32)
 
-  def da_chunk(start, v, da):
-    da_c = jnp.sum(v.astype(jnp.float32) * g_h[None], axis=-1)
-    return jax.lax.dynamic_update_slice_in_dim(da, da_c, start, 0)
-  da = slot_pieces(values, da_chunk, jnp.zeros(values.shape[:-1], jnp.float32)) + g_a
+  da = _per_slot(values, lambda v: jnp.sum(v.astype(jnp.float32) * g_h[None], axis=-1)) + g_a
   dz = a * (da - jnp.sum(a * da, axis=0, keepdims=True))
   dz_scaled = dz * inv_rms
 
@@ -343,6 +338,13 @@ def _depth_attend_bwd(res, cotangents):
     return dq + jax.lax.dot_general(w_z, v32, (((0, 1), (0, 1)), ((), ())))
   dq = slot_pieces(values, dq_chunk, jnp.zeros(query.shape, jnp.float32))
   return dq, dv, (dz * qv).astype(inv_rms.dtype), jnp.sum(dz, axis=(1, 2))
+
+
+def _per_slot(values: Array, reduce: Callable) -> Array:
+  """[S, B, T] fp32: ``reduce(v)`` ([c, B, T, d] -> [c, B, T]) of each piece ``v`` of the buffer
+  (``slot_pieces``), written at the piece's slots."""
+  put = lambda start, v, out: jax.lax.dynamic_update_slice_in_dim(out, reduce(v), start, 0)
+  return slot_pieces(values, put, jnp.zeros(values.shape[:-1], jnp.float32))
 
 
 def slot_pieces(values: Array, body: Callable, init, chunk: int = SLOT_CHUNK):
