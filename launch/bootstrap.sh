@@ -19,7 +19,7 @@ if command -v flock >/dev/null; then
   flock 9
   current && exit 0
 fi
-echo "[bootstrap] setting up $VENV (first time takes a few minutes)" >&2
+echo "[bootstrap] setting up $VENV (about a minute with uv, two with the pip fallback)" >&2
 [[ -x "$VENV/bin/python" ]] || python3 -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check -q)
 "${PIP[@]}" --upgrade pip
