@@ -177,7 +177,9 @@ COMPILATION_CACHE_ENV = "DEPTHBENCH_TEST_COMPILATION_CACHE"
 #   gradient: 106 loop fusions against 120, 192 more bytes of temporaries, FLOPs within 0.03%),
 #   so no test may pin an HLO-derived figure to the byte. The one test that times a user's
 #   compile (diagnostics/test_diagnostics_cost.py) sets its own flags.
-# Every process of a test (in-process, subprocesses) compiles with the same flags.
+# Every process of a test (in-process, subprocesses) compiles with the same flags. XLA aborts on
+# a flag it does not know, so a jaxlib (pinned in launch/constraints.txt) that drops one stops
+# the first test loudly rather than silently slowing the suite.
 TEST_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
 
 
