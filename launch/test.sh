@@ -10,9 +10,9 @@ export TF_CPP_MIN_LOG_LEVEL=2 JAX_PLATFORMS=cpu PYTHONHASHSEED=0
 args=("$@")
 [[ "${FAST:-0}" == "1" ]] && args=(-m "not slow" "${args[@]}")
 # Two xdist workers unless told otherwise (-n N, or TEST_WORKERS=0 for one process): on the
-# 2-core reference machine the suite took 13m14s and 14m22s this way, 14m18s and 15m31s with
-# the bootstrap, from a clean clone and empty caches (835 tests at caceabd and at bd67e64, the
-# same programs: the host varied by a minute from run to run that day), longer serially.
+# 2-core reference machine the suite took 10m07s, 11m13s with the bootstrap, from a clean clone
+# and empty caches (835 tests at 03fa31e; 13-14 min before the tests compiled with XLA:CPU's
+# fusion emitters off, tests/helpers.TEST_XLA_FLAGS), longer serially.
 if [[ " $* " != *" -n "* && " $* " != *" -n"[0-9a]* && "${TEST_WORKERS:-2}" != "0" ]]; then
   # loadgroup (no test carries an xdist_group mark): one test per work unit, handed out in
   # collection order, slow ones first (tests/conftest.py); "load" would send each worker a first
