@@ -110,6 +110,7 @@ def gradient_hlo():
   return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # its fixture compiles 11 gradients in one program: ~30 s on 2 cores
 def test_fsdp_gradient_holds_no_whole_batch_array(gradient_hlo):
   """Each device's rows are 6 of the 12: a [.., 12, 128, ..] array is the whole batch (before
   the fixes: Full AttnRes's buffer f32[5,12,128,32] sharded on d, Block's f32[5,12,128,64],

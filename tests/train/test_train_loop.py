@@ -183,6 +183,7 @@ def preempted_at_step_10(run, workdir):
     f.writelines(kept)
 
 
+@pytest.mark.slow  # three trainer processes with TensorBoard on: ~20 s on 2 cores
 def test_resume_on_other_shards_is_refused_and_on_its_own_matches(tmp_path):
   """A shard downloaded into config.data.path between a preemption and the resume gives another
   train stream and window permutation; the restored iterator position (the step) would silently
