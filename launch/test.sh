@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Sets up .venv if needed, then runs the test suite (slow tests too unless FAST=1).
+# Sets up .venv if needed, then runs the test suite (slow tests too unless FAST=1: 797 of 835
+# tests in 6m28s on 2 cores, in place; all 835 took 9m20s in place, 9m54s from a clean clone).
 #   ./launch/test.sh                 # everything CI runs (2 xdist workers; TEST_WORKERS=0: one)
 #   ./launch/test.sh tests/model -x  # extra args go to pytest
 set -euo pipefail
