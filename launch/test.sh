@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Sets up .venv if needed, then runs the test suite (slow tests too unless FAST=1: 797 of 835
-# tests in 6m28s on 2 cores, in place; all 835 took 9m20s in place, 9m54s from a clean clone).
+# Sets up .venv if needed, then runs the test suite (slow tests too unless FAST=1, which skips
+# the 38 slow ones: 797 tests in 6m28s on 2 cores, in place, where all 835 took 9m20s).
 #   ./launch/test.sh                 # everything CI runs (2 xdist workers; TEST_WORKERS=0: one)
 #   ./launch/test.sh tests/model -x  # extra args go to pytest
 set -euo pipefail
@@ -11,8 +11,8 @@ export TF_CPP_MIN_LOG_LEVEL=2 JAX_PLATFORMS=cpu PYTHONHASHSEED=0
 args=("$@")
 [[ "${FAST:-0}" == "1" ]] && args=(-m "not slow" "${args[@]}")
 # Two xdist workers unless told otherwise (-n N, or TEST_WORKERS=0 for one process): on the
-# 2-core reference machine the suite took 10m07s, 11m13s with the bootstrap, from a clean clone
-# and empty caches (835 tests at 03fa31e; 13-14 min before the tests compiled with XLA:CPU's
+# 2-core reference machine the suite took 9m13s, 10m33s with the bootstrap, from a clean clone
+# and empty caches (835 tests at 005706e; 13-14 min before the tests compiled with XLA:CPU's
 # fusion emitters off, tests/helpers.TEST_XLA_FLAGS), longer serially.
 if [[ " $* " != *" -n "* && " $* " != *" -n"[0-9a]* && "${TEST_WORKERS:-2}" != "0" ]]; then
   # loadgroup (no test carries an xdist_group mark): one test per work unit, handed out in
