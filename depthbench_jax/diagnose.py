@@ -42,10 +42,8 @@ USAGE = ("python -m depthbench_jax.diagnose --workdir=RUN_DIR [--step=N] [--batc
 
 
 def diagnostics_options(config: Any, overrides: dict | None = None) -> dict:
-  """``config.diagnostics`` of the run (absent in older runs: defaults) plus overrides."""
-  diag = dict(config.get("diagnostics", {}) or {}) if hasattr(config, "get") else {}
-  diag.update(overrides or {})
-  return diag
+  """``config.diagnostics`` of the run plus overrides."""
+  return {**config.diagnostics, **(overrides or {})}
 
 
 def result_settings(diag: dict) -> dict:
@@ -53,7 +51,7 @@ def result_settings(diag: dict) -> dict:
   ``probes.Options.result_settings`` (not the ``*_chunk`` memory knobs). Recorded as the
   result's ``options``."""
   from depthbench_jax.diagnostics import probes
-  return {"batch_size": int(diag.get("batch_size", 2)),
+  return {"batch_size": int(diag["batch_size"]),
           **probes.Options.from_config(diag).result_settings()}
 
 
@@ -73,7 +71,7 @@ def diagnose(workdir: str, config: Any, params: Any, batch: Any, step: int | Non
   result = probes.Probes(cfg, probes.Options.from_config(diag)).run(params, tokens)
   result["timing"]["total_s"] = time.perf_counter() - t0
   result["step"] = step
-  result["name"] = config.get("name", None)
+  result["name"] = config.name
   result["workdir"] = os.path.abspath(workdir)
   result["options"] = settings
   out = out or os.path.join(workdir, "diagnostics.json")

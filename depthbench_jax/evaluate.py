@@ -195,8 +195,8 @@ def main(argv):
     model_cfg = model_config_from(config.model)
     if _EXPORT.value:
       hf.check_exportable(model_cfg)  # Before any compute: a clear error for non-Pre-LN designs.
-    # --eval_data_dir, else the run's config.evals.data_dir (when it has one), else default.
-    data_dir = _DATA_DIR.value or ((config.get("evals") or {}).get("data_dir") or None)
+    # --eval_data_dir, else the run's config.evals.data_dir (when set), else the default.
+    data_dir = _DATA_DIR.value or config.evals.data_dir or None
     check_found(_SETS.value, data_dir, _STRICT.value)
     options = {"sets": sorted(set(_SETS.value)),
                "eval_data_dir": os.path.abspath(data_dir or datasets.default_data_dir()),
@@ -214,9 +214,9 @@ def main(argv):
                    max_new_tokens=_MAX_NEW.value, batch_size=_BATCH.value,
                    timeout_s=_TIMEOUT.value, strict=_STRICT.value,
                    score_len=int(config.data.seq_len))
-  evals.update(step=step, name=config.get("name", None), design=model_cfg.design,
+  evals.update(step=step, name=config.name, design=model_cfg.design,
                n_layers=model_cfg.n_layers, tokenizer=tokenizer.name, options=options)
-  path = write_evals(workdir, evals, int(step or 0), out, config.get("tensorboard", True))
+  path = write_evals(workdir, evals, int(step or 0), out, config.tensorboard)
   if _EXPORT.value:
     hf_dir = hf.export_hf(params, model_cfg, os.path.join(workdir, "hf"), tokenizer=tokenizer)
     logging.info("exported Hugging Face checkpoint to %s", hf_dir)

@@ -37,9 +37,8 @@ class DiagnosticsHook:
   """Runs all diagnostics on a fixed held-out batch; scalars and heatmap images to the writer."""
 
   def __init__(self, config: Any, model_cfg: Any, batch: Any):
-    diag = config.get("diagnostics", None) if hasattr(config, "get") else None
-    batch_size = int(diag.get("batch_size", 2)) if diag is not None else 2
-    self.tokens = probes.heldout_tokens(jax.device_get(batch), batch_size)
+    diag = config.diagnostics
+    self.tokens = probes.heldout_tokens(jax.device_get(batch), int(diag.batch_size))
     self.probes = probes.Probes(model_cfg, probes.Options.from_config(diag))
 
   def __call__(self, step: int, params: Any, writer: Any) -> dict:

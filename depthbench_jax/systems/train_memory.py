@@ -60,7 +60,7 @@ def row(config, design: str, shape: str, budget_gib: float) -> dict:
   memory = compile_for_memory(lowered).memory_analysis()
   peak = peak_bytes(memory)
   rows = config.data.global_batch_size // sharding.data_parallel_size(mesh)
-  k = config.get("grad_accum_steps", 1)
+  k = config.grad_accum_steps
   return {"design": design, "shape": shape, "mesh": dict(mesh.shape), "rows": rows,
           "microbatches": k, "state_bytes": memory.argument_size_in_bytes,
           "temp_bytes": memory.temp_size_in_bytes, "peak_bytes": peak,

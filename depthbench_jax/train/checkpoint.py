@@ -125,8 +125,11 @@ def _iterator_state_of_another_process_count(data_dir: str, step: int) -> dict:
 
 
 def load_run_config(workdir: str) -> ml_collections.ConfigDict:
+  """The run's ``config.json``, with the fields added to the schema since it was written
+  (``config_check.with_schema_defaults``)."""
+  from depthbench_jax.train import config_check  # pylint: disable=g-import-not-at-top
   with open(os.path.join(workdir, "config.json")) as f:
-    return ml_collections.ConfigDict(json.load(f))
+    return config_check.with_schema_defaults(json.load(f))
 
 
 def restore_run(workdir: str, step: int | None = None

@@ -37,31 +37,66 @@ def _number(config, field: str, *, low=None, high=None, low_open=False, allowed:
   return value
 
 
-def _switch(config, field: str, default: bool) -> None:
+def _switch(config, field: str) -> None:
   """A True/False field. A config built from data (a dict, a run's JSON) has no ConfigDict
   field types, and there the string "false" would be truthy."""
-  value = config.get(field, default)
+  value = config[field]
   _require(isinstance(value, bool), f"config.{field}={value!r}; allowed: True or False")
 
 
-def validate_fields(config) -> None:
-  """Every field is one of the schema's (``configs/base.py``, the single source of defaults):
-  a misspelt field in a config file (``c.data.seqlen = 64``) adds a field nothing reads, and
-  the run would silently train with the default of the field meant. A design's own
-  ``config.model.residual`` fields are checked by the design."""
+RESIDUAL = "model.residual"  # Its fields are the design's, not the schema's.
+
+
+def _schema() -> ml_collections.ConfigDict:
   from depthbench_jax import sweep  # pylint: disable=g-import-not-at-top
-  _known_fields(config, sweep.base_config(), "config")
+  return sweep.base_config()
 
 
-def _known_fields(node, schema, where: str) -> None:
+def validate_fields(config) -> None:
+  """The config has exactly the schema's fields (``configs/base.py``, the single source of
+  defaults), so the code reads every field without a default of its own. A misspelt field in a
+  config file (``c.data.seqlen = 64``) adds a field nothing reads, and the run would silently
+  train with the default of the field meant; a missing one (a config not built on
+  ``base.get_config()``) is named too. A design's own ``config.model.residual`` fields are
+  checked by the design."""
+  _schema_fields(config, _schema(), "config")
+
+
+def _schema_fields(node, schema, where: str) -> None:
   for key in node.keys():
     _require(key in schema,
              f"{where}.{key}: not a field of the config schema (configs/base.py); allowed: "
              f"{', '.join(sorted(schema.keys()))}")
+  missing = [key for key in schema.keys() if key not in node]
+  _require(not missing,
+           f"{where} lacks {', '.join(f'{where}.{k}' for k in missing)}; allowed: a config "
+           f"built on configs/base.py get_config(), which has every field")
+  for key in node.keys():
     inner = f"{where}.{key}"
-    if (inner != "config.model.residual" and isinstance(schema[key], ml_collections.ConfigDict)
-        and isinstance(node[key], ml_collections.ConfigDict)):
-      _known_fields(node[key], schema[key], inner)
+    if isinstance(schema[key], ml_collections.ConfigDict):
+      _require(isinstance(node[key], ml_collections.ConfigDict),
+               f"{inner}={node[key]!r}; allowed: a ConfigDict with the fields "
+               f"{', '.join(schema[key].keys())}")
+      if inner != f"config.{RESIDUAL}":
+        _schema_fields(node[key], schema[key], inner)
+
+
+def with_schema_defaults(saved: dict) -> ml_collections.ConfigDict:
+  """A run's saved config (``config.json``) with every field of today's schema: a field added
+  to ``configs/base.py`` after the run was written reads as its default there, which by the
+  schema's rule is what the code did before the field existed (``tensorboard=True``,
+  ``grad_accum_steps=1``, ``evals.data_dir=''``). Fields the run has keep its values, and
+  ``model.residual`` is kept as saved (the design's own fields)."""
+  def fill(node: dict, schema: dict, where: str) -> dict:
+    out = dict(node)
+    for key, default in schema.items():
+      if key not in out:
+        out[key] = default
+      elif (isinstance(default, dict) and isinstance(out[key], dict)
+            and f"{where}{key}" != RESIDUAL):
+        out[key] = fill(out[key], default, f"{where}{key}.")
+    return out
+  return ml_collections.ConfigDict(fill(saved, _schema().to_dict(), ""))
 
 
 def validate_recipe(config) -> None:
@@ -97,28 +132,28 @@ def validate_recipe(config) -> None:
   _require(isinstance(value, int) and value >= 0,
            f"config.eval_batches={value!r}; allowed: an integer >= 0 (validation batches per "
            f"periodic eval; 0 = all config.data.val_batches)")
-  _switch(config, "tensorboard", True)
+  _switch(config, "tensorboard")
+  _switch(config, "async_checkpointing")
 
 
 def validate_guards(config) -> None:
-  """``config.divergence``, ``skip_nonfinite_steps`` and ``debug`` (all optional)."""
-  div = config.get("divergence") or {}
+  """``config.divergence``, ``skip_nonfinite_steps``, ``diagnostics.every`` and ``debug``."""
   for field, allowed in (("spike_factor", "a number >= 0 (0 = no spike check)"),
                          ("min_steps", "an integer >= 0"),
                          ("max_skipped_steps", "an integer >= 0")):
-    value = div.get(field, 0)
+    value = config.divergence[field]
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
     if field != "spike_factor":
       ok = ok and isinstance(value, int)
     _require(ok, f"config.divergence.{field}={value!r}; allowed: {allowed}")
-  _switch(config, "skip_nonfinite_steps", False)
-  every = (config.get("diagnostics") or {}).get("every", 0)
+  _switch(config, "skip_nonfinite_steps")
+  every = config.diagnostics.every
   _require(isinstance(every, int) and not isinstance(every, bool) and every >= 0,
            f"config.diagnostics.every={every!r}; allowed: an integer >= 0 (0 = off)")
   _require(not every or config.data.val_batches > 0,
            f"config.diagnostics.every={every} reads a validation batch but "
            f"config.data.val_batches=0; allowed: data.val_batches >= 1, or diagnostics.every=0")
-  nan_at = (config.get("debug") or {}).get("nan_at_step", 0)
+  nan_at = config.debug.nan_at_step
   _require(isinstance(nan_at, int) and nan_at >= 0,
            f"config.debug.nan_at_step={nan_at!r}; allowed: an integer >= 0 (0 = off)")
 
@@ -127,13 +162,13 @@ def validate_iso(config) -> None:
   """With ``config.iso_target_params`` > 0, the shape's parameter count must be within
   ``iso_tolerance`` of it. Counted like ``shapes.iso_param_width`` counts: the Pre-LN backbone at
   this shape (``jax.eval_shape``, nothing allocated), so every design of one shape agrees."""
-  target = config.get("iso_target_params", 0)
+  target = config.iso_target_params
   if not target:
     return
   from depthbench_jax import shapes  # Local: counting pulls in the model.
   _number(config, "iso_target_params", low=0, low_open=True,
           allowed="a positive parameter count (0 = no iso check)")
-  count = config.get("iso_count", "total")
+  count = config.iso_count
   _require(count in shapes.COUNTS,
            f"config.iso_count={count!r}; allowed: {', '.join(shapes.COUNTS)}")
   tolerance = _number(config, "iso_tolerance", low=0, low_open=True,
@@ -224,7 +259,7 @@ def validate(config, device_count: int, process_count: int | None = None) -> Mod
   model_cfg = validate_without_devices(config)
   mesh = sharding.mesh_shape(config.mesh, device_count)
   validate_data(config.data, process_count, data_parallel=mesh[0] * mesh[1],
-                microbatches=config.get("grad_accum_steps", 1))
+                microbatches=config.grad_accum_steps)
   validate_iso(config)
   return model_cfg
 

@@ -49,7 +49,7 @@ PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "B200": 2250e12,
 
 
 def peak_flops_per_device(config) -> float | None:
-  if config.get("peak_flops_per_device"):
+  if config.peak_flops_per_device:
     return float(config.peak_flops_per_device)
   kind = jax.devices()[0].device_kind
   for name, flops in PEAK_FLOPS.items():
@@ -63,7 +63,7 @@ def total_steps_of(config, params_total: int) -> int:
   ``params_total`` (the run's own), or ``shapes.budget_params`` with ``config.budget_design``."""
   if config.steps > 0:
     return int(config.steps)
-  if config.get("budget_design"):
+  if config.budget_design:
     params_total = shapes.budget_params(config)
   tokens_per_step = config.data.global_batch_size * config.data.seq_len
   return max(1, math.ceil(config.tokens_per_param * params_total / tokens_per_step))
@@ -164,8 +164,8 @@ def jitted_steps(config, model_cfg, mesh, steps: int) -> JittedSteps:
   repl = sharding.replicated(mesh)
   step_fn = jax.jit(
       functools.partial(train_step, model=model, optimizer=optimizer, schedule=schedule,
-                        skip_nonfinite=bool(config.get("skip_nonfinite_steps", False)),
-                        microbatches=config.get("grad_accum_steps", 1)),
+                        skip_nonfinite=config.skip_nonfinite_steps,
+                        microbatches=config.grad_accum_steps),
       in_shardings=(state_sharding, batch_sharding), out_shardings=(state_sharding, repl),
       donate_argnums=(0,))
   eval_fn = jax.jit(functools.partial(eval_step, model=model),
@@ -220,7 +220,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
                  else lambda params: params)
 
   manager = checkpoint.make_manager(workdir, config.keep_checkpoints,
-                                    async_save=bool(config.get("async_checkpointing", True)))
+                                    async_save=config.async_checkpointing)
   abstract_placed = jax.tree.map(
       lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract_state,
       state_sharding)
@@ -240,7 +240,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
     state, start_step = init_fn(jax.random.PRNGKey(config.seed)), 0
 
   writer = writer_lib.create(os.path.join(workdir, "tensorboard"), start_step,
-                             tensorboard=process_index == 0 and config.get("tensorboard", True))
+                             tensorboard=process_index == 0 and config.tensorboard)
   if start_step == 0:
     writer.write_hparams({"design": model_cfg.design, "n_layers": model_cfg.n_layers,
                           "d_model": model_cfg.d_model, "lr": config.lr,
@@ -253,7 +253,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   eval_batches = val_batches[:config.eval_batches] if config.eval_batches else val_batches
   wall_s = lambda: earlier_wall_s + time.time() - start_time
   unchecked = []  # (step, metrics on device) not yet seen by the guard.
-  nan_at_step = int(config.get("debug", {}).get("nan_at_step", 0) or 0)
+  nan_at_step = config.debug.nan_at_step
   preempt = _Preemption()
   metrics_log = summary.MetricsLog(workdir, enabled=process_index == 0)
 
@@ -262,7 +262,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   logging.info("Training %s: %d params (%d non-embedding), %d steps, %d tokens/step in %d "
                "microbatch(es), mesh %s", model_cfg.design, counts["total"],
                counts["non_embedding"], steps, tokens_per_step,
-               config.get("grad_accum_steps", 1), dict(mesh.shape))
+               config.grad_accum_steps, dict(mesh.shape))
   step = start_step
   with mesh:
     while step < steps:
@@ -396,8 +396,7 @@ def _map_param_like(tree, param_sharding, match, mesh):
 
 
 def _diagnostics_hook(config, model_cfg, val_batches):
-  every = config.get("diagnostics", {}).get("every", 0) if "diagnostics" in config else 0
-  if not every:
+  if not config.diagnostics.every:
     return None
   from depthbench_jax.diagnostics.periodic import DiagnosticsHook
   # The first rows of the whole batch, as diagnose reads them: a process holds every P-th row.

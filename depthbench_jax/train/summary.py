@@ -152,11 +152,11 @@ class DivergenceGuard:
   """
 
   def __init__(self, config):
-    div = config.get("divergence", {})
-    self.spike_factor = float(div.get("spike_factor", 4.0))
-    self.min_steps = int(div.get("min_steps", 20))
-    self.max_skipped = int(div.get("max_skipped_steps", 20))
-    self.skip_nonfinite = bool(config.get("skip_nonfinite_steps", False))
+    div = config.divergence
+    self.spike_factor = float(div.spike_factor)
+    self.min_steps = int(div.min_steps)
+    self.max_skipped = int(div.max_skipped_steps)
+    self.skip_nonfinite = bool(config.skip_nonfinite_steps)
     self.best = math.inf
     self.skipped, self._skipped_in_row = 0, 0
     self.reason, self.step = None, None

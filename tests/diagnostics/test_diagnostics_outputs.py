@@ -168,8 +168,9 @@ def _canned_result():
 
 def test_diagnose_reads_overrides_over_the_config_and_writes_relative_plot_paths(
     tmp_path, monkeypatch):
-  """Overrides win over config.diagnostics and reach the probes; without a diagnostics section
-  the run's first 2 held-out rows are read; diagnostics.json names its PNGs relative to the run."""
+  """Overrides win over config.diagnostics and reach the probes; a run whose config.json
+  predates config.diagnostics reads base.py's first 2 held-out rows; diagnostics.json names its
+  PNGs relative to the run."""
   from depthbench_jax.diagnostics import probes
   seen = {}
 
@@ -190,9 +191,10 @@ def test_diagnose_reads_overrides_over_the_config_and_writes_relative_plot_paths
   with open(tmp_path / "diagnostics.json") as f:
     assert json.load(f)["plots"]["angular"] == os.path.join("plots", "diag_angular.png")
   assert (tmp_path / "plots" / "diag_angular.png").exists()
-  with config.unlocked():
-    del config["diagnostics"]
-  diagnose.diagnose(str(tmp_path), config, None, batch)
+  from depthbench_jax.train import checkpoint
+  older = {k: v for k, v in config.to_dict().items() if k != "diagnostics"}
+  (tmp_path / "config.json").write_text(json.dumps(older))
+  diagnose.diagnose(str(tmp_path), checkpoint.load_run_config(str(tmp_path)), None, batch)
   assert seen["rows"] == 2
 
 

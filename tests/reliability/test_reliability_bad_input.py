@@ -110,7 +110,7 @@ def test_good_config_and_iso_shape_within_tolerance_pass():
     config_check.validate(helpers.tiny_config(iso_target_params=total * 1.03), 1, 1)
 
 
-@pytest.mark.parametrize("field", ["tensorboard", "skip_nonfinite_steps"])
+@pytest.mark.parametrize("field", ["tensorboard", "skip_nonfinite_steps", "async_checkpointing"])
 def test_a_switch_read_from_data_must_be_a_bool(field):
   """A config built from data (a run's config.json, a dict) has no ConfigDict field types: the
   string "false" would be truthy."""
@@ -167,6 +167,43 @@ def test_cli_bad_input_exits_nonzero_with_one_error_line_and_touches_nothing(tmp
     assert field in lines[0] and "allowed" in lines[0], (case, lines[0])
     assert "Traceback" not in err, (case, err[-2000:])
     assert helpers.snapshot(workdir) == before, case
+
+
+def test_a_config_lacking_schema_fields_names_them():
+  """Code reads every schema field without a default of its own, so a config not built on
+  base.py is refused up front, naming what it lacks (here at the top level and in a group)."""
+  config = helpers.tiny_config()
+  with config.unlocked():
+    del config["tensorboard"]
+    del config.divergence["min_steps"]
+  with pytest.raises(ConfigError, match=r"^config lacks config.tensorboard; allowed: .*base.py"):
+    config_check.validate(config, 1, 1)
+  config.tensorboard = True
+  with pytest.raises(ConfigError, match=r"^config.divergence lacks config.divergence.min_steps;"):
+    config_check.validate(config, 1, 1)
+  config.divergence = None
+  with pytest.raises(ConfigError, match=r"^config.divergence=None; allowed: a ConfigDict with "
+                                        r"the fields max_skipped_steps, min_steps, spike_factor"):
+    config_check.validate(config, 1, 1)
+
+
+def test_an_older_runs_config_reads_todays_defaults_for_fields_added_since(tmp_path):
+  """A config.json written before a field existed loads with base.py's default for it; its own
+  values, the design's residual fields and a retired field stay as written."""
+  from depthbench_jax.train import checkpoint
+  saved = helpers.tiny_config(**{"lr": 1e-2, "divergence.spike_factor": 0.0}).to_dict()
+  saved["model"]["residual"] = {"name": "hc", "n_streams": 2}
+  for field in ("tensorboard", "evals", "grad_accum_steps"):
+    del saved[field]
+  del saved["model"]["attention_kernel"]
+  del saved["divergence"]["min_steps"]
+  saved["retired_field"] = 1
+  (tmp_path / "config.json").write_text(json.dumps(saved))
+  config = checkpoint.load_run_config(str(tmp_path))
+  assert (config.tensorboard, config.evals.data_dir, config.grad_accum_steps) == (True, "", 1)
+  assert (config.model.attention_kernel, config.divergence.min_steps) == ("xla", 20)
+  assert (config.lr, config.divergence.spike_factor, config.retired_field) == (1e-2, 0.0, 1)
+  assert config.model.residual.to_dict() == {"name": "hc", "n_streams": 2}
 
 
 def test_resume_under_another_recipe_is_refused_naming_every_changed_field():

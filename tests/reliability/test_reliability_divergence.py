@@ -158,9 +158,9 @@ def test_no_validation_batches_means_no_val_loss(train_in_process, tmp_path):
 
 
 def _guard(**div):
-  from ml_collections import ConfigDict
   skip = div.pop("skip", False)
-  return summary.DivergenceGuard(ConfigDict({"divergence": div, "skip_nonfinite_steps": skip}))
+  return summary.DivergenceGuard(helpers.tiny_config(
+      skip_nonfinite_steps=skip, **{f"divergence.{k}": v for k, v in div.items()}))
 
 
 def test_guard_spike_after_min_steps_only():
