@@ -570,6 +570,18 @@ def test_verdict_flags_a_target_inside_the_run_noise():
   assert "| HC / Pre-LN step 8x512 | - | <= 1.1 | FAIL (out of memory) |" in render(r)
 
 
+def test_ours_over_hf_at_equal_gemm_speed_by_hand():
+  """320 GFLOP a step; XLA's ceiling 400, torch's 200 GFLOP/s; ours 1.0 s, HF 1.8 s. Scaled:
+  HF's MFU 320/1.8/200 = 0.889 over ours 320/1.0/400 = 0.8 -> 1.111. Moved: ours with its
+  0.8 s of ideal GEMM time at 1.6 s instead -> 1.8 s / 1.8 s = 1.0. Equal ceilings: both are
+  plain ours/HF."""
+  from depthbench_jax.bench import ours_over_hf_at_equal_gemm
+  np.testing.assert_allclose(ours_over_hf_at_equal_gemm(1.0, 1.8, 320e9, 400e9, 200e9),
+                             (10 / 9, 1.0))
+  np.testing.assert_allclose(ours_over_hf_at_equal_gemm(1.0, 1.25, 320e9, 400e9, 400e9),
+                             (0.8, 0.8))
+
+
 def test_hf_target_needs_the_step_and_mfu_the_target_implies():
   """ours/HF 0.9 at MFU 0.8 against a 2.0 s HF step: 0.8 needs 1.6 s, i.e. MFU 0.8 * 0.9 / 0.8
   = 0.9 of the GEMM ceiling, leaving 10% of the step for everything else."""
@@ -598,6 +610,7 @@ def test_bench_quick_mode(tmp_path, capsys):
   assert pre["attention"] == "xla-blocked" and result["device_memory"] == {"2x32": None}
   assert "ours_over_hf" in pre and pre["hf_matmul_peak_flops"] > 0
   np.testing.assert_allclose(pre["ours_over_hf_at_equal_gemm"] * pre["mfu"], pre["hf_mfu"])
+  assert pre["ours_over_hf_gemms_moved"] > 0
   out = capsys.readouterr().out
   assert "verdict" in out
   # The record names its code and host: a ratio means little without them.
