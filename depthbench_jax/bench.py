@@ -109,16 +109,31 @@ def device_name() -> str:
 
 
 def host_cpu() -> str:
-  """The host CPU's model name (``/proc/cpuinfo`` on Linux): step-time ratios and the GEMM
-  ceilings differ between hosts by more than between the designs, so a result names its host."""
+  """The host CPU (``/proc/cpuinfo`` on Linux): step-time ratios and the GEMM ceilings differ
+  between hosts by more than between the designs, so a result names its host. A VM may report
+  only "AMD EPYC", so the family/model numbers and the vector width follow the name:
+  ``'AMD EPYC (family 26 model 2, AVX-512)'`` (a Zen 5, whose fp32 GEMM under XLA is 2x a
+  Zen 3's on the same 2 cores)."""
   try:
     with open("/proc/cpuinfo") as f:
-      for line in f:
-        if line.startswith("model name"):
-          return line.split(":", 1)[1].strip()
+      return describe_cpuinfo(f.read().split("\n\n")[0])
   except OSError:
-    pass
-  return platform.processor() or platform.machine()
+    return platform.processor() or platform.machine()
+
+
+def describe_cpuinfo(block: str) -> str:
+  """One processor's ``/proc/cpuinfo`` block as ``'name (family F model M, AVX-512)'``."""
+  fields = {}
+  for line in block.splitlines():
+    key, _, value = line.partition(":")
+    fields.setdefault(key.strip(), value.strip())
+  flags = set(fields.get("flags", "").split())
+  vector = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else ""
+  detail = ", ".join(x for x in (
+      f"family {fields['cpu family']} model {fields['model']}"
+      if "cpu family" in fields and "model" in fields else "", vector) if x)
+  name = fields.get("model name") or platform.processor() or platform.machine()
+  return f"{name} ({detail})" if detail else name
 
 
 def run_record(p: Preset) -> dict[str, Any]:

@@ -570,6 +570,16 @@ def test_verdict_flags_a_target_inside_the_run_noise():
   assert "| HC / Pre-LN step 8x512 | - | <= 1.1 | FAIL (out of memory) |" in render(r)
 
 
+def test_host_cpu_names_family_model_and_vector_width_beside_a_masked_name():
+  from depthbench_jax.bench import describe_cpuinfo
+  zen5 = ("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\n"
+          "model name\t: AMD EPYC\nflags\t\t: fpu avx2 avx512f avx512bw")
+  assert describe_cpuinfo(zen5) == "AMD EPYC (family 26 model 2, AVX-512)"
+  assert describe_cpuinfo(zen5.replace(" avx512f avx512bw", "")) == (
+      "AMD EPYC (family 26 model 2, AVX2)")
+  assert describe_cpuinfo("model name\t: Some CPU") == "Some CPU"
+
+
 def test_ours_over_hf_at_equal_gemm_speed_by_hand():
   """320 GFLOP a step; XLA's ceiling 400, torch's 200 GFLOP/s; ours 1.0 s, HF 1.8 s. Scaled:
   HF's MFU 320/1.8/200 = 0.889 over ours 320/1.0/400 = 0.8 -> 1.111. Moved: ours with its
