@@ -8,6 +8,11 @@ ratios is reported beside each ratio. Measured:
 
 * ``matmul_peak``: the FLOP/s of a square matmul in the bench dtype, timed as one more
   interleaved candidate (the same run's ceiling, under the same load).
+* ``stream_bandwidth``: the bytes/s of chained ``y = a y + x`` passes over arrays of
+  ``stream_mib`` MiB, one more candidate, and with it the host's balance, matmul peak over
+  bandwidth in FLOP/byte: the designs' extra work is memory passes and the backbone's is GEMMs,
+  so their step over Pre-LN rises with the balance (a Zen 5 with AVX-512 doubles it over an
+  AVX2 EPYC; benchmarks/README.md).
 * ``train``: for each design at one shape, the jitted AdamW train step (``train/step.py``, the
   one training uses, params donated): step time, model FLOP/s (``flops.train_flops_per_token``:
   6 N + attention + design terms; remat recompute is not counted) and MFU = that / matmul_peak;
@@ -79,6 +84,8 @@ class Preset:
   rounds: int = 7
   matmul_n: int = 2048
   matmul_reps: int = 16
+  stream_mib: int = 64                   # bandwidth probe: arrays of this size, out of cache
+  stream_reps: int = 8
   compile_layers: tuple[int, int] = (16, 70)
   compile_rounds: int = 3
   hf: bool = True
@@ -90,11 +97,12 @@ PRESETS = {
     "cpu": Preset(),
     "quick": Preset(d_model=32, n_layers=2, n_heads=2, vocab_size=64, seq_len=16, batch=2,
                     designs=("preln", "hc"), rounds=2, matmul_n=128, matmul_reps=2,
-                    compile_layers=(1, 2),
+                    stream_mib=1, stream_reps=2, compile_layers=(1, 2),
                     compile_rounds=1),
     "gpu400m": Preset(d_model=1216, n_layers=16, n_heads=16, vocab_size=50257, seq_len=2048,
                       batch=8, dtype="bfloat16", designs=("preln", "hc"),
                       shapes=("16x1216", "32x896"), rounds=10, matmul_n=8192, matmul_reps=20,
+                      stream_mib=1024, stream_reps=20,
                       compile_layers=(16, 70), compile_rounds=2, hf=False,
                       attention_kernel="fused"),
 }
@@ -212,6 +220,20 @@ def matmul_runner(n: int, dtype, reps: int) -> Callable[[], None]:
   b = jax.random.normal(jax.random.PRNGKey(1), (n, n), dtype) / n ** 0.5
   f = jax.jit(lambda a, b: jax.lax.fori_loop(0, reps, lambda i, x: x @ b, a))
   return lambda: f(a, b).block_until_ready()
+
+
+def stream_runner(mib: int, dtype, reps: int) -> Callable[[], None]:
+  """``reps`` chained ``y = 0.5 y + x`` over arrays of ``mib`` MiB: each pass reads x and y and
+  writes y, ``3 * mib MiB * reps`` bytes a call, the memory traffic of AdamW-like elementwise
+  work out of cache. One more interleaved candidate, as ``matmul_runner``."""
+  n = mib * 2**20 // jnp.dtype(dtype).itemsize
+  x = jnp.ones((n,), dtype)
+  f = jax.jit(lambda x, y: jax.lax.fori_loop(0, reps, lambda i, y: 0.5 * y + x, y))
+  return lambda: f(x, x).block_until_ready()
+
+
+def stream_bytes(p: Preset) -> int:
+  return 3 * p.stream_mib * 2**20 * p.stream_reps
 
 
 # ---------------------------------------------------------------------------------------------
@@ -479,7 +501,8 @@ def run_bench(p: Preset, log=print, save_partial: Callable[[dict], None] | None 
   log(f"device {result['device']} ({result['device_kind']}), {os.cpu_count()} CPUs "
       f"({result['host_cpu']}), host malloc {result['host_malloc']}")
   matmul = matmul_runner(p.matmul_n, dtype, p.matmul_reps)
-  peaks = []
+  stream = stream_runner(p.stream_mib, dtype, p.stream_reps)
+  peaks, bandwidths = [], []
 
   train_rows = []
   # Pre-LN at the first shape, timed again beside every later shape: each design's step over it
@@ -512,6 +535,7 @@ def run_bench(p: Preset, log=print, save_partial: Callable[[dict], None] | None 
         runners["hf_llama_torch"] = hf
         runners["matmul_torch"] = torch_matmul_runner(p.matmul_n, p.matmul_reps)
     runners["matmul"] = matmul
+    runners["stream"] = stream
     if anchor is not None:
       runners[ANCHOR] = step_runner(anchor)
     times = interleaved(runners, p.rounds, log=log)
@@ -521,9 +545,12 @@ def run_bench(p: Preset, log=print, save_partial: Callable[[dict], None] | None 
     hf_time = med.pop("hf_llama_torch", None)
     torch_peak = 2.0 * p.matmul_n ** 3 * p.matmul_reps / med.pop("matmul_torch", float("inf"))
     peak = 2.0 * p.matmul_n ** 3 * p.matmul_reps / med.pop("matmul")
+    bandwidth = stream_bytes(p) / med.pop("stream")
     peaks.append(peak)
+    bandwidths.append(bandwidth)
     log(f"  matmul peak ({p.matmul_n}^3 x {p.matmul_reps} {p.dtype}): "
-        f"{peak / 1e9:.1f} GFLOP/s")
+        f"{peak / 1e9:.1f} GFLOP/s; stream bandwidth ({p.stream_mib} MiB x {p.stream_reps}): "
+        f"{bandwidth / 1e9:.1f} GB/s")
     base = compiled["preln"]
     for design, c in compiled.items():
       t = med[design]
@@ -557,6 +584,8 @@ def run_bench(p: Preset, log=print, save_partial: Callable[[dict], None] | None 
     result.setdefault("device_memory", {})[shape] = device_memory()
   result["train"] = train_rows
   result["matmul_peak_flops"] = max(peaks)  # per shape in each row's matmul_peak_flops
+  result["stream_bandwidth"] = max(bandwidths)  # bytes/s
+  result["machine_balance"] = result["matmul_peak_flops"] / result["stream_bandwidth"]
   if save_partial is not None:
     save_partial(result)
 
@@ -699,12 +728,20 @@ def _peaks(result: dict) -> str:
   return "(per shape) " + ", ".join(f"{s} {v / 1e9:.1f}" for s, v in by_shape.items())
 
 
+def _balance(result: dict) -> str:
+  """``', stream 61.2 GB/s, balance 7.5 FLOP/byte'`` (none for results from before the probe)."""
+  if "stream_bandwidth" not in result:
+    return ""
+  return (f", stream {result['stream_bandwidth'] / 1e9:.1f} GB/s, balance "
+          f"{result['machine_balance']:.1f} FLOP/byte")
+
+
 def render(result: dict) -> str:
   lines = [f"DepthBench bench on {result['device']} ({result['device_kind']}, "
            f"{result['cpu_count']} CPUs, {result.get('host_cpu', 'unknown CPU')}), code "
            f"{commit_label(result)}, jax {result['jax']}, {result['preset']['dtype']}, "
            f"batch {result['preset']['batch']} x seq {result['preset']['seq_len']}; matmul peak "
-           f"{_peaks(result)} GFLOP/s; host malloc "
+           f"{_peaks(result)} GFLOP/s{_balance(result)}; host malloc "
            f"{result.get('host_malloc', 'default')}", "",
            "| design | shape | remat | attention | step ms | x Pre-LN | per-round IQR | tokens/s | "
            "model GFLOP/s | MFU | peak MiB | x Pre-LN | compile s |",

@@ -621,6 +621,8 @@ def test_bench_quick_mode(tmp_path, capsys):
   assert "ours_over_hf" in pre and pre["hf_matmul_peak_flops"] > 0
   np.testing.assert_allclose(pre["ours_over_hf_at_equal_gemm"] * pre["mfu"], pre["hf_mfu"])
   assert pre["ours_over_hf_gemms_moved"] > 0
+  assert result["stream_bandwidth"] > 0
+  assert result["machine_balance"] == result["matmul_peak_flops"] / result["stream_bandwidth"]
   out = capsys.readouterr().out
   assert "verdict" in out
   # The record names its code and host: a ratio means little without them.
