@@ -10,9 +10,9 @@ ratios is reported beside each ratio. Measured:
   interleaved candidate (the same run's ceiling, under the same load).
 * ``stream_bandwidth``: the bytes/s of chained ``y = a y + x`` passes over arrays of
   ``stream_mib`` MiB, one more candidate, and with it the host's balance, matmul peak over
-  bandwidth in FLOP/byte: the designs' extra work is memory passes and the backbone's is GEMMs,
-  so their step over Pre-LN rises with the balance (a Zen 5 with AVX-512 doubles it over an
-  AVX2 EPYC; benchmarks/README.md).
+  bandwidth in FLOP/byte: the designs' extra work is mostly memory passes and the backbone's
+  GEMMs, so where the balance is higher their step over Pre-LN is (benchmarks/README.md, the
+  Zen 5 host: 4.9 FLOP/byte).
 * ``train``: for each design at one shape, the jitted AdamW train step (``train/step.py``, the
   one training uses, params donated): step time, model FLOP/s (``flops.train_flops_per_token``:
   6 N + attention + design terms; remat recompute is not counted) and MFU = that / matmul_peak;
