@@ -850,8 +850,8 @@ def test_bench_accelerator_preset_runs_in_miniature():
   from depthbench_jax import bench
   p = dataclasses.replace(bench.PRESETS["gpu400m"], d_model=64, n_layers=2, n_heads=4,
                           vocab_size=128, seq_len=32, batch=2, shapes=("2x64", "4x48"),
-                          rounds=2, matmul_n=128, matmul_reps=2, compile_layers=(1, 2),
-                          compile_rounds=1)
+                          rounds=2, matmul_n=128, matmul_reps=2, stream_mib=1, stream_reps=2,
+                          compile_layers=(1, 2), compile_rounds=1)
   partial = []
   result = bench.run_bench(p, log=lambda s: None,
                            save_partial=lambda r: partial.append(sorted(r)))
