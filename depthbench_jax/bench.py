@@ -676,7 +676,7 @@ def commit_label(result: dict) -> str:
 
 
 def ours_over_hf_at_equal_gemm(ours_s: float, hf_s: float, flops: float, xla_peak: float,
-                               torch_peak: float) -> tuple[float, float]:
+                               torch_peak: float) -> tuple[float, float | None]:
   """ours/HF as if both ran their GEMMs at one speed, two bounds of it.
 
   Scaled: ``(F / hf_s / torch_peak) / (F / ours_s / xla_peak)``, HF's MFU over ours, each
@@ -685,8 +685,12 @@ def ours_over_hf_at_equal_gemm(ours_s: float, hf_s: float, flops: float, xla_pea
   FLOPs' time at the ceiling moved from XLA's ceiling to torch's, the rest of our step held.
   The non-GEMM work does not change with the BLAS and our GEMMs do not all run at the ceiling,
   so the truth lies between the two: where the ceilings are close they agree, and where they
-  are not (2.1x on a Zen 5 with AVX-512) the band is what the host can tell."""
+  are not (2.1x on a Zen 5 with AVX-512) the band is what the host can tell. Moved is None
+  where a step beats its "ceiling" (MFU > 1: the quick preset's 128^3 matmul is no ceiling),
+  as its ideal GEMM time would then exceed the step."""
   scaled = (flops / hf_s / torch_peak) / (flops / ours_s / xla_peak)
+  if flops / xla_peak > ours_s or flops / torch_peak > hf_s:
+    return scaled, None
   moved = (ours_s - flops / xla_peak + flops / torch_peak) / hf_s
   return scaled, moved
 
@@ -778,7 +782,7 @@ def render(result: dict) -> str:
                 + (f" with every part of our step scaled by the ceilings' ratio, "
                    f"{pre['ours_over_hf_gemms_moved']:.3f} with only the GEMMs' ideal time "
                    f"moved to torch's ceiling (the truth lies between)"
-                   if "ours_over_hf_gemms_moved" in pre else "")]
+                   if pre.get("ours_over_hf_gemms_moved") is not None else "")]
       lines += [hf_target_needs(pre, result.get("targets", TARGETS)["ours_over_hf"])]
   for shape, mem in (result.get("device_memory") or {}).items():
     if mem:
