@@ -35,18 +35,11 @@ def _setting_mismatch(data: dict) -> str:
   return f"{says(theirs)}, not this table's {says(PREFILL_SETTING)}" if differ else ""
 
 
-def _deep_update(base: dict, over: dict) -> dict:
-  out = dict(base)
-  for k, v in (over or {}).items():
-    out[k] = _deep_update(out.get(k) or {}, v) if isinstance(v, dict) else v
-  return out
-
-
 def _run_model(record: dict) -> ml_collections.ConfigDict:
-  """The run's saved ``config.model`` over ``configs/base.py`` defaults, at its shape."""
-  from depthbench_jax import sweep
-  defaults = sweep.base_config()
-  model = _deep_update(defaults.model.to_dict(), (record.get("config") or {}).get("model") or {})
+  """The run's saved ``config.model`` over ``configs/base.py`` defaults
+  (``config_check.with_schema_defaults``, as a run's config.json is read), at its shape."""
+  from depthbench_jax.train import config_check
+  model = config_check.with_schema_defaults(record.get("config") or {}).model.to_dict()
   model["n_layers"], model["d_model"] = int(record["n_layers"]), int(record["d_model"])
   model["max_seq_len"] = max(int(model.get("max_seq_len") or 0), PREFILL_SEQ_LEN)
   return ml_collections.ConfigDict(model)
