@@ -136,12 +136,13 @@ def describe_cpuinfo(block: str) -> str:
     key, _, value = line.partition(":")
     fields.setdefault(key.strip(), value.strip())
   flags = set(fields.get("flags", "").split())
-  vector = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else ""
-  detail = ", ".join(x for x in (
-      f"family {fields['cpu family']} model {fields['model']}"
-      if "cpu family" in fields and "model" in fields else "", vector) if x)
+  detail = []
+  if "cpu family" in fields and "model" in fields:
+    detail.append(f"family {fields['cpu family']} model {fields['model']}")
+  if "avx512f" in flags or "avx2" in flags:
+    detail.append("AVX-512" if "avx512f" in flags else "AVX2")
   name = fields.get("model name") or platform.processor() or platform.machine()
-  return f"{name} ({detail})" if detail else name
+  return f"{name} ({', '.join(detail)})" if detail else name
 
 
 def run_record(p: Preset) -> dict[str, Any]:
