@@ -187,19 +187,16 @@ def check_same_run(config, workdir: str) -> None:
 
   Hosts started with other suite files or ``--results_dir``s, or a host restarted mid-sweep
   while the others had gone on to the next run, join one cluster all the same: they trained
-  two recipes as one run, or crashed at its first checkpoint. Each process posts its run to
-  JAX's key-value store and compares every other process's, before anything is written."""
+  two recipes as one run, or crashed at its first checkpoint. Each process gathers every
+  process's run (``gather_text``) and compares it with its own, before anything is written."""
   import jax
   if jax.process_count() == 1:
     return
-  from jax._src import distributed  # pylint: disable=g-import-not-at-top
   from depthbench_jax.train import config_check
-  client, me = distributed.global_state.client, jax.process_index()
+  me = jax.process_index()
   mine = {"workdir": os.path.abspath(workdir), **json.loads(json.dumps(config.to_dict()))}
-  client.key_value_set(f"depthbench/run/{me}", json.dumps(mine))
-  timeout_ms = 1000 * _timeouts()["initialization_timeout"]
-  for other in range(jax.process_count()):
-    theirs = json.loads(client.blocking_key_value_get(f"depthbench/run/{other}", timeout_ms))
+  for other, text in enumerate(gather_text(json.dumps(mine, sort_keys=True))):
+    theirs = json.loads(text)
     if theirs == mine:
       continue
     if theirs["workdir"] != mine["workdir"]:
@@ -214,6 +211,20 @@ def check_same_run(config, workdir: str) -> None:
         f"process {me} of {jax.process_count()} runs {differ}; allowed: the same suite file, "
         f"run and --results_dir on every host (a host restarted mid-sweep: restart "
         f"run_sweep.sh on every host)")
+
+
+def gather_text(text: str) -> list[str]:
+  """Every process's ``text``, in process order: two all-gathers over JAX's own collectives
+  (``multihost_utils.process_allgather``), of the UTF-8 lengths, then of the bytes padded to
+  the longest."""
+  import numpy as np
+  from jax.experimental import multihost_utils
+  data = np.frombuffer(text.encode(), np.uint8)
+  sizes = np.asarray(multihost_utils.process_allgather(np.array([data.size], np.int32)))
+  padded = np.zeros(int(sizes.max()), np.uint8)
+  padded[:data.size] = data
+  rows = np.asarray(multihost_utils.process_allgather(padded))
+  return [bytes(row[:size]).decode() for row, size in zip(rows, sizes.reshape(-1))]
 
 
 def _timeouts() -> dict:

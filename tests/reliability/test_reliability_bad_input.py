@@ -348,24 +348,18 @@ def test_distributed_settings_refuse_what_cannot_start_or_would_train_alone(monk
 def test_processes_of_one_run_refuse_other_configs_or_workdirs(monkeypatch, tmp_path):
   """Hosts given other suite files or --results_dirs (or one restarted mid-sweep while the
   others went on) joined one cluster: they trained two recipes as one run, or died at the first
-  checkpoint (orbax: FileNotFoundError). Each process now compares its run with every other's,
-  through JAX's key-value store, and refuses naming the field or the workdir."""
+  checkpoint (orbax: FileNotFoundError). Each process now compares its run with every other's
+  (``main.gather_text``, here faked in one process; two real ones: test_train_loop) and refuses
+  naming the field or the workdir."""
   import jax
-  from jax._src import distributed
   from depthbench_jax import main
+  posted = {}
 
-  class Store:  # JAX's key-value client, in one process.
-    def __init__(self):
-      self.kv = {}
+  def gather_text(text):  # What every process posted, in process order.
+    posted[jax.process_index()] = text
+    return [posted[p] for p in range(jax.process_count())]
 
-    def key_value_set(self, key, value):
-      self.kv[key] = value
-
-    def blocking_key_value_get(self, key, timeout_in_ms):
-      return self.kv[key]
-
-  store = Store()
-  monkeypatch.setattr(distributed.global_state, "client", store)
+  monkeypatch.setattr(main, "gather_text", gather_text)
   monkeypatch.setattr(jax, "process_count", lambda: 2)
   workdir = str(tmp_path / "run")
 
@@ -383,6 +377,10 @@ def test_processes_of_one_run_refuse_other_configs_or_workdirs(monkeypatch, tmp_
     post(1, helpers.tiny_config(warmup_steps=3))
   with pytest.raises(ConfigError, match=r"--workdir=.*other.*process 0 --workdir=.*run;"):
     post(1, config, str(tmp_path / "other"))
+  four = helpers.tiny_config(warmup_steps=3, seed=7, steps=30, log_every=3)
+  with pytest.raises(ConfigError, match=r"runs config.log_every=3 .*config.seed=7 .*and 1 more "
+                                        r"fields; allowed"):
+    post(1, four)
 
 
 def test_flag_error_keeps_the_config_errors_own_last_line():

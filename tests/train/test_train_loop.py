@@ -237,15 +237,31 @@ def tensorboard_points(workdir, tag="train/loss"):
           for e in events.Tensors(tag)]
 
 
-def start_two_processes(workdir, flags, devices=1):
-  """Two local gloo processes of ``main.py`` with ``devices`` CPU devices each."""
+def start_two_processes(workdir, flags, devices=1, flags_of_1=None):
+  """Two local gloo processes of ``main.py`` with ``devices`` CPU devices each (process 1 with
+  ``flags_of_1`` where given)."""
   import portpicker
   port = portpicker.pick_unused_port()
   return [subprocess.Popen(
-      helpers.main_command(workdir, flags), cwd=helpers.ROOT,
+      helpers.main_command(workdir, flags if i == 0 or flags_of_1 is None else flags_of_1),
+      cwd=helpers.ROOT,
       env=helpers.subprocess_env(devices, JAX_COORDINATOR_ADDRESS=f"localhost:{port}",
                                  JAX_NUM_PROCESSES=2, JAX_PROCESS_ID=i),
       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for i in range(2)]
+
+
+def test_two_processes_given_other_configs_both_refuse_before_writing(tmp_path):
+  """Two real gloo processes, one with another warmup: each gathers the other's run over JAX's
+  collectives (main.check_same_run) and exits HOSTS_DIFFER naming the field, nothing written."""
+  from depthbench_jax.errors import HOSTS_DIFFER
+  workdir = str(tmp_path / "two_recipes")
+  procs = start_two_processes(workdir, helpers.tiny_flags(warmup_steps=2),
+                              flags_of_1=helpers.tiny_flags(warmup_steps=3))
+  errors = [p.communicate(timeout=120)[1] for p in procs]
+  assert [p.returncode for p in procs] == [HOSTS_DIFFER] * 2, errors
+  assert "error: process 0 of 2 runs config.warmup_steps=2 (process 1: 3); allowed:" in errors[0]
+  assert "error: process 1 of 2 runs config.warmup_steps=3 (process 0: 2); allowed:" in errors[1]
+  assert not os.path.exists(workdir)
 
 
 @pytest.mark.slow
