@@ -81,9 +81,9 @@ class _Preemption:
 
   def __init__(self):
     self.requested = False
-    from jax._src import distributed  # pylint: disable=g-import-not-at-top
-    self._multihost = (jax.process_count() > 1
-                       and distributed.global_state.preemption_sync_manager is not None)
+    # JAX starts the service in jax.distributed.initialize unless its config turns it off.
+    self._multihost = (jax.process_count() > 1 and jax.distributed.is_initialized()
+                       and jax.config.jax_enable_preemption_service)
     if self._multihost:
       return
     try:
