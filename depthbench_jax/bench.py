@@ -651,6 +651,18 @@ def verdict(result: dict) -> list[dict]:
   return checks
 
 
+def step_targets_needs(result: dict) -> list[str]:
+  """``step_target_needs`` for each design with a step target timed at the first shape."""
+  first = result["train"][0]["shape"]
+  rows = {r["design"]: r for r in result["train"] if r["shape"] == first}
+  targets = result.get("targets", TARGETS)
+  lines = [step_target_needs(label, rows[design], rows["preln"], targets[key],
+                             result.get("stream_bandwidth"))
+           for design, (label, key) in STEP_TARGETS.items()
+           if design in rows and "preln" in rows and key in targets]
+  return [""] + lines if lines else []
+
+
 def _band(band: dict | None) -> str:
   return "" if not band else f"{band['q1']:.3f}-{band['q3']:.3f}"
 
@@ -706,6 +718,21 @@ def hf_target_needs(pre: dict, target: float) -> str:
           f"this run's XLA GEMM ceiling (ours now {pre['mfu']:.3f}): with every GEMM at that "
           f"ceiling, all other work (AdamW, the cross-entropy, norms, softmax) in "
           f"{max(0.0, 1 - mfu) * 100:.0f}% of the step")
+
+
+def step_target_needs(label: str, row: dict, pre: dict, target: float,
+                      bandwidth: float | None = None) -> str:
+  """What ``step / Pre-LN <= target`` asks of a design: its time beyond Pre-LN's step,
+  ``(target - 1) * t_preln``, against what it takes now, ``t - t_preln``; with the run's stream
+  bandwidth, the bytes that budget could move (the designs' extra work is elementwise: streams,
+  buffers, their gradients)."""
+  now, budget = row["step_s"] - pre["step_s"], (target - 1.0) * pre["step_s"]
+  line = (f"{label} / Pre-LN <= {target} needs {label}'s time beyond Pre-LN's "
+          f"{1e3 * pre['step_s']:.1f} ms step in {1e3 * budget:.1f} ms (now {1e3 * now:.1f} ms")
+  line += f", {now / budget:.2f}x that)" if now > budget else ": within it)"
+  if bandwidth:
+    line += f"; at this run's stream bandwidth that budget moves {budget * bandwidth / 1e9:.2f} GB"
+  return line
 
 
 def depth_cost_table(rows: Sequence[dict]) -> list[str]:
@@ -769,6 +796,7 @@ def render(result: dict) -> str:
   lines += [f"| {key.split()[0]} | {key.split()[1]} | failed: {message} |"
             for key, message in result.get("failed", {}).items()]
   lines += depth_cost_table(result["train"])
+  lines += step_targets_needs(result)
   pre = next((r for r in result["train"] if r["design"] == "preln" and "hf_step_s" in r), None)
   if pre:
     lines += ["", f"Pre-LN step {1e3 * pre['step_s']:.1f} ms vs HF LlamaForCausalLM (torch) "

@@ -605,6 +605,25 @@ def test_hf_target_needs_the_step_and_mfu_the_target_implies():
                                                   "ours_over_hf": 1.0}, 0.8)
 
 
+def test_step_target_needs_the_time_beyond_preln_the_target_allows():
+  """HC at 1.13 s over a 1.0 s Pre-LN step against 1.10: 100 ms allowed, 130 taken (1.30x);
+  at 50 GB/s the 100 ms move 5 GB. Full AttnRes at 1.1 s against 1.15 is within; a result
+  without the design (or without a bandwidth: older JSONs) prints no line (no GB)."""
+  from depthbench_jax.bench import step_target_needs, step_targets_needs
+  pre, hc = {"step_s": 1.0}, {"step_s": 1.13}
+  line = step_target_needs("HC", hc, pre, 1.10, 50e9)
+  assert ("HC / Pre-LN <= 1.1 needs HC's time beyond Pre-LN's 1000.0 ms step in 100.0 ms "
+          "(now 130.0 ms, 1.30x that); at this run's stream bandwidth that budget moves "
+          "5.00 GB") == line
+  rows = [{"design": "preln", "shape": "8x512", **pre},
+          {"design": "attnres_full", "shape": "8x512", "step_s": 1.1},
+          {"design": "hc", "shape": "16x256", "step_s": 9.0}]
+  lines = step_targets_needs({"train": rows})
+  assert lines == ["", "Full AttnRes / Pre-LN <= 1.15 needs Full AttnRes's time beyond Pre-LN's "
+                   "1000.0 ms step in 150.0 ms (now 100.0 ms: within it)"]
+  assert step_targets_needs({"train": rows[:1]}) == []
+
+
 @pytest.mark.slow  # ~4 train-step compiles: 20-40 s on 2 busy cores. CI runs slow tests too.
 def test_bench_quick_mode(tmp_path, capsys):
   from depthbench_jax import bench
