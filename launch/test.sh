@@ -11,9 +11,10 @@ export TF_CPP_MIN_LOG_LEVEL=2 JAX_PLATFORMS=cpu PYTHONHASHSEED=0
 args=("$@")
 [[ "${FAST:-0}" == "1" ]] && args=(-m "not slow" "${args[@]}")
 # Two xdist workers unless told otherwise (-n N, or TEST_WORKERS=0 for one process): on the
-# 2-core reference machine the suite took 9m13s, 10m33s with the bootstrap, from a clean clone
-# and empty caches (835 tests at 005706e; 13-14 min before the tests compiled with XLA:CPU's
-# fusion emitters off, tests/helpers.TEST_XLA_FLAGS), longer serially.
+# 2-core reference machine (an AVX2 EPYC) the suite took 9m13s, 10m33s with the bootstrap, from
+# a clean clone and empty caches (835 tests at 005706e; 13-14 min before the tests compiled with
+# XLA:CPU's fusion emitters off, tests/helpers.TEST_XLA_FLAGS), longer serially; on a 2-core
+# Zen 5 host 6m06s, 6m41s with the bootstrap (842 tests at 4801f10).
 if [[ " $* " != *" -n "* && " $* " != *" -n"[0-9a]* && "${TEST_WORKERS:-2}" != "0" ]]; then
   # loadgroup (no test carries an xdist_group mark): one test per work unit, handed out in
   # collection order, slow ones first (tests/conftest.py); "load" would send each worker a first
