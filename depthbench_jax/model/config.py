@@ -89,9 +89,9 @@ def model_config_from(model: ml_collections.ConfigDict) -> ModelConfig:
     _require(model[field] in DTYPES,
              f"config.model.{field}={model[field]!r}; allowed: {', '.join(DTYPES)}")
   kernels = ("xla", "fused")
-  _require(model.get("attention_kernel", "xla") in kernels,
-           f"config.model.attention_kernel={model.get('attention_kernel')!r}; allowed: "
-           f"{', '.join(kernels)}")
+  kernel = model.get("attention_kernel", "xla")  # Absent from bench records before the field.
+  _require(kernel in kernels,
+           f"config.model.attention_kernel={kernel!r}; allowed: {', '.join(kernels)}")
   _require(model.max_seq_len > 0, f"config.model.max_seq_len={model.max_seq_len}; allowed: > 0")
   residual = model.residual
   name = residual.get("name")
@@ -108,5 +108,5 @@ def model_config_from(model: ml_collections.ConfigDict) -> ModelConfig:
       max_seq_len=model.max_seq_len, norm_eps=float(model.norm_eps),
       init_std=float(model.init_std), scan_layers=bool(model.scan_layers),
       remat_policy=model.remat_policy, dtype=model.dtype, param_dtype=model.param_dtype,
-      attention_kernel=model.get("attention_kernel", "xla"),
+      attention_kernel=kernel,
       residual=ml_collections.FrozenConfigDict(residual))

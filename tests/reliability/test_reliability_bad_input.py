@@ -26,6 +26,8 @@ CASES = [
     ("unknown_design", {"model.residual.name": "resnet"}, 1, 1, "config.model.residual.name"),
     ("unknown_remat_policy", {"model.remat_policy": "full"}, 1, 1, "config.model.remat_policy"),
     ("unsupported_dtype", {"model.dtype": "float16"}, 1, 1, "config.model.dtype"),
+    ("unknown_attention_kernel", {"model.attention_kernel": "flash"}, 1, 1,
+     "config.model.attention_kernel"),
     ("vocab_below_tokenizer", {"model.vocab_size": 100}, 1, 1, "config.model.vocab_size"),
     ("negative_steps", {"steps": -5}, 1, 1, "config.steps"),
     ("zero_steps", {"steps": 0}, 1, 1, "config.steps"),
