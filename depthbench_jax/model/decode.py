@@ -71,7 +71,9 @@ def set_cache_index(cache: Any, index: Array) -> Any:
 
 
 @functools.lru_cache(maxsize=None)
-def _cached_step(cfg: ModelConfig):
+def cached_step(cfg: ModelConfig):
+  """The jitted KV-cached decode step of ``cfg``, one per config: ``generate`` runs it and
+  ``systems/decode_bench.py`` times it, so the bench measures the program generation uses."""
   model = Transformer(cfg, decode=True)
 
   @functools.partial(jax.jit, donate_argnums=(1,))
@@ -159,7 +161,7 @@ def greedy_generate(cfg: ModelConfig, params: Any, prompts: Sequence[Sequence[in
     return next_ids
 
   if use_cache:
-    step = _cached_step(cfg)
+    step = cached_step(cfg)
     cache = init_cache(cfg, batch, total)
     positions = np.broadcast_to(np.arange(prompt_len, dtype=np.int32), (batch, prompt_len))
     next_ids, logits, cache = step(params, cache, buffer[:, :prompt_len], positions, lens - 1)

@@ -124,7 +124,7 @@ def prepare(p: bench.Preset, case: Case, batch: int) -> Prepared:
   from depthbench_jax.model.transformer import init_params
   cfg = decode_config(p, case)
   params = nn.unbox(init_params(cfg, jax.random.PRNGKey(0)))
-  step = decode._cached_step(cfg)  # pylint: disable=protected-access
+  step = decode.cached_step(cfg)
   ctx = case.context
 
   @functools.partial(jax.jit, donate_argnums=(1,), static_argnums=(2,))
