@@ -124,13 +124,15 @@ def host_cpu() -> str:
   of the AVX2 EPYC of the earlier runs, on the same 2 cores)."""
   try:
     with open("/proc/cpuinfo") as f:
-      return describe_cpuinfo(f.read().split("\n\n")[0])
+      block = f.read().split("\n\n")[0]
   except OSError:
-    return platform.processor() or platform.machine()
+    block = ""
+  return describe_cpuinfo(block)
 
 
 def describe_cpuinfo(block: str) -> str:
-  """One processor's ``/proc/cpuinfo`` block as ``'name (family F model M, AVX-512)'``."""
+  """One processor's ``/proc/cpuinfo`` block as ``'name (family F model M, AVX-512)'``; the
+  name from ``platform`` where the block has none (no ``/proc/cpuinfo``: an empty block)."""
   fields = {}
   for line in block.splitlines():
     key, _, value = line.partition(":")
