@@ -616,9 +616,14 @@ def run_bench(p: Preset, log=print, save_partial: Callable[[dict], None] | None 
   return result
 
 
-def verdict(result: dict) -> list[dict]:
-  rows = {(r["design"], r["shape"]): r for r in result["train"]}
+def first_shape_rows(result: dict) -> tuple[str, dict[str, dict]]:
+  """The first shape timed (where the targets are checked) and its rows by design."""
   first = result["train"][0]["shape"]
+  return first, {r["design"]: r for r in result["train"] if r["shape"] == first}
+
+
+def verdict(result: dict) -> list[dict]:
+  first, rows = first_shape_rows(result)
   checks = []
 
   def add(name, value, target, higher_is_better=False, band=None, failed=None):
@@ -638,11 +643,11 @@ def verdict(result: dict) -> list[dict]:
     checks.append(check)
 
   failed = result.get("failed", {})
-  pre = rows.get(("preln", first))
+  pre = rows.get("preln")
   add(f"MFU Pre-LN {first}", pre and pre["mfu"], TARGETS["mfu"], True,
       failed=failed.get(f"preln {first}"))
   for design, (label, key) in STEP_TARGETS.items():
-    row = rows.get((design, first), {})
+    row = rows.get(design, {})
     add(f"{label} / Pre-LN step {first}", row.get("step_over_preln"), TARGETS[key],
         band=row.get("step_over_preln_rounds"), failed=failed.get(f"{design} {first}"))
   c = result["compile"]
@@ -655,8 +660,7 @@ def verdict(result: dict) -> list[dict]:
 
 def step_targets_needs(result: dict) -> list[str]:
   """``step_target_needs`` for each design with a step target timed at the first shape."""
-  first = result["train"][0]["shape"]
-  rows = {r["design"]: r for r in result["train"] if r["shape"] == first}
+  _, rows = first_shape_rows(result)
   targets = result.get("targets", TARGETS)
   lines = [step_target_needs(label, rows[design], rows["preln"], targets[key],
                              result.get("stream_bandwidth"))
