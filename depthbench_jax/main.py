@@ -194,9 +194,9 @@ def check_same_run(config, workdir: str) -> None:
     return
   from depthbench_jax.train import config_check
   me = jax.process_index()
-  mine = {"workdir": os.path.abspath(workdir), **json.loads(json.dumps(config.to_dict()))}
-  for other, text in enumerate(gather_text(json.dumps(mine, sort_keys=True))):
-    theirs = json.loads(text)
+  text = json.dumps({"workdir": os.path.abspath(workdir), **config.to_dict()}, sort_keys=True)
+  mine = json.loads(text)
+  for other, theirs in enumerate(map(json.loads, gather_text(text))):
     if theirs == mine:
       continue
     if theirs["workdir"] != mine["workdir"]:
