@@ -41,7 +41,7 @@ def _run_model(record: dict) -> ml_collections.ConfigDict:
   from depthbench_jax.train import config_check
   model = config_check.with_schema_defaults(record.get("config") or {}).model.to_dict()
   model["n_layers"], model["d_model"] = int(record["n_layers"]), int(record["d_model"])
-  model["max_seq_len"] = max(int(model.get("max_seq_len") or 0), PREFILL_SEQ_LEN)
+  model["max_seq_len"] = max(int(model["max_seq_len"]), PREFILL_SEQ_LEN)
   return ml_collections.ConfigDict(model)
 
 
