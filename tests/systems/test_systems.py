@@ -444,7 +444,7 @@ def test_paired_ratio_band_pairs_rounds():
 def test_verdict_at_and_around_the_targets():
   """A value equal to its target passes (MFU >=, ratios <=); a band wholly below a ratio's target
   is decided (not within noise); MFU under its floor fails."""
-  from depthbench_jax.bench import TARGETS, verdict
+  from depthbench_jax.bench_verdict import TARGETS, verdict
 
   def checks(mfu, hc, band, compile_ratio):
     train = [{"design": "preln", "shape": "8x512", "mfu": mfu, "step_over_preln": 1.0},
@@ -539,7 +539,7 @@ def test_curve_table_reads_shallow_to_deep():
 def test_verdict_flags_a_target_inside_the_run_noise():
   """A ratio just over its target with the target inside the per-round IQR is still a FAIL,
   flagged as undecided by this run; a band clear of the target is not flagged."""
-  from depthbench_jax.bench import render, verdict
+  from depthbench_jax.bench_verdict import render, verdict
 
   def result(hc_band):
     train = [{"design": "preln", "shape": "8x512", "mfu": 0.7, "step_over_preln": 1.0,
@@ -598,7 +598,7 @@ def test_ours_over_hf_at_equal_gemm_speed_by_hand():
 def test_hf_target_needs_the_step_and_mfu_the_target_implies():
   """ours/HF 0.9 at MFU 0.8 against a 2.0 s HF step: 0.8 needs 1.6 s, i.e. MFU 0.8 * 0.9 / 0.8
   = 0.9 of the GEMM ceiling, leaving 10% of the step for everything else."""
-  from depthbench_jax.bench import hf_target_needs
+  from depthbench_jax.bench_verdict import hf_target_needs
   line = hf_target_needs({"hf_step_s": 2.0, "mfu": 0.8, "ours_over_hf": 0.9}, 0.8)
   assert "step of 1600.0 ms" in line and "MFU 0.900" in line and "in 10% of the step" in line
   assert "in 0% of the step" in hf_target_needs({"hf_step_s": 2.0, "mfu": 0.9,
@@ -609,7 +609,7 @@ def test_step_target_needs_the_time_beyond_preln_the_target_allows():
   """HC at 1.13 s over a 1.0 s Pre-LN step against 1.10: 100 ms allowed, 130 taken (1.30x);
   at 50 GB/s the 100 ms move 5 GB. Full AttnRes at 1.1 s against 1.15 is within; a result
   without the design (or without a bandwidth: older JSONs) prints no line (no GB)."""
-  from depthbench_jax.bench import step_target_needs, step_targets_needs
+  from depthbench_jax.bench_verdict import step_target_needs, step_targets_needs
   pre, hc = {"step_s": 1.0}, {"step_s": 1.13}
   line = step_target_needs("HC", hc, pre, 1.10, 50e9)
   assert ("HC / Pre-LN <= 1.1 needs HC's time beyond Pre-LN's 1000.0 ms step in 100.0 ms "
@@ -725,18 +725,18 @@ def test_bench_shapes_are_checked_and_named_in_the_result_file(tmp_path, capsys)
 
 
 def test_depth_cost_table_reads_each_design_against_the_first_shapes_preln():
-  from depthbench_jax import bench
+  from depthbench_jax import bench_verdict
   band = lambda m: {"q1": m - 0.01, "median": m, "q3": m + 0.01}
   rows = [{"design": d, "shape": s, "step_over_first_preln": v,
            "step_over_first_preln_rounds": band(v)}
           for d, s, v in (("preln", "8x512", 1.0), ("hc", "8x512", 1.09),
                           ("preln", "32x256", 1.2), ("hc", "32x256", 1.5))]
-  assert bench.depth_cost_table(rows) == [
+  assert bench_verdict.depth_cost_table(rows) == [
       "", "Cost of depth: step over Pre-LN at 8x512 (timed in the same rounds; per-round IQR)",
       "", "| design | 8x512 | 32x256 |", "|---|---|---|",
       "| preln | 1.000 (0.990-1.010) | 1.200 (1.190-1.210) |",
       "| hc | 1.090 (1.080-1.100) | 1.500 (1.490-1.510) |"]
-  assert bench.depth_cost_table([r for r in rows if r["shape"] == "8x512"]) == []
+  assert bench_verdict.depth_cost_table([r for r in rows if r["shape"] == "8x512"]) == []
 
 
 def test_bench_plot_draws_each_ratio_its_round_median_and_the_target_at_the_first_shape(
@@ -870,7 +870,7 @@ def test_bench_accelerator_preset_runs_in_miniature():
   sizes shrunk: the one device run a session may get must not be the first time this path
   runs. Off-GPU 'fused' runs the blocked attention; the train section is saved before the
   compile section starts."""
-  from depthbench_jax import bench
+  from depthbench_jax import bench, bench_verdict
   p = dataclasses.replace(bench.PRESETS["gpu400m"], d_model=64, n_layers=2, n_heads=4,
                           vocab_size=128, seq_len=32, batch=2, shapes=("2x64", "4x48"),
                           rounds=2, matmul_n=128, matmul_reps=2, stream_mib=1, stream_reps=2,
@@ -895,7 +895,7 @@ def test_bench_accelerator_preset_runs_in_miniature():
                                np.median(r["step_s_all"]) / np.median(first[r["shape"]]))
   pre_first = next(r for r in result["train"] if r["design"] == "preln" and r["shape"] == "2x64")
   assert pre_first["step_over_first_preln_rounds"]["median"] == 1.0
-  table = bench.render(result)
+  table = bench_verdict.render(result)
   assert "Cost of depth: step over Pre-LN at 2x64" in table and "| hc | " in table
   # Each shape's MFU is over the ceiling timed in its own rounds, and the header says so when
   # those differ (it once printed only the largest over the rows' MFUs).
