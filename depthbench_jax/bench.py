@@ -50,7 +50,7 @@ import jax
 import jax.numpy as jnp
 
 from depthbench_jax import hostmem, revision
-from depthbench_jax.bench_verdict import STEP_TARGETS, TARGETS, commit_label, render, verdict
+from depthbench_jax.bench_verdict import STEP_TARGETS, TARGETS, render, verdict
 from depthbench_jax.train import summary
 
 
@@ -658,7 +658,7 @@ def write_plot(result: dict, json_path: str) -> str:
   p = result["preset"]
   title = (f"{result['device']} ({result.get('host_cpu', result['device_kind'])}), "
            f"{p['dtype']}, batch {p['batch']} x {p['seq_len']}, {p['rounds']} rounds, "
-           f"code {commit_label(result)}")
+           f"code {revision.result_label(result)}")
   return bench_plot.plot_bench(result["train"], os.path.splitext(json_path)[0] + ".png",
                                targets, title)
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from depthbench_jax import revision
+
 # Targets (on 2 CPU cores for the default preset); ratios are "<=", mfu is ">=".
 TARGETS = {"mfu": 0.45, "hc_over_preln": 1.10, "attnres_full_over_preln": 1.15,
            "compile_deep_over_shallow": 1.3, "ours_over_hf": 0.8}
@@ -76,12 +78,6 @@ def step_targets_needs(result: dict) -> list[str]:
 
 def _band(band: dict | None) -> str:
   return "" if not band else f"{band['q1']:.3f}-{band['q3']:.3f}"
-
-
-def commit_label(result: dict) -> str:
-  """``'a75738457b51'``, ``'... + uncommitted'`` or ``'unknown'`` (results from before the field)."""
-  code = result.get("code") or {}
-  return (code.get("commit") or "unknown")[:12] + (" + uncommitted" if code.get("dirty") else "")
 
 
 def hf_target_needs(pre: dict, target: float) -> str:
@@ -156,7 +152,7 @@ def render(result: dict) -> str:
   depth, each step target's budget, ours vs HF, the compile ratio and the verdict."""
   lines = [f"DepthBench bench on {result['device']} ({result['device_kind']}, "
            f"{result['cpu_count']} CPUs, {result.get('host_cpu', 'unknown CPU')}), code "
-           f"{commit_label(result)}, jax {result['jax']}, {result['preset']['dtype']}, "
+           f"{revision.result_label(result)}, jax {result['jax']}, {result['preset']['dtype']}, "
            f"batch {result['preset']['batch']} x seq {result['preset']['seq_len']}; matmul peak "
            f"{_peaks(result)} GFLOP/s{_balance(result)}; host malloc "
            f"{result.get('host_malloc', 'default')}", "",

@@ -47,3 +47,9 @@ def label(code: Sequence[dict] | None) -> str:
   last = code[-1]
   text = (last.get("commit") or "unknown")[:12] + ("+dirty" if last.get("dirty") else "")
   return text + (f" (+{len(code) - 1} earlier)" if len(code) > 1 else "")
+
+
+def result_label(result: dict) -> str:
+  """``label`` of a bench result's one ``code`` record; ``'unknown'`` for results from before
+  the field."""
+  return label([result["code"]] if result.get("code") else None) or "unknown"

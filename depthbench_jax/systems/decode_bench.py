@@ -51,7 +51,7 @@ from typing import Any, Callable, Sequence
 import jax
 import jax.numpy as jnp
 
-from depthbench_jax import bench, hostmem
+from depthbench_jax import bench, hostmem, revision
 from depthbench_jax.train import summary
 
 DESIGNS = ("preln", "hc", "mhc", "attnres_full", "attnres_block", "moda")
@@ -252,7 +252,7 @@ def run(p: bench.Preset, cases: Sequence[Case], batch: int, rounds: int,
 def render(result: dict) -> str:
   p = result["preset"]
   head = (f"DepthBench decode on {result['device']} ({result['host_cpu']}, "
-          f"{result['cpu_count']} CPUs), {bench.commit_label(result)}, jax {result['jax']}, "
+          f"{result['cpu_count']} CPUs), {revision.result_label(result)}, jax {result['jax']}, "
           f"{p['dtype']}, batch {result['batch']}, vocab {p['vocab_size']}, "
           f"{result['rounds']} interleaved rounds\n\n")
   lines = ["| design | shape | context | loop | params | decode ms/token | x first Pre-LN (IQR) "

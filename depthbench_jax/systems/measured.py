@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
+from depthbench_jax import revision
+
 FLOPS_REL_TOL = 0.01
 
 
@@ -35,7 +37,7 @@ def bench_rows(paths: Sequence[str]) -> list[dict]:
     tokens = preset["batch"] * preset["seq_len"]
     for r in result["train"]:
       out.append({**r, "device": result["device"], "source": path,
-                  "commit": bench.commit_label(result), "batch": preset["batch"],
+                  "commit": revision.result_label(result), "batch": preset["batch"],
                   "seq_len": preset["seq_len"], "dtype": preset["dtype"],
                   "flops_per_token": r["model_flops_per_step"] / tokens})
   return out

@@ -459,6 +459,13 @@ def test_runs_name_the_code_they_trained_with(tmp_path):
   assert commits == ["a" * 12, "a" * 12, "b" * 12 + "+dirty (+1 earlier)", ""]
 
 
+def test_a_bench_result_names_its_one_commit_like_a_run():
+  from depthbench_jax import revision
+  assert revision.result_label({"code": {"commit": "c" * 40, "dirty": True}}) == "c" * 12 + "+dirty"
+  assert revision.result_label({"code": {"commit": None, "dirty": None}}) == "unknown"  # no git
+  assert revision.result_label({}) == "unknown"  # a result from before the field
+
+
 @pytest.mark.parametrize("seq_len", [2048, 8192])
 def test_paper_comparison_only_for_runs_of_the_paper_recipe(seq_len):
   """A long-context copy of the 400M suite (seq 8192) had its losses put beside the paper's
