@@ -124,7 +124,7 @@ def _block_class(cfg: ModelConfig, decode: bool = False) -> type[nn.Module]:
 
 def batch_sharded(tree: Any, mesh, batch: int, seq: int) -> Any:
   """Every array of ``tree`` with a ``[.., B, T, ..]`` pair of axes (``x [B,T,d]``, HC's
-  streams ``[n,B,T,d]``, AttnRes's slots ``[S,B,T,d]``, logits, microbatches ``[k,B/k,T]``)
+  streams ``[B,T,n,d]``, AttnRes's slots ``[S,B,T,d]``, logits, microbatches ``[k,B/k,T]``)
   pinned to rows split over the mesh's ``data x fsdp`` (MaxText's activation constraint; a
   no-op without a mesh). Without it XLA's propagation takes the fsdp-sharded ``embed`` axis of
   the weights for the activations and every device holds the whole batch: the 1.6B suite's

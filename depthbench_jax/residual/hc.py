@@ -1,6 +1,6 @@
 """HC, Hyper-Connections (Zhu et al., ICLR 2025, arXiv 2409.19606), dynamic ("DHC") by default.
 
-State: ``H`` [n, B, T, d], n residual streams (``n_streams``, 4). Streams start as n copies of
+State: ``H`` [B, T, n, d], n residual streams (``n_streams``, 4). Streams start as n copies of
 the embedding; the readout sums them, then the final norm (HC Algorithm 1). ``StreamIO`` and the
 stream helpers here are shared with mHC (``residual/mhc.py``).
 """
@@ -28,14 +28,14 @@ def home_stream(k: Array, n: int) -> Array:
 
 
 def normed_projection(h: Array, w: Array, gain: Array | None, eps: float) -> Array:
-  """``N(H_i) W`` per stream: h [n,B,T,d], w [d,e], gain [d] or None -> [B,T,n,e] (fp32).
+  """``N(H_i) W`` per stream: h [B,T,n,d], w [d,e], gain [d] or None -> [B,T,n,e] (fp32).
 
   Computed as ``rsqrt(mean_d H_i^2 + eps) * (H_i (g * W))``: the gain folds into ``W`` and the
   per-token scale is applied after the matmul, so the normalised copy of the streams is never
   written (a pass over ``n d`` per token saved forward and backward; same value).
   """
   w = w if gain is None else gain[:, None] * w
-  return jnp.moveaxis(checkpoint_name(rms_projection(h, w, eps), PROJECTION), 0, 2)
+  return checkpoint_name(rms_projection(h, w, eps), PROJECTION)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
@@ -46,10 +46,9 @@ def rms_projection(h: Array, w: Array, eps: float) -> Array:
     ``dh = sum_e (r g_e) W[:, e] - (sum_e g_e z_e) r^3 h / d``,   ``dW = h^T (r g)``.
   ``dh`` is written as ``e`` broadcast multiply-adds, an elementwise expression, so XLA fuses
   it into the sum of the streams' other cotangents; as autodiff's ``g W^T`` it was a GEMM
-  writing an fp32 [n,B,T,d] that the sum read back (on an H200 at 16x1216: 1.2 ms of the step
+  writing an fp32 [B,T,n,d] that the sum read back (on an H200 at 16x1216: 1.2 ms of the step
   per sublayer kind, plus the read). ``dW`` is one GEMM contracting the streams and tokens as
-  axes, in ``weight_gradient``'s narrow-output form: flattening ``[n,B,T]`` merged the streams
-  in front of the batch-sharded ``B`` and all-gathered the whole batch under FSDP.
+  axes, in ``weight_gradient``'s narrow-output form (a batch-sharded ``B`` stays sharded).
   """
   return _rms_projection_fwd(h, w, eps)[0]
 
@@ -98,7 +97,7 @@ class NormGain(nn.Module):
 
 
 class HyperConnection(nn.Module):
-  """One sublayer's HC weights from the streams ``H`` [n,B,T,d] (HC Eq. 10-13).
+  """One sublayer's HC weights from the streams ``H`` [B,T,n,d] (HC Eq. 10-13).
 
   ``H_bar = N(H)`` per stream over d (RMSNorm with learned gain, as the reference code
   ``lucidrains/hyper-connections``; the paper's Algorithm 2 has LayerNorm). Each stream's
@@ -134,7 +133,7 @@ class HyperConnection(nn.Module):
   @nn.compact
   def __call__(self, h: Array, k: Array):
     n, d = self.n, h.shape[-1]
-    batch_shape = h.shape[1:3]
+    batch_shape = h.shape[0:2]
 
     def static_alpha_init(rng, k):
       return jnp.concatenate([home_stream(k, n)[:, None], jnp.eye(n, dtype=jnp.float32)], axis=1)
@@ -225,7 +224,7 @@ class HC(StreamWiring):
 
 
 class StreamIO(StateIO):
-  """``H_0`` = n copies of the embedding [n,B,T,d]; readout ``N_final(sum_i H_i)``."""
+  """``H_0`` = n copies of the embedding [B,T,n,d]; readout ``N_final(sum_i H_i)``."""
 
   def init_state(self, x0):
     n = self.cfg.residual["n_streams"]

@@ -1,6 +1,6 @@
 """mHC, Manifold-Constrained Hyper-Connections (Xie et al., DeepSeek-AI, arXiv 2512.24880).
 
-Same state and ends as HC (``H`` [n,B,T,d], n copies in, stream sum + final norm out: the paper
+Same state and ends as HC (``H`` [B,T,n,d], n copies in, stream sum + final norm out: the paper
 does not state a readout, this is HC's and the reference code's). The stream-mixing matrix is
 projected onto the doubly stochastic matrices and the read/write maps are non-negative.
 """
@@ -51,7 +51,7 @@ def static_logits(k: Array, n: int, res_init: str) -> tuple[Array, Array, Array]
 
 
 class ManifoldConnection(nn.Module):
-  """One sublayer's mHC maps from the streams ``H`` [n,B,T,d] (mHC Eq. 7-9).
+  """One sublayer's mHC maps from the streams ``H`` [B,T,n,d] (mHC Eq. 7-9).
 
     ``x' = N0(vec(H))``  over all n*d entries of a token, gain-free (the paper absorbs the norm
     weight into phi; one statistic per token, as the DeepSeek code), stream-major order.
@@ -87,13 +87,13 @@ class ManifoldConnection(nn.Module):
     a_post = _param(self, "alpha_post", constant(0.01), ())
     a_res = _param(self, "alpha_res", constant(0.01), ())
 
-    # x' phi with x' = N0(vec(H)): the stream-major rows of phi meet their stream, and the one
-    # per-token rsqrt is applied after the matmul (no normalised or transposed copy of H).
+    # x' phi with x' = N0(vec(H)): a token's [n, d] block is contiguous, so vec(H) is a free
+    # reshape (stream-major, as phi's rows) and the one per-token rsqrt is applied after the
+    # matmul (no normalised copy of H).
     h32 = h.astype(jnp.float32)
-    inv_rms = jax.lax.rsqrt(jnp.mean(h32 * h32, axis=(0, -1)) + self.eps)[..., None]  # [B,T,1]
-    phi_i = phi.reshape(n, d, -1)
-    dims = (((2,), (0,)), ((), ()))
-    proj = sum(projection_dot_general(h32[i], phi_i[i], dims) for i in range(n)) * inv_rms
+    inv_rms = jax.lax.rsqrt(jnp.mean(h32 * h32, axis=(-2, -1)) + self.eps)[..., None]  # [B,T,1]
+    vec_h = h32.reshape(*h.shape[:-2], n * d)
+    proj = projection_dot_general(vec_h, phi, (((2,), (0,)), ((), ()))) * inv_rms
     pre = jax.nn.sigmoid(a_pre * proj[..., :n] + b_pre)
     post = 2.0 * jax.nn.sigmoid(a_post * proj[..., n:2 * n] + b_post)
     res_logits = a_res * proj[..., 2 * n:].reshape(*proj.shape[:-1], n, n) + b_res

@@ -26,12 +26,12 @@ B, T, D, N = 2, 5, 8, 4
 
 
 def to_torch(h):
-  """[n,B,T,d] -> torch [(B n), T, d]."""
-  return torch.from_numpy(np.ascontiguousarray(np.transpose(h, (1, 0, 2, 3)).reshape(B * N, T, D)))
+  """[B,T,n,d] -> torch [(B n), T, d]."""
+  return torch.from_numpy(np.ascontiguousarray(np.transpose(h, (0, 2, 1, 3)).reshape(B * N, T, D)))
 
 
 def from_torch(h):
-  return np.transpose(h.detach().numpy().reshape(B, N, T, D), (1, 0, 2, 3))
+  return np.transpose(h.detach().numpy().reshape(B, N, T, D), (0, 2, 1, 3))
 
 
 def branch_pair(seed=0):
@@ -61,7 +61,7 @@ def streams(seed, equal_rms=False):
   if equal_rms:  # permuted, sign-flipped copies of one vector per token: same RMS in each stream
     base = h[0]
     h = np.stack([base[..., rng.permutation(D)] * rng.choice([-1, 1], D) for _ in range(N)])
-  return h.astype(np.float32)
+  return np.transpose(h, (1, 2, 0, 3)).astype(np.float32)                          # [B,T,n,d]
 
 
 @pytest.mark.parametrize("sub, layer, use_tanh", [(0, 0, True), (1, 2, True), (0, 1, False)])

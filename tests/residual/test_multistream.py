@@ -20,7 +20,7 @@ from residual_testkit import (init, jit, perturb, rms, run, shared_checks_test, 
 DESIGNS = ("hc", "mhc")
 EPS = 1e-6
 RNG = np.random.RandomState(0)
-H = RNG.standard_normal((2, 1, 3, 4)).astype(np.float32)     # [n=2, B=1, T=3, d=4]
+H = RNG.standard_normal((1, 3, 2, 4)).astype(np.float32)     # [B=1, T=3, n=2, d=4]
 Y = RNG.standard_normal((1, 3, 4)).astype(np.float32)
 G_IN = np.array([1.0, 0.5, 2.0, 1.5], np.float32)
 
@@ -36,10 +36,10 @@ def sigmoid(v):
 # ----- update equations on a hand-computed case ----------------------------------------------
 
 def hc_reference(p, h, y, g_in, use_tanh=True):
-  """HC Eq. 10-13 written out stream by stream (numpy, float64)."""
+  """HC Eq. 10-13 written out stream by stream (numpy, float64); h [B,T,n,d], h[i] stream i."""
   act = np.tanh if use_tanh else (lambda v: v)
-  n = h.shape[0]
-  h = h.astype(np.float64)
+  n = h.shape[-2]
+  h = np.moveaxis(h.astype(np.float64), -2, 0)
   h_bar = [h[i] / rms(h[i]) * p["norm"]["scale"] for i in range(n)]
   alpha = [p["static_alpha"][i] + p["dynamic_alpha_scale"] * act(h_bar[i] @ p["dynamic_alpha"])
            for i in range(n)]                                   # each [B,T,1+n]
@@ -48,7 +48,7 @@ def hc_reference(p, h, y, g_in, use_tanh=True):
   x = sum(alpha[i][..., 0:1] * h[i] for i in range(n))
   u = x / rms(x) * g_in
   new = np.stack([sum(alpha[i][..., 1 + j:2 + j] * h[i] for i in range(n)) + beta[j][..., None] * y
-                  for j in range(n)])
+                  for j in range(n)], -2)
   mixing = np.stack([np.stack([alpha[i][..., 1 + j] for i in range(n)], -1) for j in range(n)], -2)
   return u, new, mixing
 
@@ -83,9 +83,9 @@ def test_hc_rms_projection_value_and_vjp_match_autodiff(dtype):
   the streams' dtype."""
   from depthbench_jax.residual.hc import rms_projection
   keys = jax.random.split(jax.random.PRNGKey(3), 3)
-  h = (3.0 * jax.random.normal(keys[0], (4, 2, 5, 16))).astype(dtype)
+  h = (3.0 * jax.random.normal(keys[0], (2, 5, 4, 16))).astype(dtype)           # [B,T,n,d]
   w = jax.random.normal(keys[1], (16, 6))
-  g = jax.random.normal(keys[2], (4, 2, 5, 6))
+  g = jax.random.normal(keys[2], (2, 5, 4, 6))
 
   def reference(h, w):
     h32 = h.astype(jnp.float32)
@@ -124,9 +124,9 @@ def sinkhorn_reference(logits, iterations):
 
 
 def mhc_reference(p, h, y, g_in, iterations):
-  """mHC Eq. 3, 7-9 for n=2 written out (numpy, float64)."""
-  n, d = h.shape[0], h.shape[-1]
-  h = h.astype(np.float64)
+  """mHC Eq. 3, 7-9 for n=2 written out (numpy, float64); h [B,T,n,d], h[i] stream i."""
+  n = h.shape[-2]
+  h = np.moveaxis(h.astype(np.float64), -2, 0)
   flat = np.concatenate([h[0], h[1]], axis=-1)                  # vec(H): stream-major [B,T,n*d]
   proj = (flat / rms(flat)) @ p["phi"]                           # [B,T, 2n + n^2]
   pre = sigmoid(p["alpha_pre"] * proj[..., 0:2] + p["b_pre"])
@@ -136,7 +136,7 @@ def mhc_reference(p, h, y, g_in, iterations):
   x = pre[..., 0:1] * h[0] + pre[..., 1:2] * h[1]
   u = x / rms(x) * g_in
   new = np.stack([res[..., j, 0:1] * h[0] + res[..., j, 1:2] * h[1] + post[..., j:j + 1] * y
-                  for j in range(n)])
+                  for j in range(n)], -2)
   return u, new, res
 
 
@@ -245,14 +245,14 @@ def test_hidden_and_readout_read_the_sum_of_distinct_streams(name):
   checked where the streams differ: at init they are n equal copies, and the final norm would
   hide a readout of one stream."""
   cfg = tiny_cfg(name)
-  h = jnp.asarray(np.random.default_rng(0).normal(size=(4, 2, 3, 32)), jnp.float32)
+  h = jnp.asarray(np.random.default_rng(0).normal(size=(2, 3, 4, 32)), jnp.float32)  # [B,T,n,d]
   hidden, _ = wiring_call(cfg, {}, "hidden", h)
-  np.testing.assert_allclose(hidden, np.sum(np.asarray(h), 0), rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(hidden, np.sum(np.asarray(h), -2), rtol=1e-6, atol=1e-6)
   gain = np.linspace(0.5, 1.5, 32).astype(np.float32)
   io = registry.get(name).io(cfg)
   out = io.apply({"params": {"final_norm": {"scale": jnp.asarray(gain)}}}, h,
                  method=type(io).readout)
-  total = np.sum(np.asarray(h, np.float64), 0)
+  total = np.sum(np.asarray(h, np.float64), -2)
   np.testing.assert_allclose(out, total / rms(total) * gain, rtol=1e-5, atol=1e-6)
   # End to end, off init: logits = N_f(hidden of the last layer) @ W_head.
   params = perturb(init(cfg), scale=0.3)
