@@ -34,12 +34,8 @@ _F32 = jnp.float32
 
 
 def _weighted_sum(w: Array, h: Array) -> Array:
-  """``sum_i w[..., i] h[..., i, :]`` in fp32: w [B,T,n], h [B,T,n,d] -> [B,T,d]."""
-  w = w.astype(_F32)
-  out = w[..., 0, None] * h[..., 0, :].astype(_F32)
-  for i in range(1, h.shape[-2]):
-    out = out + w[..., i, None] * h[..., i, :].astype(_F32)
-  return out
+  """``sum_i w[..., i] h[i]`` in fp32: w [B,T,n], h [B,T,n,d] -> [B,T,d] (``_mix``, one row)."""
+  return _mix(w[..., None, :], h)[..., 0, :]
 
 
 def _mix(m: Array, h: Array) -> Array:
