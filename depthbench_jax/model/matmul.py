@@ -42,11 +42,12 @@ def weight_gradient(x: Array, g: Array, precision=None) -> Array:
   The token axes may be several (HC's streams ``[B, T, n]``): contracted as axes, not merged
   by a reshape, so that a batch axis sharded over devices stays sharded (each device's rows
   give a partial ``dW``, summed across devices) where merging an axis in front of a sharded
-  ``B`` all-gathered the whole batch (HC's streams were laid out ``[n, B, T]`` then). On one device X's token axes merge into rows with no copy and G
-  is transposed to [M, N] (N M floats) for XLA:CPU's GEMM library: at n = 4, 8 x 128 tokens,
-  K = 512, M = 6 it ran 0.58 ms against 1.05 for the flattened operands (2 CPU cores,
-  interleaved, median of 15), and HC's train step at the bench shape was 0.975x the flattened
-  form's (paired median of 11 interleaved rounds).
+  ``B`` all-gathered the whole batch (HC's streams were laid out ``[n, B, T]`` then). On one
+  device X's token axes merge into rows with no copy and G is transposed to [M, N] (N M
+  floats) for XLA:CPU's GEMM library: at n = 4, 8 x 128 tokens, K = 512, M = 6 it ran 0.58 ms
+  against 1.05 for the flattened operands (2 CPU cores, interleaved, median of 15), and HC's
+  train step at the bench shape was 0.975x the flattened form's (paired median of 11
+  interleaved rounds).
 
   For a narrow output (``M <= NARROW``) it is computed as ``(G^T X)^T``: the same products,
   with the [M, K] result transposed behind an ``optimization_barrier`` (XLA would otherwise fold

@@ -11,8 +11,9 @@ Layout: with the streams in front (``[n,B,T,d]``, until the twenty-eighth sessio
 read n arrays ``B T d`` apart and the Grams reduced an ``n x n x d`` product per token. Tokens in
 front took HC's train step at 8x512 on 2 Zen 5 cores from 1.136-1.157x Pre-LN to 1.090-1.118x
 (runs of 11 interleaved rounds; mHC 1.204 -> 1.154), and the Grams as einsums beat a
-multiply-and-reduce over d in this layout (HC 1.090 against 1.210): benchmarks/README.md. Not yet timed on a GPU (there the einsums are token-batched tiny dots).
-Autodiff of einsum maps would slice ``H[..., i, :]`` and pad the cotangents back per stream.
+multiply-and-reduce over d in this layout (HC 1.090 against 1.210): benchmarks/README.md. Not
+yet timed on a GPU (there the einsums are token-batched tiny dots). Autodiff of einsum maps
+would slice ``H[..., i, :]`` and pad the cotangents back per stream.
 
   collapse_streams(w, H)          = sum_i w[i] H[i]                         [B,T,d]
   stream_update(M, H, w_out, y)[j] = sum_i M[j, i] H[i] + w_out[j] y         [B,T,n,d]
