@@ -52,14 +52,16 @@ Layer = Callable[[Any, Array, dict, Array], tuple[Array, dict]]
 
 def append_buffer_stack(layer: Layer, axis: int, width: int, params: Any, x: Array,
                         buffers: dict,
-                        policy: Callable = jax.checkpoint_policies.nothing_saveable
-                        ) -> tuple[Array, dict]:
+                        policy: Callable = jax.checkpoint_policies.nothing_saveable,
+                        shared: Any = ()) -> tuple[Array, dict]:
   """Runs L layers (``params`` stacked [L, ...]); returns the final ``(x, buffers)``.
 
   axis: the buffers' slot axis; width: slots each layer writes, at ``width * l``; policy: the
-  ``jax.checkpoint_policies`` entry saying what of a layer the forward keeps for the backward.
+  ``jax.checkpoint_policies`` entry saying what of a layer the forward keeps for the backward;
+  shared: the arrays ``layer`` closes over that every layer reads unchanged (the RoPE table),
+  not saved per layer (``replay.Shared``).
   """
-  return _stack(layer, axis, width, policy, params, x, buffers)
+  return _stack(layer, axis, width, policy, replay.Shared(shared), params, x, buffers)
 
 
 def segments(n_layers: int, n_segments: int | None = None) -> list[tuple[int, int]]:
@@ -88,22 +90,22 @@ def _write(buffers: dict, writes: dict, start: Array, axis: int) -> dict:
                                                  start, axis) for n in buffers}
 
 
-def _layer_vjp(layer, policy, p, x, buffers, l):
-  """``replay.policy_vjp`` of layer ``l``: the inputs ``p`` and ``buffers`` are not saved (the
-  backward passes its own); ``x`` and the kept matmul outputs are."""
+def _layer_vjp(layer, policy, shared, p, x, buffers, l):
+  """``replay.policy_vjp`` of layer ``l``: the inputs ``p`` and ``buffers`` and the shared
+  arrays are not saved (the backward passes its own); ``x`` and the kept matmul outputs are."""
   return replay.policy_vjp(lambda p, x, b: layer(p, x, b, l), policy, (p, x, buffers),
-                           (p, buffers))
+                           (p, buffers, shared.tree))
 
 
-def _forward(layer, axis, width, policy, params, x, buffers, save: bool):
+def _forward(layer, axis, width, policy, shared, params, x, buffers, save: bool):
   """The layers segment by segment; a segment ``[a, b)`` carries only the first ``width * b``
   slots, all that its layers read or write. Returns ``((x, buffers), per-segment saved
   residuals)`` (``_layer_vjp``'s kept leaves, per layer)."""
   def step(carry, l):
     x, buffers = carry
     if save:
-      (x_next, writes), leaves, _, kept = _layer_vjp(layer, policy, _layer_params(params, l), x,
-                                                      buffers, l)
+      (x_next, writes), leaves, _, kept = _layer_vjp(layer, policy, shared,
+                                                      _layer_params(params, l), x, buffers, l)
       saved = replay.saved_leaves(leaves, kept)
     else:
       x_next, writes = layer(_layer_params(params, l), x, buffers, l)
@@ -119,17 +121,17 @@ def _forward(layer, axis, width, policy, params, x, buffers, save: bool):
   return (x, buffers), tuple(saved)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
-def _stack(layer, axis, width, policy, params, x, buffers):
-  return _forward(layer, axis, width, policy, params, x, buffers, False)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4))
+def _stack(layer, axis, width, policy, shared, params, x, buffers):
+  return _forward(layer, axis, width, policy, shared, params, x, buffers, False)[0]
 
 
-def _stack_fwd(layer, axis, width, policy, params, x, buffers):
-  (x, buffers), saved = _forward(layer, axis, width, policy, params, x, buffers, True)
+def _stack_fwd(layer, axis, width, policy, shared, params, x, buffers):
+  (x, buffers), saved = _forward(layer, axis, width, policy, shared, params, x, buffers, True)
   return (x, buffers), (params, saved, buffers)
 
 
-def _stack_bwd(layer, axis, width, policy, res, cotangents):
+def _stack_bwd(layer, axis, width, policy, shared, res, cotangents):
   params, saved, buffers = res  # per segment its layers' saved residuals; the final buffer, once
   g_x, g_buffers = cotangents
 
@@ -140,7 +142,7 @@ def _stack_bwd(layer, axis, width, policy, res, cotangents):
     # The VJP's structure, its input leaves bound to p_l and the final buffer; the rest of the
     # leaves from the forward (this trace's own values of them are dead code).
     x_like = jax.tree.map(jnp.zeros_like, g_x)
-    _, leaves, tree, kept = _layer_vjp(layer, policy, p_l, x_like, read, l)
+    _, leaves, tree, kept = _layer_vjp(layer, policy, shared, p_l, x_like, read, l)
     vjp = replay.rebind(tree, leaves, kept, saved_l)
     start = width * l
     g_writes = {n: jax.lax.dynamic_slice_in_dim(g, start, width, axis)

@@ -30,9 +30,10 @@ slot's write. At 8x512 (2 CPU cores): Full AttnRes step 1.186 -> 1.157x Pre-LN. 
 
 The remat policy decides what of the branch is kept, as it would under ``nn.remat``: the
 forward runs each branch through ``jax.vjp(jax.checkpoint(branch, policy))`` and saves that
-VJP's residuals per sublayer (a ``jax.VJP`` is a pytree of them), and the backward replays it.
-Under ``nothing_saveable`` (the paper suites' default) the residuals are the branch's inputs and
-the replay recomputes it; under ``dots_saveable`` the matmul outputs are kept too.
+VJP's residuals per sublayer except the layer's params and the shared arrays (``replay``), and
+the backward replays it. Under ``nothing_saveable`` (the paper suites' default) the saved
+residual is the branch's input ``h`` and the replay recomputes the branch; under
+``dots_saveable`` the matmul outputs are kept too.
 ``Transformer`` takes this path for designs with ``Design.source_buffer`` whenever it trains
 with remat: no gate, no per-layer outputs, no ``intermediates``, no decode.
 ``tests/model/test_buffer_stack.py`` checks loss and every gradient against the plain scan.
@@ -46,6 +47,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
+from depthbench_jax.model import replay
 from depthbench_jax.residual.base import (SLOT_CHUNK, _slot_weighted_sum, inverse_rms,
                                           slot_chunks, write_slot)
 
@@ -110,7 +112,8 @@ def read_slots_vjp(logits, values, inv_rms, k, g_h, g_values, chunk: int = SLOT_
 def source_buffer_stack(branch: Callable, query: Callable, eps: float, params: Any,
                         values: Array, inv_rms: Array,
                         policy: Callable = jax.checkpoint_policies.nothing_saveable,
-                        pin: Callable = lambda tree: tree) -> tuple[Array, Array]:
+                        pin: Callable = lambda tree: tree, shared: Any = ()
+                        ) -> tuple[Array, Array]:
   """Runs L layers of Full AttnRes over the buffer; returns the final ``(values, inv_rms)``.
 
   branch(p_l, h, sub) -> y: sublayer ``sub`` of a layer with params ``p_l`` on its aggregated
@@ -122,9 +125,10 @@ def source_buffer_stack(branch: Callable, query: Callable, eps: float, params: A
   the sharding constraint of the ``[.., B, T, ..]`` arrays (``model.transformer.batch_sharded``),
   applied to the scans' carries, each read ``h`` and write ``y`` and their cotangents: without
   it XLA sharded the buffer on the weights' fsdp-sharded ``embed`` axis and every device ran
-  the branches on the whole batch.
+  the branches on the whole batch. shared: the arrays ``branch`` closes over that every layer
+  reads unchanged (the RoPE table), not saved per layer (``replay.Shared``).
   """
-  return _stack(branch, query, eps, policy, pin, params, values, inv_rms)
+  return _stack(branch, query, eps, policy, pin, replay.Shared(shared), params, values, inv_rms)
 
 
 def _all_queries(query: Callable, params: Any) -> Array:
@@ -133,14 +137,13 @@ def _all_queries(query: Callable, params: Any) -> Array:
   return per_layer.reshape(-1, per_layer.shape[-1])
 
 
-def _branch_vjp(branch, policy, p, h, sub):
-  """``(y, (residuals, tree))`` of sublayer ``sub``'s branch VJP, keeping what ``policy``
-  saves (a ``jax.VJP`` is a pytree of its residuals)."""
-  y, vjp = jax.vjp(jax.checkpoint(lambda p, h: branch(p, h, sub), policy=policy), p, h)
-  return y, jax.tree.flatten(vjp)
+def _branch_vjp(branch, policy, shared, p, h, sub):
+  """``replay.policy_vjp`` of sublayer ``sub``'s branch: its params and the shared arrays are
+  not saved (the backward passes its own); ``h`` and what ``policy`` keeps are."""
+  return replay.policy_vjp(lambda p, h: branch(p, h, sub), policy, (p, h), (p, shared.tree))
 
 
-def _forward(branch, eps, policy, pin, queries, params, values, inv_rms, save: bool):
+def _forward(branch, eps, policy, pin, shared, queries, params, values, inv_rms, save: bool):
   """The layer scan; with ``save``, per layer also each sublayer's branch VJP residuals.
 
   The carry holds, beside the buffer, every written slot's ``slot_logits`` [S,B,T,2L].
@@ -158,8 +161,8 @@ def _forward(branch, eps, policy, pin, queries, params, values, inv_rms, save: b
       logits_k = jax.lax.dynamic_index_in_dim(logits, k, axis=3, keepdims=False)
       h = pin(read_slots(logits_k, values, inv_rms, k).astype(values.dtype))
       if save:
-        y, (residuals, _) = _branch_vjp(branch, policy, p, h, sub)
-        saved.append(residuals)
+        y, leaves, _, kept = _branch_vjp(branch, policy, shared, p, h, sub)
+        saved.append(replay.saved_leaves(leaves, kept))
       else:
         y = branch(p, h, sub)
       values, inv_rms = write_slot(values, inv_rms, k + 1, pin(y), eps)
@@ -170,18 +173,18 @@ def _forward(branch, eps, policy, pin, queries, params, values, inv_rms, save: b
   return jax.lax.scan(layer, pin((values, inv_rms, logits)), (params, jnp.arange(n_layers)))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4))
-def _stack(branch, query, eps, policy, pin, params, values, inv_rms):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4, 5))
+def _stack(branch, query, eps, policy, pin, shared, params, values, inv_rms):
   queries = _all_queries(query, params)
-  (values, inv_rms, _), _ = _forward(branch, eps, policy, pin, queries, params, values,
+  (values, inv_rms, _), _ = _forward(branch, eps, policy, pin, shared, queries, params, values,
                                      inv_rms, False)
   return values, inv_rms
 
 
-def _stack_fwd(branch, query, eps, policy, pin, params, values, inv_rms):
+def _stack_fwd(branch, query, eps, policy, pin, shared, params, values, inv_rms):
   queries = _all_queries(query, params)
-  (values, inv_rms, logits), saved = _forward(branch, eps, policy, pin, queries, params, values,
-                                              inv_rms, True)
+  (values, inv_rms, logits), saved = _forward(branch, eps, policy, pin, shared, queries, params,
+                                              values, inv_rms, True)
   return (values, inv_rms), (params, queries, values, inv_rms, logits, saved)
 
 
@@ -194,16 +197,17 @@ def _logits_vjp(g_logits: Array, value: Array, queries: Array) -> tuple[Array, A
   return dv, jax.lax.dot_general(g, v, (((0,), (0,)), ((), ())))
 
 
-def _stack_bwd(branch, query, eps, policy, pin, res, cotangents):
+def _stack_bwd(branch, query, eps, policy, pin, shared, res, cotangents):
   params, queries, values, inv_rms, logits, saved = res   # final buffer; per layer the residuals
   g_values, g_inv = pin(cotangents)
   n_layers = jax.tree.leaves(params)[0].shape[0]
 
   def branch_vjp(p, saved_l, sub):
-    # The residuals' structure, from a trace on a placeholder input that XLA then drops.
+    # The VJP's structure, its params and shared leaves bound to this layer's; the rest from the
+    # forward (this trace's values of them, on a placeholder input, are dead code).
     placeholder = jnp.zeros(values.shape[1:], values.dtype)
-    _, (_, tree) = _branch_vjp(branch, policy, p, placeholder, sub)
-    return jax.tree.unflatten(tree, saved_l[sub])
+    _, leaves, tree, kept = _branch_vjp(branch, policy, shared, p, placeholder, sub)
+    return replay.rebind(tree, leaves, kept, saved_l[sub])
 
   def layer(carry, xs):
     g_values, g_inv, g_logits, g_queries = carry

@@ -53,16 +53,27 @@ def rope_frequencies(head_dim: int, theta: float) -> Array:
   return 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
 
 
-def apply_rope(x: Array, positions: Array, theta: float) -> Array:
+def rope_table(positions: Array, head_dim: int, theta: float) -> tuple[Array, Array]:
+  """``(cos, sin)`` [B, T, head_dim/2] fp32 of the angles ``positions * theta^(-2i/head_dim)``.
+
+  Computed once per forward pass and read by every layer, as ``transformers``' LLaMA and Qwen3
+  compute ``position_embeddings`` once in the model. Computed inside each layer, the angles
+  were recomputed in every backward step of the custom layer stacks (``model/*_stack.py``),
+  fused into the rotation once per head: a third of Full AttnRes's attention backward on CPU.
+  """
+  freqs = positions[..., None].astype(jnp.float32) * rope_frequencies(head_dim, theta)
+  return jnp.cos(freqs), jnp.sin(freqs)
+
+
+def apply_rope(x: Array, rope: tuple[Array, Array]) -> Array:
   """Rotary embedding in the LLaMA/HF "rotate_half" layout.
 
-  x: [B, T, heads, head_dim]; positions: [B, T] int. Pairs (i, i + head_dim/2) rotate by
-  ``positions * theta^(-2i/head_dim)``, which is what ``transformers`` LLaMA and Qwen3 do.
+  x: [B, T, heads, head_dim]; rope: ``rope_table`` [B, T, head_dim/2] of the tokens'
+  positions. Pairs (i, i + head_dim/2) rotate by ``positions * theta^(-2i/head_dim)``, which is
+  what ``transformers`` LLaMA and Qwen3 do.
   """
   head_dim = x.shape[-1]
-  freqs = positions[..., None].astype(jnp.float32) * rope_frequencies(head_dim, theta)
-  cos = jnp.cos(freqs)[:, :, None, :]
-  sin = jnp.sin(freqs)[:, :, None, :]
+  cos, sin = (t[:, :, None, :] for t in rope)
   x32 = x.astype(jnp.float32)
   x1, x2 = x32[..., : head_dim // 2], x32[..., head_dim // 2:]
   rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
@@ -255,15 +266,14 @@ class Attention(nn.Module):
   (submodule ``kv_cache``: ``cached_key``/``cached_value`` [B, S, K, hd], ``cache_index`` [B] =
   tokens already stored per row). A call with T new tokens writes them at slots
   ``index[b] .. index[b]+T-1``, lets query i see slots ``<= index[b] + i`` and advances the index
-  by T; ``positions`` must be ``index[b] + arange(T)``. The first call (cache creation, e.g. under
-  ``init``) sizes the cache from its input and runs plain causal attention.
+  by T; ``rope`` must be the table of positions ``index[b] + arange(T)``. The first call (cache
+  creation, e.g. under ``init``) sizes the cache from its input and runs plain causal attention.
   """
 
   d_model: int
   n_heads: int
   n_kv_heads: int
   head_dim: int
-  rope_theta: float = 10000.0
   qk_norm: bool = False
   norm_eps: float = 1e-6
   init_std: float = 0.02
@@ -294,12 +304,12 @@ class Attention(nn.Module):
     if self.decode:
       self.kv_cache = KVCache(name="kv_cache")
 
-  def project_qkv(self, x: Array, positions: Array) -> tuple[Array, Array, Array]:
-    """x [B,T,d] -> q [B,T,H,hd], k, v [B,T,K,hd], RoPE (and QK-norm) applied."""
+  def project_qkv(self, x: Array, rope: tuple[Array, Array]) -> tuple[Array, Array, Array]:
+    """x [B,T,d] -> q [B,T,H,hd], k, v [B,T,K,hd], RoPE (``rope_table``; and QK-norm) applied."""
     q, k, v = self.wq(x), self.wk(x), self.wv(x)
     if self.qk_norm:
       q, k = self.q_norm(q), self.k_norm(k)
-    return apply_rope(q, positions, self.rope_theta), apply_rope(k, positions, self.rope_theta), v
+    return apply_rope(q, rope), apply_rope(k, rope), v
 
   def project_out(self, o: Array) -> Array:
     return self.wo(o)
@@ -316,8 +326,8 @@ class Attention(nn.Module):
       return causal_attention(q, k, v)
     return masked_attention(q, k_all, v_all, mask)
 
-  def __call__(self, x: Array, positions: Array) -> Array:
-    q, k, v = self.project_qkv(x, positions)
+  def __call__(self, x: Array, rope: tuple[Array, Array]) -> Array:
+    q, k, v = self.project_qkv(x, rope)
     if self.decode:
       return self.project_out(self.attend_cached(q, k, v))
     return self.project_out(self.attend(q, k, v))

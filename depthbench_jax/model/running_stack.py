@@ -41,7 +41,8 @@ Layer = Callable[[Any, Array, Array, Array], tuple[Array, Array]]
 def running_buffer_stack(layer: Layer, first_slot: Callable[[Array], Array], params: Any,
                          values: Array, inv_rms: Array,
                          policy: Callable = jax.checkpoint_policies.nothing_saveable,
-                         pin: Callable = lambda tree: tree) -> tuple[Array, Array]:
+                         pin: Callable = lambda tree: tree, shared: Any = ()
+                         ) -> tuple[Array, Array]:
   """Runs L layers (``params`` stacked [L, ...]); returns the final ``(values, inv_rms)``.
 
   first_slot(l): the lowest slot layer ``l`` writes, nondecreasing in ``l``; layer ``l`` must
@@ -49,8 +50,10 @@ def running_buffer_stack(layer: Layer, first_slot: Callable[[Array], Array], par
   starts. policy: the ``jax.checkpoint_policies`` entry saying what of a layer the forward keeps
   for the backward. pin(tree) -> tree: the batch-rows sharding constraint of the ``[.., B, T,
   ..]`` arrays (``model.transformer.batch_sharded``), applied to both scans' carries.
+  shared: the arrays ``layer`` closes over that every layer reads unchanged (the RoPE table):
+  not saved per layer (``replay.Shared``).
   """
-  return _stack(layer, first_slot, policy, pin, params, values, inv_rms)
+  return _stack(layer, first_slot, policy, pin, replay.Shared(shared), params, values, inv_rms)
 
 
 def _slot(x: Array, s: Array) -> Array:
@@ -64,13 +67,13 @@ def entry_buffer(final: Array, initial: Array, running: Array, first: Array) -> 
   return jnp.where(slots < first, final, jnp.where(slots == first, running[None], initial))
 
 
-def _layer_vjp(layer, policy, p, values, inv_rms, l):
-  """``replay.policy_vjp`` of layer ``l``: its params and buffer are not saved."""
+def _layer_vjp(layer, policy, shared, p, values, inv_rms, l):
+  """``replay.policy_vjp`` of layer ``l``: its params, buffer and shared arrays are not saved."""
   return replay.policy_vjp(lambda p, v, r: layer(p, v, r, l), policy, (p, values, inv_rms),
-                           (p, values, inv_rms))
+                           (p, values, inv_rms, shared.tree))
 
 
-def _forward(layer, first_slot, policy, pin, params, values, inv_rms, save: bool):
+def _forward(layer, first_slot, policy, pin, shared, params, values, inv_rms, save: bool):
   """The layer scan; with ``save``, per layer also the running slot at its entry and its
   VJP's kept residuals."""
   def step(carry, xs):
@@ -80,24 +83,24 @@ def _forward(layer, first_slot, policy, pin, params, values, inv_rms, save: bool
       return pin(layer(p, values, inv_rms, l)), None
     first = first_slot(l)
     running = pin((_slot(values, first), _slot(inv_rms, first)))
-    out, leaves, _, kept = _layer_vjp(layer, policy, p, values, inv_rms, l)
+    out, leaves, _, kept = _layer_vjp(layer, policy, shared, p, values, inv_rms, l)
     return pin(out), (running, replay.saved_leaves(leaves, kept))
 
   n_layers = jax.tree.leaves(params)[0].shape[0]
   return jax.lax.scan(step, pin((values, inv_rms)), (params, jnp.arange(n_layers)))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
-def _stack(layer, first_slot, policy, pin, params, values, inv_rms):
-  return _forward(layer, first_slot, policy, pin, params, values, inv_rms, False)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4))
+def _stack(layer, first_slot, policy, pin, shared, params, values, inv_rms):
+  return _forward(layer, first_slot, policy, pin, shared, params, values, inv_rms, False)[0]
 
 
-def _stack_fwd(layer, first_slot, policy, pin, params, values, inv_rms):
-  final, saved = _forward(layer, first_slot, policy, pin, params, values, inv_rms, True)
+def _stack_fwd(layer, first_slot, policy, pin, shared, params, values, inv_rms):
+  final, saved = _forward(layer, first_slot, policy, pin, shared, params, values, inv_rms, True)
   return final, (params, saved, final, (values, inv_rms))
 
 
-def _stack_bwd(layer, first_slot, policy, pin, res, cotangents):
+def _stack_bwd(layer, first_slot, policy, pin, shared, res, cotangents):
   params, saved, final, initial = res
 
   def step(carry, xs):
@@ -105,7 +108,7 @@ def _stack_bwd(layer, first_slot, policy, pin, res, cotangents):
     p, (running, saved_l), l = xs
     first = first_slot(l)
     values, inv_rms = (entry_buffer(f, i, r, first) for f, i, r in zip(final, initial, running))
-    _, leaves, tree, kept = _layer_vjp(layer, policy, p, values, inv_rms, l)
+    _, leaves, tree, kept = _layer_vjp(layer, policy, shared, p, values, inv_rms, l)
     g_p, g_values, g_inv = replay.rebind(tree, leaves, kept, saved_l)((g_values, g_inv))
     return pin((g_values, g_inv)), g_p
 

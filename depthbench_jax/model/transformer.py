@@ -21,7 +21,7 @@ import jax.numpy as jnp
 
 from depthbench_jax.model import append_stack, buffer_stack, running_stack
 from depthbench_jax.model.config import ModelConfig
-from depthbench_jax.model.layers import Attention, SwiGLU, dtype_of, normal_init
+from depthbench_jax.model.layers import Attention, SwiGLU, dtype_of, normal_init, rope_table
 from depthbench_jax.model.matmul import PROJECTION, projection_dot_general
 from depthbench_jax.residual import attnres, registry
 
@@ -54,8 +54,8 @@ class Block(nn.Module):
     dtype, param_dtype = dtype_of(cfg.dtype), dtype_of(cfg.param_dtype)
     self.wiring = design.layer(cfg, name="residual")
     self.attn = Attention(
-        cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, rope_theta=cfg.rope_theta,
-        qk_norm=cfg.qk_norm, norm_eps=cfg.norm_eps, init_std=cfg.init_std,
+        cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, qk_norm=cfg.qk_norm,
+        norm_eps=cfg.norm_eps, init_std=cfg.init_std,
         out_init_scale=scales.attn_out, value_init_scale=scales.attn_value, dtype=dtype,
         param_dtype=param_dtype, use_fused_kernel=cfg.attention_kernel == "fused",
         decode=self.decode, name="self_attn")
@@ -63,10 +63,10 @@ class Block(nn.Module):
                       in_init_scale=scales.mlp_in, out_init_scale=scales.mlp_out, dtype=dtype,
                       param_dtype=param_dtype, name="mlp")
 
-  def __call__(self, state, xs, positions):
+  def __call__(self, state, xs, rope):
     wiring, layer = self.wiring, xs["layer"]
     state_in = state
-    state, y_attn, y_mlp = _sublayers(self, state, layer, positions)
+    state, y_attn, y_mlp = _sublayers(self, state, layer, rope)
     if "gate" in xs:  # only a diagnostics gate blends: with none, no pass over the state
       state = wiring.skip(state_in, state, xs["gate"])
 
@@ -75,43 +75,43 @@ class Block(nn.Module):
       outputs = {"hidden": wiring.hidden(state), "update": y_attn + y_mlp}
     return state, outputs
 
-  def append_layer(self, x, buffers, layer, positions):
+  def append_layer(self, x, buffers, layer, rope):
     """The layer for ``model/append_stack.py``: ``(x, buffers) -> (x', writes)`` with the
     presence of an ungated stack before ``layer``; writes = its slots of each buffer. The
     buffers may be a prefix of the slots (the stack's segments); presence is cut to match."""
     spec = registry.get(self.cfg.design).append_buffer
     n_slots = buffers[spec.names[0]].shape[spec.axis]
     state = {"x": x, **buffers, "presence": spec.presence(self.cfg, layer)[:n_slots]}
-    state, _, _ = _sublayers(self, state, layer, positions)
+    state, _, _ = _sublayers(self, state, layer, rope)
     writes = {n: jax.lax.dynamic_slice_in_dim(state[n], spec.width * layer, spec.width, spec.axis)
               for n in spec.names}
     return state["x"], writes
 
-  def running_layer(self, values, inv_rms, layer, positions):
+  def running_layer(self, values, inv_rms, layer, rope):
     """The layer for ``model/running_stack.py``: ``(values, inv_rms) -> (values, inv_rms)``
     with the presence of an ungated stack before ``layer``."""
     spec = registry.get(self.cfg.design).running_buffer
     state = {"values": values, "inv_rms": inv_rms, "presence": spec.presence(self.cfg, layer),
              "slot": spec.first_slot(self.cfg, layer)}
-    state, _, _ = _sublayers(self, state, layer, positions)
+    state, _, _ = _sublayers(self, state, layer, rope)
     return state["values"], state["inv_rms"]
 
   def depth_query(self, sub: int):
     return self.wiring.depth_query(sub)
 
-  def branch(self, h, sub: int, positions):
+  def branch(self, h, sub: int, rope):
     """``F_sub(N_sub(h))``: one sublayer on its aggregated input ``h`` [B,T,d], for designs
     whose ``read`` is an aggregation followed by the pre-norm (``wiring.pre_norm``; AttnRes)."""
     u = self.wiring.pre_norm(h, sub)
-    return self.attn(u, positions) if sub == 0 else self.mlp(u)
+    return self.attn(u, rope) if sub == 0 else self.mlp(u)
 
 
-def _sublayers(block: Block, state, layer, positions):
+def _sublayers(block: Block, state, layer, rope):
   """Attention then MLP through the block's wiring: ``(state, y_attn, y_mlp)``. A function, not
   a method: flax would add a ``_sublayers`` scope to every op name (profile_step's parts)."""
   wiring = block.wiring
   state, y_attn = wiring.sublayer(
-      state, 0, layer, lambda u, s: wiring.attend(block.attn, u, positions, s, layer))
+      state, 0, layer, lambda u, s: wiring.attend(block.attn, u, rope, s, layer))
   state, y_mlp = wiring.sublayer(state, 1, layer, lambda u, s: (block.mlp(u), s))
   return state, y_attn, y_mlp
 
@@ -168,6 +168,7 @@ class Transformer(nn.Module):
     batch, seq = tokens.shape
     if positions is None:
       positions = jnp.broadcast_to(jnp.arange(seq, dtype=jnp.int32), (batch, seq))
+    rope = rope_table(positions, cfg.head_dim, cfg.rope_theta)  # once, read by every layer
     embed = nn.Embed(cfg.vocab_size, cfg.d_model, dtype=dtype,
                      param_dtype=dtype_of(cfg.param_dtype),
                      embedding_init=normal_init(cfg.init_std, "vocab", "embed"), name="embed")
@@ -185,13 +186,13 @@ class Transformer(nn.Module):
     # wherever nothing but the loss is asked; everything else takes the plain scan.
     custom_stack = self._plain_training_stack(gate, return_layers)
     if custom_stack and design.source_buffer:         # Full AttnRes: buffer_stack.py
-      state = self._run_source_buffer_stack(state, positions, pin)
+      state = self._run_source_buffer_stack(state, rope, pin)
       layer_outputs = None
     elif custom_stack and design.append_buffer:       # MoDA: append_stack.py
-      state = self._run_append_buffer_stack(design.append_buffer, state, positions)
+      state = self._run_append_buffer_stack(design.append_buffer, state, rope)
       layer_outputs = None
     elif custom_stack and design.running_buffer:      # Block AttnRes: running_stack.py
-      state = self._run_running_buffer_stack(design.running_buffer, state, positions, pin)
+      state = self._run_running_buffer_stack(design.running_buffer, state, rope, pin)
       layer_outputs = None
     elif cfg.scan_layers:
       stack = nn.scan(
@@ -199,7 +200,7 @@ class Transformer(nn.Module):
           split_rngs={"params": True}, in_axes=(0, nn.broadcast), length=cfg.n_layers,
           metadata_params={nn.PARTITION_NAME: "layers"})
       state, layer_outputs = stack(cfg, return_layers, self.decode, name="layers")(
-          state, xs, positions)
+          state, xs, rope)
     else:
       per_layer = []
       for i in range(cfg.n_layers):
@@ -207,7 +208,7 @@ class Transformer(nn.Module):
         # far (``residual.base.static_prefix``); remat still traces it.
         xs_i = {**jax.tree.map(lambda a: a[i], xs), "layer": i}
         state, out = block_cls(cfg, return_layers, self.decode, name=f"layers_{i}")(
-            state, xs_i, positions)
+            state, xs_i, rope)
         per_layer.append(out)
       layer_outputs = (jax.tree.map(lambda *a: jnp.stack(a), *per_layer) if return_layers
                        else None)
@@ -232,36 +233,37 @@ class Transformer(nn.Module):
             and not return_layers and not self.decode and not self.is_initializing()
             and not self.is_mutable_collection("intermediates"))
 
-  def _run_running_buffer_stack(self, spec, state, positions, pin):
+  def _run_running_buffer_stack(self, spec, state, rope, pin):
     cfg = self.cfg
     block = Block(cfg)
-    layer = lambda p, v, r, l: block.apply({"params": p}, v, r, l, positions,
+    layer = lambda p, v, r, l: block.apply({"params": p}, v, r, l, rope,
                                            method=Block.running_layer)
     values, inv_rms = running_stack.running_buffer_stack(
         layer, lambda l: spec.first_slot(cfg, l), nn.unbox(self.variables["params"]["layers"]),
-        state["values"], state["inv_rms"], policy=_POLICIES[cfg.remat_policy], pin=pin)
+        state["values"], state["inv_rms"], policy=_POLICIES[cfg.remat_policy], pin=pin,
+        shared=rope)
     return attnres.written_state(values, inv_rms, cfg.norm_eps)
 
-  def _run_append_buffer_stack(self, spec, state, positions):
+  def _run_append_buffer_stack(self, spec, state, rope):
     block = Block(self.cfg)
-    layer = lambda p, x, buffers, l: block.apply({"params": p}, x, buffers, l, positions,
+    layer = lambda p, x, buffers, l: block.apply({"params": p}, x, buffers, l, rope,
                                                  method=Block.append_layer)
     params = nn.unbox(self.variables["params"]["layers"])
     x, buffers = append_stack.append_buffer_stack(
         layer, spec.axis, spec.width, params, state["x"], {n: state[n] for n in spec.names},
-        policy=_POLICIES[self.cfg.remat_policy])
+        policy=_POLICIES[self.cfg.remat_policy], shared=rope)
     return {**state, "x": x, **buffers,
             "presence": spec.presence(self.cfg, jnp.asarray(self.cfg.n_layers))}
 
-  def _run_source_buffer_stack(self, state, positions, pin):
+  def _run_source_buffer_stack(self, state, rope, pin):
     cfg = self.cfg
     block = Block(cfg)
-    branch = lambda p, h, sub: block.apply({"params": p}, h, sub, positions, method=Block.branch)
+    branch = lambda p, h, sub: block.apply({"params": p}, h, sub, rope, method=Block.branch)
     query = lambda p, sub: block.apply({"params": p}, sub, method=Block.depth_query)
     params = nn.unbox(self.variables["params"]["layers"])
     values, inv_rms = buffer_stack.source_buffer_stack(
         branch, query, cfg.norm_eps, params, state["values"], state["inv_rms"],
-        policy=_POLICIES[cfg.remat_policy], pin=pin)
+        policy=_POLICIES[cfg.remat_policy], pin=pin, shared=rope)
     return attnres.written_state(values, inv_rms, cfg.norm_eps)
 
 

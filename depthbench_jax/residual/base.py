@@ -77,10 +77,11 @@ class LayerWiring(nn.Module):
     y, state = fn(u, state)
     return self.write(state, y, sub, layer), y
 
-  def attend(self, attn: nn.Module, u: Array, positions: Array, state: State,
+  def attend(self, attn: nn.Module, u: Array, rope: tuple[Array, Array], state: State,
              layer: Array) -> tuple[Array, State]:
-    """Runs the attention sublayer on its input ``u``; MoDA overrides this to add depth keys."""
-    return attn(u, positions), state
+    """Runs the attention sublayer on its input ``u`` (``rope``: the RoPE table,
+    ``layers.rope_table``); MoDA overrides this to add depth keys."""
+    return attn(u, rope), state
 
   def hidden(self, state: State) -> Array:
     """The residual-equivalent hidden state [B,T,d] the diagnostics compare across layers."""

@@ -163,7 +163,7 @@ class MoDA(LayerWiring):
     return {**state, "k": put(state["k"], k), "v": put(state["v"], v),
             "presence": state["presence"].at[slot].set(1.0)}
 
-  def attend(self, attn, u, positions, state, layer):
+  def attend(self, attn, u, rope, state, layer):
     q, k_raw, v = attn.wq(u), attn.wk(u), attn.wv(u)
     depth_k, depth_v, presence = state["k"], state["v"], state["presence"]
     n_read = static_prefix(2 * layer, depth_k.shape[3])  # the 2l slots of layers < l
@@ -173,8 +173,8 @@ class MoDA(LayerWiring):
     k = k_raw
     if attn.qk_norm:
       q, k, depth_k = attn.q_norm(q), attn.k_norm(k), attn.k_norm(depth_k)
-    q = apply_rope(q, positions, attn.rope_theta)
-    k = apply_rope(k, positions, attn.rope_theta)
+    q = apply_rope(q, rope)
+    k = apply_rope(k, rope)
     depth_k, depth_v = depth_k.astype(q.dtype), depth_v.astype(v.dtype)
     mask = None
     if attn.decode:  # As Attention.attend_cached: mask None on the call that creates the cache.

@@ -62,9 +62,10 @@ def _block_flops(cfg, params, batch: int, seq_len: int) -> float:
   layer_params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype),
                               params["layers"])
   xs = {"layer": jax.ShapeDtypeStruct((), jnp.int32)}   # no gate: the training layer
-  positions = jax.ShapeDtypeStruct((batch, seq_len), jnp.int32)
-  fn = lambda p, s, x, pos: Block(cfg).apply({"params": p}, s, x, pos)[0]
-  compiled = jax.jit(fn).lower(layer_params, state, xs, positions).compile()
+  half = jax.ShapeDtypeStruct((batch, seq_len, cfg.head_dim // 2), jnp.float32)
+  rope = (half, half)                                   # the (cos, sin) table every layer reads
+  fn = lambda p, s, x, rope: Block(cfg).apply({"params": p}, s, x, rope)[0]
+  compiled = jax.jit(fn).lower(layer_params, state, xs, rope).compile()
   return float(_cost(compiled).get("flops", 0.0))
 
 

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from depthbench_jax.model import append_stack
+from depthbench_jax.model import append_stack, replay
 from depthbench_jax.model.config import model_config_from
 from depthbench_jax.model.transformer import Transformer
 from depthbench_jax.residual import moda
@@ -91,21 +91,28 @@ def test_a_toy_stack_equals_the_plain_loop_with_every_gradient(policy):
   assert out["kv"].dtype == jnp.bfloat16
 
 
-def test_the_forward_saves_what_the_policy_keeps_and_never_the_buffer_or_params():
+def test_the_forward_saves_what_the_policy_keeps_and_never_the_buffer_params_or_shared():
   """Per layer the forward saves its input x [B,d] (and its index); dots_saveable adds the
   matmul output ``x @ w`` [B,d], so the backward does not recompute it. Never the buffer
-  [B,S,d] or the layer's params (which would be L copies): the backward passes its own."""
+  [B,S,d] or the layer's params (which would be L copies): the backward passes its own. A
+  ``shared`` array the layer closes over (here a scale on x) is not saved either; unshared, it
+  is saved once per layer."""
   d = 3
   params = {"w": jnp.ones((5, d, d)), "r": jnp.ones((5, d)), "a": jnp.ones((5, d))}
-  x, buffers = jnp.ones((2, d)), {"kv": jnp.ones((2, SLOTS, d))}
+  x, buffers, scale = jnp.ones((2, d)), {"kv": jnp.ones((2, SLOTS, d))}, jnp.ones((2, d))
 
-  def saved(policy):
-    run = lambda p, x, b: append_stack._forward(_toy_layer, 1, WIDTH, policy, p, x, b, True)[1]
-    segs = jax.eval_shape(run, params, x, buffers)
+  def saved(policy, share=True):
+    def run(p, x, b, scale):
+      layer = lambda p, x, b, l: _toy_layer(p, x * scale, b, l)
+      shared = replay.Shared(scale if share else ())
+      return append_stack._forward(layer, 1, WIDTH, policy, shared, p, x, b, True)[1]
+    segs = jax.eval_shape(run, params, x, buffers, scale)
     return [sorted(a.shape[1:] for a in jax.tree.leaves(seg)) for seg in segs]
 
   assert saved(jax.checkpoint_policies.nothing_saveable) == [[(), (2, d)]] * 4
   assert saved(jax.checkpoint_policies.dots_saveable) == [[(), (2, d), (2, d)]] * 4
+  assert saved(jax.checkpoint_policies.nothing_saveable, share=False) == [[(), (2, d),
+                                                                          (2, d)]] * 4
 
 
 def test_segments_cover_the_layers_in_order_with_near_equal_lengths():

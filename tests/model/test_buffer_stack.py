@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from depthbench_jax.model import buffer_stack
+from depthbench_jax.model import buffer_stack, replay
 from depthbench_jax.model.config import model_config_from
 from depthbench_jax.model.transformer import Transformer
 from depthbench_jax.residual.base import depth_softmax, inverse_rms
@@ -69,6 +69,32 @@ def test_saved_residuals_skip_the_recompute():
     compiled = jax.jit(jax.grad(lambda p, t: model_loss(cfg, p, t))).lower(params, tokens).compile()
     return compiled.cost_analysis()["flops"]
   assert flops("dots_saveable") < 0.92 * flops("nothing_saveable")
+
+
+def test_the_forward_saves_each_branch_input_never_the_params_or_shared():
+  """Per sublayer the forward saves the branch's input ``h`` [B,T,d]; dots_saveable adds the
+  matmul output ``h @ w``. Never the layer's params (L copies), nor the ``shared`` array
+  ``scale`` the branch closes over (the RoPE table's role), which unshared is saved per
+  sublayer."""
+  n_layers, d = 2, 3
+  params = {"w": jnp.ones((n_layers, d, d)), "q": jnp.ones((n_layers, d))}
+  values = jnp.ones((2 * n_layers + 1, 2, 1, d))
+  inv_rms, scale = jnp.ones(values.shape[:-1]), jnp.ones((2, 1, d))
+
+  def saved(policy, share=True):
+    def run(p, v, r, scale):
+      branch = lambda p, h, sub: jnp.tanh(h @ p["w"]) * scale
+      queries = jnp.concatenate([p["q"], p["q"]])
+      shared = replay.Shared(scale if share else ())
+      return buffer_stack._forward(branch, 1e-6, policy, lambda t: t, shared, queries, p, v, r,
+                                   True)[1]
+    return sorted(a.shape[1:] for a in jax.tree.leaves(jax.eval_shape(run, params, values,
+                                                                      inv_rms, scale)))
+
+  h = (2, 1, d)
+  assert saved(jax.checkpoint_policies.nothing_saveable) == [h, h]
+  assert saved(jax.checkpoint_policies.dots_saveable) == [h, h, h, h]
+  assert saved(jax.checkpoint_policies.nothing_saveable, share=False) == [h, h, h, h]
 
 
 @pytest.mark.parametrize("k,chunk", [(3, 8), (3, 1), (5, 4), (4, 4), (2, 2)])

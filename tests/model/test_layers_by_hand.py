@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from depthbench_jax.model.layers import RMSNorm, SwiGLU, apply_rope
+from depthbench_jax.model.layers import RMSNorm, SwiGLU, apply_rope, rope_table
 
 
 def test_rmsnorm_eps_sits_inside_the_root():
@@ -25,7 +25,7 @@ def test_rope_rotates_pairs_i_and_i_plus_half_by_position_times_frequency():
   a, b, c, d = 0.3, -1.2, 0.7, 2.0
   x = jnp.array([a, b, c, d], jnp.float32).reshape(1, 1, 1, 4)
   for pos in (0, 1, 5):
-    got = np.asarray(apply_rope(x, jnp.array([[pos]]), 1e4)).ravel()
+    got = np.asarray(apply_rope(x, rope_table(jnp.array([[pos]]), 4, 1e4))).ravel()
     t0, t1 = pos * 1.0, pos * 0.01
     want = [a * np.cos(t0) - c * np.sin(t0), b * np.cos(t1) - d * np.sin(t1),
             c * np.cos(t0) + a * np.sin(t0), d * np.cos(t1) + b * np.sin(t1)]
@@ -35,7 +35,7 @@ def test_rope_rotates_pairs_i_and_i_plus_half_by_position_times_frequency():
 def test_rope_keeps_norms_and_scores_depend_on_offset_only():
   rng = np.random.default_rng(0)
   q, k = (jnp.asarray(rng.normal(size=(1, 1, 1, 16)), jnp.float32) for _ in range(2))
-  rope = lambda x, p: apply_rope(x, jnp.array([[p]]), 1e4).ravel()
+  rope = lambda x, p: apply_rope(x, rope_table(jnp.array([[p]]), 16, 1e4)).ravel()
   np.testing.assert_allclose(jnp.linalg.norm(rope(q, 37)), jnp.linalg.norm(q), rtol=1e-5)
   score = lambda m, n: float(rope(q, m) @ rope(k, n))
   assert abs(score(9, 4) - score(105, 100)) < 1e-4

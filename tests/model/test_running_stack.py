@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from depthbench_jax.model import running_stack
+from depthbench_jax.model import replay, running_stack
 from depthbench_jax.model.config import model_config_from
 from depthbench_jax.model.transformer import Transformer
 from depthbench_jax.residual import attnres
@@ -55,28 +55,31 @@ def test_entry_buffer_takes_finished_running_and_unwritten_slots_from_their_sour
   np.testing.assert_array_equal(got[:, 0], [10, 7, 0, 0])
 
 
-def test_the_forward_saves_one_slot_per_layer_and_never_the_buffer_or_params():
-  """A toy layer adding ``tanh(read @ w)`` into slot ``l // 2 + 1``: per layer the forward
-  saves the running slot (values [B,d], inv_rms [B]) and the index; dots_saveable adds the
-  matmul output [B,d]. Never the buffer [S,B,d] or the params (L copies of either)."""
+def test_the_forward_saves_one_slot_per_layer_and_never_the_buffer_params_or_shared():
+  """A toy layer adding ``tanh(read @ w) * scale`` into slot ``l // 2 + 1``: per layer the
+  forward saves the running slot (values [B,d], inv_rms [B]) and the index; dots_saveable adds
+  the matmul output [B,d]. Never the buffer [S,B,d] or the params (L copies of either), nor the
+  ``shared`` array ``scale`` [B,d] the layer closes over (saved per layer when unshared)."""
   d, n_slots = 3, 4
-
-  def layer(p, values, inv_rms, l):
-    slot = l // 2 + 1
-    y = jnp.tanh(jnp.sum(values, axis=0) @ p["w"]) * inv_rms[0][:, None]
-    return (values.at[slot].add(y), inv_rms.at[slot].set(1.0 / (1.0 + jnp.sum(y * y, -1))))
-
   params = {"w": jnp.ones((5, d, d))}
-  values, inv_rms = jnp.ones((n_slots, 2, d)), jnp.ones((n_slots, 2))
+  values, inv_rms, scale = jnp.ones((n_slots, 2, d)), jnp.ones((n_slots, 2)), jnp.ones((2, d))
 
-  def saved(policy):
-    run = lambda p, v, r: running_stack._forward(layer, lambda l: l // 2 + 1, policy,
-                                                 lambda t: t, p, v, r, True)[1]
+  def saved(policy, share=True):
+    def run(p, v, r, scale):
+      def layer(p, values, inv_rms, l):
+        slot = l // 2 + 1
+        y = jnp.tanh(jnp.sum(values, axis=0) @ p["w"]) * inv_rms[0][:, None] * scale
+        return (values.at[slot].add(y), inv_rms.at[slot].set(1.0 / (1.0 + jnp.sum(y * y, -1))))
+      shared = replay.Shared(scale if share else ())
+      return running_stack._forward(layer, lambda l: l // 2 + 1, policy, lambda t: t, shared, p,
+                                    v, r, True)[1]
     return sorted(a.shape[1:] for a in jax.tree.leaves(jax.eval_shape(run, params, values,
-                                                                      inv_rms)))
+                                                                      inv_rms, scale)))
 
   assert saved(jax.checkpoint_policies.nothing_saveable) == [(), (2,), (2, d)]
   assert saved(jax.checkpoint_policies.dots_saveable) == [(), (2,), (2, d), (2, d)]
+  assert saved(jax.checkpoint_policies.nothing_saveable, share=False) == [(), (2,), (2, d),
+                                                                          (2, d)]
 
 
 def test_training_memory_per_layer_is_pre_ln_s_not_the_whole_buffer():

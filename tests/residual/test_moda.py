@@ -11,7 +11,7 @@ import pytest
 
 import residual_testkit as kit
 from depthbench_jax.errors import ConfigError
-from depthbench_jax.model.layers import causal_attention, causal_query_blocks
+from depthbench_jax.model.layers import causal_attention, causal_query_blocks, rope_table
 from depthbench_jax.model.transformer import Transformer, permute_layers, unstack_layers
 from depthbench_jax.residual.moda import moda_attention
 
@@ -120,8 +120,9 @@ def test_depth_kv_written_by_attention_and_ffn():
     def __call__(self, state):
       from depthbench_jax.model.transformer import Block  # pylint: disable=g-import-not-at-top
       xs = {"layer": jnp.array(0), "gate": jnp.array(1.0)}
-      positions = jnp.broadcast_to(jnp.arange(12), (2, 12))
-      return Block(self.cfg, name="layer")(state, xs, positions)[0]
+      rope = rope_table(jnp.broadcast_to(jnp.arange(12), (2, 12)), self.cfg.head_dim,
+                        self.cfg.rope_theta)
+      return Block(self.cfg, name="layer")(state, xs, rope)[0]
 
   new = OneLayer(cfg).apply({"params": {"layer": p0}}, state)
   np.testing.assert_allclose(new["k"][:, :, :, 0], k_want, atol=1e-5)

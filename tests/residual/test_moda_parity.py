@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import residual_testkit as kit
-from depthbench_jax.model.layers import Attention
+from depthbench_jax.model.layers import Attention, rope_table
 from depthbench_jax.residual.moda import MoDA, moda_attention
 
 torch = pytest.importorskip("torch")
@@ -76,15 +76,17 @@ def test_reference_reads_unwritten_slots_as_zero_keys():
 
 
 class AttendOnly(nn.Module):
-  """The MoDA attention sublayer alone: ``wiring.attend(attn, u, positions=0, state, layer)``."""
+  """The MoDA attention sublayer alone: ``wiring.attend(attn, u, rope, state, layer)`` with every
+  position 0."""
   cfg: object
 
   @nn.compact
   def __call__(self, u, state, layer):
     cfg = self.cfg
     attn = Attention(cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, name="self_attn")
-    positions = jnp.zeros(u.shape[:2], jnp.int32)  # RoPE at position 0 is the identity
-    return MoDA(cfg, name="residual").attend(attn, u, positions, state, layer)
+    # RoPE at position 0 is the identity.
+    rope = rope_table(jnp.zeros(u.shape[:2], jnp.int32), cfg.head_dim, cfg.rope_theta)
+    return MoDA(cfg, name="residual").attend(attn, u, rope, state, layer)
 
 
 def test_attention_module_matches_reference():
