@@ -98,10 +98,13 @@ def read_slots_vjp(logits, values, inv_rms, k, g_h, g_values, chunk: int = SLOT_
     g_values, da = carry
     c = live.shape[0]
     window = lambda x: jax.lax.dynamic_slice_in_dim(x, start, c, 0)
-    v = window(values).astype(jnp.float32)
     w = jnp.where(live[:, None, None], window(a), 0.0)
     dv = window(g_values).astype(jnp.float32) + w[..., None] * g_h[None]
-    da_c = jnp.where(live[:, None, None], jnp.sum(v * g_h[None], axis=-1), window(da))
+    # One reduce per slot: over the chunk's window, XLA:CPU copied the window out before its
+    # reduce (the depth read's VJP alone, 16 reads at [17, 8, 128, 512]: 62-84 -> 40-49 ms).
+    da_c = jnp.stack([jnp.sum(_slot(values, start + j).astype(jnp.float32) * g_h, axis=-1)
+                      for j in range(c)])
+    da_c = jnp.where(live[:, None, None], da_c, window(da))
     return (jax.lax.dynamic_update_slice_in_dim(g_values, dv.astype(g_values.dtype), start, 0),
             jax.lax.dynamic_update_slice_in_dim(da, da_c, start, 0))
   g_values, da = slot_chunks(k + 1, values.shape[0], chunk, add_chunk,
