@@ -16,7 +16,6 @@ differences (depthbench_jax/residual/moda.py), checked here as relations:
 from __future__ import annotations
 
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
