@@ -80,6 +80,15 @@ def _band(band: dict | None) -> str:
   return "" if not band else f"{band['q1']:.3f}-{band['q3']:.3f}"
 
 
+def _verdict_value(value: float | None, target: float) -> str:
+  """``value`` to 3 decimals, or to 5 where 3 would print the target itself (``1.100`` failing
+  ``<= 1.1`` reads as a contradiction; ``1.10041`` does not)."""
+  if value is None:
+    return "-"
+  text = f"{value:.3f}"
+  return f"{value:.5f}" if text == f"{target:.3f}" and value != target else text
+
+
 def hf_target_needs(pre: dict, target: float) -> str:
   """What ``ours/HF <= target`` asks of the Pre-LN step: its time, and its MFU against the XLA
   GEMM ceiling of the same run (``mfu * (ours/HF) / target``; above 1 the target is out of
@@ -199,7 +208,7 @@ def render(result: dict) -> str:
   for v in result["verdict"]:
     noise = (f" (target inside the per-round IQR {_band(v['band'])})"
              if v.get("within_noise") else "")
-    value = "-" if v["value"] is None else f"{v['value']:.3f}"
+    value = _verdict_value(v["value"], v["target"])
     why = f" ({v['failed']})" if v.get("failed") else noise
     lines.append(f"| {v['check']} | {value} | {v['op']} {v['target']} | "
                  f"{'PASS' if v['pass'] else 'FAIL'}{why} |")

@@ -570,6 +570,15 @@ def test_verdict_flags_a_target_inside_the_run_noise():
   assert "| HC / Pre-LN step 8x512 | - | <= 1.1 | FAIL (out of memory) |" in render(r)
 
 
+def test_verdict_value_that_rounds_to_its_target_prints_the_digits_that_decide():
+  from depthbench_jax.bench_verdict import _verdict_value
+  assert _verdict_value(1.100412, 1.1) == "1.10041"   # A FAIL that 3 decimals print as 1.100.
+  assert _verdict_value(1.09962, 1.1) == "1.09962"    # A PASS likewise.
+  assert _verdict_value(1.1, 1.1) == "1.100"          # Exactly at the target.
+  assert _verdict_value(1.109, 1.1) == "1.109"
+  assert _verdict_value(None, 1.1) == "-"
+
+
 def test_host_cpu_names_family_model_and_vector_width_beside_a_masked_name():
   from depthbench_jax.bench import describe_cpuinfo
   zen5 = ("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\n"
