@@ -36,8 +36,8 @@ def test_forms_compute_their_equations():
   want = (coef[..., -1:] * h + jnp.einsum("btne,de->btnd", coef[..., :6], wg) +
           jnp.einsum("btji,btid->btjd", mix, g))
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
-  stack, _, mix = fusion_probe.form_inputs("streams", jax.random.PRNGKey(2))
-  got = fusion_probe.FORMS["streams"]((stack, None, mix), take)
+  stack, mix = fusion_probe.form_inputs("streams", jax.random.PRNGKey(2))
+  got = fusion_probe.FORMS["streams"]((stack, mix), take)
   np.testing.assert_allclose(got, jnp.einsum("btji,btid->btjd", mix, stack[layer]),
                              rtol=1e-5, atol=1e-4)
 
