@@ -297,6 +297,17 @@ def check_out_dir(out: str) -> None:
     raise ValueError(f"--out={out!r} is a file; allowed: a directory (made if missing)")
 
 
+def replot_json_path(json_path: str, out: str | None) -> str:
+  """The ``.json`` path ``--replot``'s picture is named after: ``json_path`` itself (the PNG
+  lands beside it), or the same name in ``out`` when ``--out`` is given, so that a committed
+  PNG is left as it is. ValueError as ``check_out_dir``."""
+  if not out:
+    return json_path
+  check_out_dir(out)
+  os.makedirs(out, exist_ok=True)
+  return os.path.join(out, os.path.basename(json_path))
+
+
 def result_path(out: str, device: str, preset: str, remat: str = "", designs: bool = False,
                 shapes: bool = False, kind: str = "") -> str:
   """``<out>/results-<device>[-<preset>][-remat-<policy>][-designs][-shapes][-<kind>].json``:
@@ -668,7 +679,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--preset", default=None, choices=sorted(PRESETS),
                   help="default: gpu400m on an accelerator, cpu otherwise")
-  ap.add_argument("--out", default="benchmarks", help="directory for results-<device>.json")
+  ap.add_argument("--out", default=None,
+                  help="directory for results-<device>.json (default benchmarks); with "
+                       "--replot, for the PNG (default: beside the JSON)")
   ap.add_argument("--designs", default="",
                   help="comma list, each design[:field=value...] (overrides the preset; writes "
                        "results-<device>-designs.json)")
@@ -681,18 +694,20 @@ def main(argv: Sequence[str] | None = None) -> int:
   ap.add_argument("--attention_kernel", default=None, choices=("xla", "fused"),
                   help="overrides the preset's ('fused' = cuDNN flash attention on GPU, bf16)")
   ap.add_argument("--replot", default="", metavar="JSON",
-                  help="re-render a results JSON (table, verdict, PNG beside it); no timing")
+                  help="re-render a results JSON (table, verdict, PNG); no timing")
   ap.add_argument("--overwrite", action="store_true",
                   help="replace a result file of other designs or shapes (else refused)")
   args = ap.parse_args(argv)
   if args.replot:
     try:
       result = read_result(args.replot, ("train", "preset", "verdict"), "results-<device>.json")
+      picture = replot_json_path(args.replot, args.out)
     except ValueError as e:
       ap.error(str(e))
     print(render(result))
-    print(f"wrote {write_plot(result, args.replot)}", file=sys.stderr)
+    print(f"wrote {write_plot(result, picture)}", file=sys.stderr)
     return 0
+  args.out = args.out or "benchmarks"
   try:
     check_out_dir(args.out)
   except ValueError as e:

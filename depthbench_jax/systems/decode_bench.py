@@ -356,7 +356,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   ap.add_argument("--loops", default="unrolled", help=f"comma list of {', '.join(LOOPS)}")
   ap.add_argument("--batch", type=int, default=1)
   ap.add_argument("--rounds", type=int, default=15)
-  ap.add_argument("--out", default="benchmarks")
+  ap.add_argument("--out", default=None,
+                  help="result directory (default benchmarks); with --replot, for the PNG "
+                       "(default: beside the JSON)")
   ap.add_argument("--replot", default="", help="re-render a saved result JSON, time nothing")
   ap.add_argument("--overwrite", action="store_true",
                   help="replace a result file of other cases or batch (else refused)")
@@ -365,11 +367,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
       result = bench.read_result(args.replot, ("rows", "preset", "batch"),
                                  "results-<device>-decode.json")
+      picture = os.path.splitext(bench.replot_json_path(args.replot, args.out))[0] + ".png"
     except ValueError as e:
       ap.error(str(e))
     print(render(result))
-    print(f"wrote {plot(result, os.path.splitext(args.replot)[0] + '.png')}", file=sys.stderr)
+    print(f"wrote {plot(result, picture)}", file=sys.stderr)
     return 0
+  args.out = args.out or "benchmarks"
   name = args.preset or ("cpu" if jax.default_backend() == "cpu" else "gpu400m")
   p = bench.PRESETS[name]
   if args.batch < 1 or args.rounds < 1:

@@ -195,6 +195,8 @@ def test_quick_run_writes_the_result_its_picture_and_a_table(tmp_path, capsys):
   assert "| preln | 4x16 | 8 | unrolled |" in out
   assert decode_bench.main(["--replot", path]) == 0
   assert "| preln | 2x32 | 8 | unrolled |" in capsys.readouterr().out
+  assert decode_bench.main(["--replot", path, f"--out={tmp_path / 'pictures'}"]) == 0
+  assert os.listdir(tmp_path / "pictures") == [os.path.basename(path)[:-4] + "png"]
   train_result = tmp_path / "results-cpu.json"   # the train bench's, not this command's
   train_result.write_text(json.dumps({"train": [], "preset": {}, "verdict": []}))
   with pytest.raises(SystemExit):

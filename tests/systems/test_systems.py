@@ -670,6 +670,16 @@ def test_bench_quick_mode(tmp_path, capsys):
   assert bench.main(["--replot", str(path)]) == 0
   assert capsys.readouterr().out == out
   assert path.with_suffix(".png").exists()
+  # With --out the picture goes there and the one beside the JSON (a committed PNG) is kept.
+  before = path.with_suffix(".png").stat().st_mtime_ns
+  assert bench.main(["--replot", str(path), f"--out={tmp_path / 'pictures'}"]) == 0
+  assert (tmp_path / "pictures" / path.with_suffix(".png").name).exists()
+  assert path.with_suffix(".png").stat().st_mtime_ns == before
+  assert sorted(os.listdir(tmp_path / "pictures")) == [path.with_suffix(".png").name]
+  capsys.readouterr()
+  with pytest.raises(SystemExit):
+    bench.main(["--replot", str(path), f"--out={path}"])
+  assert "--out=" in capsys.readouterr().err
   (tmp_path / "other.json").write_text('{"loss": 3.0}')
   for bad in (tmp_path / "missing.json", tmp_path / "other.json"):
     with pytest.raises(SystemExit):
