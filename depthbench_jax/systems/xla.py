@@ -23,7 +23,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from depthbench_jax.model.layers import dtype_of
+from depthbench_jax.model.layers import dtype_of, rope_table
 from depthbench_jax.model.transformer import Block, Transformer, abstract_params
 from depthbench_jax.residual import registry
 
@@ -62,8 +62,9 @@ def _block_flops(cfg, params, batch: int, seq_len: int) -> float:
   layer_params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype),
                               params["layers"])
   xs = {"layer": jax.ShapeDtypeStruct((), jnp.int32)}   # no gate: the training layer
-  half = jax.ShapeDtypeStruct((batch, seq_len, cfg.head_dim // 2), jnp.float32)
-  rope = (half, half)                                   # the (cos, sin) table every layer reads
+  positions = jax.ShapeDtypeStruct((batch, seq_len), jnp.int32)
+  rope = jax.eval_shape(  # the (cos, sin) table every layer reads, shaped as the model makes it
+      lambda pos: rope_table(pos, cfg.head_dim, cfg.rope_theta), positions)
   fn = lambda p, s, x, rope: Block(cfg).apply({"params": p}, s, x, rope)[0]
   compiled = jax.jit(fn).lower(layer_params, state, xs, rope).compile()
   return float(_cost(compiled).get("flops", 0.0))
