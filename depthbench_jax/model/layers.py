@@ -277,7 +277,7 @@ class Attention(nn.Module):
   qk_norm: bool = False
   norm_eps: float = 1e-6
   init_std: float = 0.02
-  out_init_scale: float = 1.0   # DeepNorm beta / HC sqrt(n) rescales the output projection.
+  out_init_scale: float = 1.0   # DeepNorm beta rescales the output projection.
   value_init_scale: float = 1.0  # DeepNorm beta also rescales the value projection.
   dtype: DType = jnp.float32
   param_dtype: DType = jnp.float32

@@ -113,7 +113,7 @@ class StateIO(nn.Module):
 
 @dataclasses.dataclass(frozen=True)
 class InitScales:
-  """Multipliers on the init std of the projections (DeepNorm beta, HC's output rescale)."""
+  """Multipliers on the init std of the projections (DeepNorm's beta; HC keeps 1, see hc.HC)."""
   attn_value: float = 1.0
   attn_out: float = 1.0
   mlp_in: float = 1.0
