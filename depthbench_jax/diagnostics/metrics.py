@@ -13,17 +13,18 @@ repository; choices where the paper is silent):
   HC/mHC the sum of streams, AttnRes the sum of present sources), so ``D`` is [L, L] over layer
   outputs (the embedding is not included) and "consecutive" is ``D[l, l+1]``, l = 0..L-2.
 * **Causal score** ``C[s, t]`` for ``s < t``: ``||u_t - u_t^(skip s)|| / ||u_t||`` per token, where
-  ``u_t`` is layer t's update (its two sublayer outputs summed) and ``skip s`` runs the network
-  with layer s gated off (state unchanged by it). Reduced over tokens by the mean (the spec and
-  [DIAG]); ``reduction='max'`` gives Csordas et al.'s max over sequence and prompts.
-  Entries with ``s >= t`` are NaN. A token whose clean update is zero scores 0 (nothing to
-  change). "Update" is the ungated sum of layer t's two sublayer outputs in every design (for
-  Pre-LN exactly Csordas's ``h_(t+1) - h_t``); skipping sets layer s's contribution to the state
-  to zero through the design's own ``skip`` (Pre-LN: ``h_(s+1) := h_s``). In every design that
-  is Csordas's "layer absent", which equals the spec's "update set to zero" for Pre-LN only:
-  HC/mHC also undo the layer's stream mixing (``y = 0`` would still apply ``A_r``), DeepNorm and
-  KEEL skip the post-norm too, AttnRes and MoDA mask the layer's sources (a zero source would
-  still take softmax weight).
+  ``u_t`` is layer t's update and ``skip s`` runs the network with layer s gated off (state
+  unchanged by it). Reduced over tokens by the mean (the spec and [DIAG]); ``reduction='max'``
+  gives Csordas et al.'s max over sequence and prompts. Entries with ``s >= t`` are NaN. A token
+  whose clean update is zero scores 0 (nothing to change). "Update" is the ungated sum of what
+  layer t's two sublayers add (``LayerWiring.sublayer``): ``F`` in Pre-LN and LNS, ``N_post(F)``
+  in Sandwich-LN, in these three exactly Csordas's ``h_(t+1) - h_t``; in the others, whose state
+  change is no sum of increments, the sublayer outputs ``F`` (the spec's ``f_l`` option).
+  Skipping sets layer s's contribution to the state to zero through the design's own ``skip``
+  (Pre-LN: ``h_(s+1) := h_s``). In every design that is Csordas's "layer absent", which equals
+  the spec's "update set to zero" for those three only: HC/mHC also undo the layer's stream
+  mixing (``y = 0`` would still apply ``A_r``), DeepNorm and KEEL skip the post-norm too,
+  AttnRes and MoDA mask the layer's sources (a zero source would still take softmax weight).
 * **Permutation score** ``P[i, j] = (loss_swapped - loss) / loss`` for ``i < j``: signed, as the
   spec and the seed's "how much swapping raises LM loss". [DIAG] takes ``|.|``; the two differ
   only for a swap that *lowers* the loss, which the signed score never counts above a positive

@@ -69,9 +69,10 @@ class LayerWiring(nn.Module):
                fn: Callable[[Array, State], tuple[Array, State]]) -> tuple[State, Array]:
     """One sublayer: ``u = read(state)``, ``y, state = fn(u, state)``, ``write(state, y)``.
 
-    Returns (new state, y). ``fn`` is the sublayer ``F`` (attention through ``attend``, or the
+    Returns (new state, y): ``y`` is the layer's update the causal score compares
+    (``Block``'s ``update``). ``fn`` is the sublayer ``F`` (attention through ``attend``, or the
     MLP). Designs whose read and write share work (HC/mHC: the connection maps) override this
-    to do it once.
+    to do it once; Sandwich-LN returns ``N_post(y)``, the increment it adds.
     """
     u = self.read(state, sub, layer)
     y, state = fn(u, state)

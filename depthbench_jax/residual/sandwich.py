@@ -24,6 +24,14 @@ class Sandwich(LayerWiring):
   def write(self, x, y, sub, layer):
     return x + self.post_norms[sub](y).astype(x.dtype)
 
+  def sublayer(self, x, sub, layer, fn):
+    """``read``, ``F``, ``write``, returning ``N_post(y)``: what the sublayer adds to ``x``, so
+    the causal score's update is the state change ``h_(t+1) - h_t`` here as in Pre-LN (``y``
+    itself would count changes of scale that ``N_post`` removes)."""
+    y, x = fn(self.read(x, sub, layer), x)
+    z = self.post_norms[sub](y)
+    return x + z.astype(x.dtype), z
+
 
 DESIGN = Design(name="sandwich", layer=Sandwich,
                 check=lambda residual, n_layers: check_fields(residual, {}),

@@ -1,7 +1,9 @@
 """Backbone invariants: scan == unrolled, remat changes nothing, gate and permutation hooks."""
 
+import flax
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 
@@ -61,15 +63,23 @@ def test_gate_zero_removes_a_layer_and_return_layers_shapes():
   model = tr.Transformer(cfg)
   logits, layers = model.apply({"params": params}, TOKENS, return_layers=True)
   assert layers["hidden"].shape == (3, 2, 10, 32) and layers["update"].shape == (3, 2, 10, 32)
-  # Pre-LN: hidden_l = x0 + sum of updates up to l.
-  x0 = params["embed"]["embedding"][TOKENS]
-  np.testing.assert_allclose(layers["hidden"][-1], x0 + layers["update"].sum(0), atol=1e-5)
   # Skipping the middle layer: its hidden state equals the previous one.
   _, skipped = model.apply({"params": params}, TOKENS, gate=jnp.array([1.0, 0.0, 1.0]),
                            return_layers=True)
   np.testing.assert_allclose(skipped["hidden"][1], skipped["hidden"][0], atol=1e-6)
   np.testing.assert_allclose(skipped["hidden"][0], layers["hidden"][0], atol=1e-6)
   assert not np.allclose(skipped["hidden"][2], layers["hidden"][2], atol=1e-4)
+
+
+@pytest.mark.parametrize("design", ["preln", "lns", "sandwich"])
+def test_update_is_the_state_change_where_the_state_is_one_additive_stream(design):
+  """The causal score's update is Csordas's ``h_(l+1) - h_l`` in these designs, so
+  ``hidden_l = x0 + sum of updates up to l`` (Sandwich-LN: its post-normed sublayer outputs)."""
+  cfg = model_cfg(residual=ml_collections.ConfigDict({"name": design}))
+  params = flax.linen.unbox(tr.init_params(cfg, jax.random.PRNGKey(0)))
+  _, layers = apply(cfg, params, return_layers=True)
+  x0 = params["embed"]["embedding"][TOKENS]
+  np.testing.assert_allclose(layers["hidden"], x0 + jnp.cumsum(layers["update"], 0), atol=1e-5)
 
 
 def test_the_gate_blend_is_compiled_only_with_a_gate():
