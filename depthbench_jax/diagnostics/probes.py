@@ -291,12 +291,16 @@ def _mean(values: np.ndarray) -> float:
 
 def _scored(matrix: np.ndarray, late_pairs: np.ndarray, threshold: float,
             curve_t: Sequence[float]) -> dict:
-  finite = late_pairs & np.isfinite(matrix)
+  """Shares over all late pairs and the mean over their finite scores. A non-finite score of a
+  late pair (the swapped or skipped run blew up: the largest effect there is) counts above
+  every threshold rather than dropping out of the share; ``non_finite`` says how many."""
+  blown = late_pairs & ~np.isfinite(matrix)
+  scores = np.where(blown, np.inf, matrix)
   return {"matrix": matrix, "threshold": float(threshold),
-          "share": metrics.share_above(matrix, finite, threshold),
-          "late_mean": _mean(matrix[finite]),
+          "share": metrics.share_above(scores, late_pairs, threshold),
+          "late_mean": _mean(matrix[late_pairs & ~blown]), "non_finite": int(blown.sum()),
           "curve": {"thresholds": np.asarray(curve_t),
-                    "share": metrics.share_curve(matrix, finite, curve_t)}}
+                    "share": metrics.share_curve(scores, late_pairs, curve_t)}}
 
 
 def to_jsonable(x: Any) -> Any:

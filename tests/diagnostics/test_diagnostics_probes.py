@@ -62,6 +62,20 @@ def test_preln_result_shapes_ranges_and_strict_json(preln):
     assert r[key]["curve"]["share"][0] == pytest.approx(np.mean(values > 0.0)), key
 
 
+def test_a_late_pair_that_blew_up_counts_above_every_threshold():
+  """A NaN or inf score (the swapped or skipped run diverged) is the largest effect, not a
+  missing pair: it stays in the share's denominator and numerator, and out of the mean."""
+  late = np.zeros((L, L), bool)
+  late[1, 2] = late[1, 3] = late[2, 3] = True
+  matrix = np.full((L, L), np.nan)
+  matrix[1, 2], matrix[1, 3], matrix[2, 3] = 0.1, np.nan, 0.5
+  r = probes._scored(matrix, late, 0.15, [0.0, 1e9])
+  assert r["share"] == pytest.approx(2 / 3) and r["late_mean"] == pytest.approx(0.3)
+  assert r["non_finite"] == 1 and r["curve"]["share"] == pytest.approx([1.0, 1 / 3])
+  matrix[1, 3] = np.inf
+  assert probes._scored(matrix, late, 0.15, [0.0])["share"] == pytest.approx(2 / 3)
+
+
 def test_vmapped_passes_match_direct_calls(preln):
   cfg, params, pr = preln
   tokens = _tokens()
