@@ -1,5 +1,6 @@
 """Layer diagnostics on constructed arrays with known answers (pure functions, no model)."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -43,6 +44,14 @@ def test_angular_matrix_and_consecutive():
   assert d[0, 1] == pytest.approx(0.0, abs=1e-3) and d[1, 2] == pytest.approx(1.0, abs=1e-3)
   assert d[0, 3] == pytest.approx(float(metrics.angular_distance(hidden[0], hidden[3])), abs=1e-6)
   np.testing.assert_allclose(metrics.consecutive_angular_distance(d), [d[0, 1], d[1, 2], d[2, 3]])
+
+
+def test_angular_matrix_asks_full_fp32_dots():
+  """The CPU computes fp32 dots exactly at any precision; a GPU's default is TF32, which errs by
+  percents on nearly parallel neighbours, so the matrix must ask for HIGHEST itself."""
+  text = jax.jit(metrics.angular_distance_matrix).lower(jnp.ones((3, 2, 4, 8))).as_text()
+  dots = [line for line in text.splitlines() if "stablehlo.dot_general" in line]
+  assert dots and all("precision = [HIGHEST, HIGHEST]" in line for line in dots), dots
 
 
 def test_causal_row_zero_when_update_unchanged_and_reductions():
