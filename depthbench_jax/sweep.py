@@ -278,18 +278,6 @@ def pending(runs: Iterable[Run]) -> list[Run]:
 # The plan (--dry_run).
 # ---------------------------------------------------------------------------------------------
 
-def _total_steps(config, params_total: int) -> int:
-  try:
-    from depthbench_jax.train.loop import total_steps_of  # The trainer's own budget rule.
-  except ImportError:  # Trainer not importable (partial checkout): the same rule, stated here.
-    def total_steps_of(config, params_total):
-      if config.steps > 0:
-        return int(config.steps)
-      per_step = config.data.global_batch_size * config.data.seq_len
-      return max(1, math.ceil(config.tokens_per_param * params_total / per_step))
-  return total_steps_of(config, params_total)
-
-
 def plan_rows(config_path: str, runs: Sequence[Run], mfu: float = DEFAULT_MFU,
               peak_flops: float = DEFAULT_PEAK_FLOPS) -> list[dict]:
   """One row per run: params (the design's own, eval_shape), steps, tokens, FLOPs, hours.
@@ -299,6 +287,7 @@ def plan_rows(config_path: str, runs: Sequence[Run], mfu: float = DEFAULT_MFU,
   from depthbench_jax.shapes import param_counts
   from depthbench_jax.systems.flops import train_flops_per_token
   from depthbench_jax.train import config_check
+  from depthbench_jax.train.loop import total_steps_of
   module = load_config_module(config_path)
   rows, flops_cache = [], {}
   for run in runs:
@@ -308,7 +297,7 @@ def plan_rows(config_path: str, runs: Sequence[Run], mfu: float = DEFAULT_MFU,
     except ConfigError as err:
       raise ConfigError(f"run {run.name}: {err}") from None
     counts = param_counts(config.model)
-    steps = _total_steps(config, counts["total"])
+    steps = total_steps_of(config, counts["total"])   # the trainer's own budget rule
     tokens = steps * config.data.global_batch_size * config.data.seq_len
     key = json.dumps(config.model.to_dict(), sort_keys=True, default=str)
     if key not in flops_cache:
