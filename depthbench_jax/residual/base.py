@@ -169,10 +169,11 @@ class Design:
   decayed: tuple[str, ...] = ()
   # What the design adds to the backbone's analytic cost (systems/flops.py: MFU, the sweep's
   # plan, the systems table), from the ModelConfig: parameters that multiply every token (a
-  # projection of its own), and other forward FLOPs per token. None: the entry in
+  # projection of its own), and other forward FLOPs per token, ``(cfg, causal)``: causal=False
+  # counts attention-like work as computed (systems/flops.py). None: the entry in
   # systems/design_costs.py, else nothing (a design with no contraction of its own).
   extra_matmul_params: Callable[[Any], int] | None = None
-  extra_flops_per_token: Callable[[Any], float] | None = None
+  extra_flops_per_token: Callable[[Any, bool], float] | None = None
 
   def validate(self, residual, n_layers: int) -> None:
     self.check(residual, n_layers)

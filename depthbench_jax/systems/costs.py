@@ -9,7 +9,7 @@ depth keys are the same position's only, so its decode KV cache is the ordinary 
 
 Training: ``train_flops_per_token`` at the recipe's sequence length (``flops.py``), Chinchilla
 tokens ``tokens_per_param * N`` (N = ``budget_params``, the trainer's: ``shapes.budget_params``;
-the row's own total when not given), device-hours ``tokens * flops / (peak * mfu)``.
+the row's own total when not given), device-hours ``tokens * flops / (peak * mfu) / 3600``.
 """
 
 from __future__ import annotations

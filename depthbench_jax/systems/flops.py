@@ -20,7 +20,7 @@ term that makes depth expensive at long context. Training is 3x the forward.
 
 Residual designs add their own terms (HC's stream mixing, AttnRes's depth softmax, MoDA's depth
 keys and FFN KV projections): ``Design.extra_matmul_params(cfg)`` / ``Design.extra_flops_per_token
-(cfg)`` when a design defines them, else the table in ``systems/design_costs.py``. The XLA
+(cfg, causal)`` when a design defines them, else the table in ``systems/design_costs.py``. The XLA
 count (``systems/xla.py``) is reported beside this analytic one.
 
 The paper's approximation (``paper_prefill_flops``), ``2 * 12 L d^2 T + 2 L T^2 d``, is the
@@ -65,7 +65,7 @@ def design_flops_per_token(model_cfg: Any, causal: bool = True) -> float:
   """Design-specific forward FLOPs per token other than its matmul params (see module doc)."""
   fn = getattr(_design(model_cfg), "extra_flops_per_token", None)
   if fn:
-    return float(fn(model_cfg))
+    return float(fn(model_cfg, causal))
   from depthbench_jax.systems import design_costs
   return design_costs.extra_flops_per_token(model_cfg, causal=causal)
 

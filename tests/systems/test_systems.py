@@ -139,12 +139,13 @@ def test_a_new_design_declares_its_costs_on_its_registry_entry(monkeypatch):
   from depthbench_jax.residual.base import Design
   gated = Design(name="gated", layer=preln.PreLN, check=preln.DESIGN.check,
                  extra_matmul_params=lambda cfg: 2 * cfg.n_layers * cfg.d_model,
-                 extra_flops_per_token=lambda cfg: 5.0 * cfg.d_model)
+                 extra_flops_per_token=lambda cfg, causal: (5.0 if causal else 9.0) * cfg.d_model)
   monkeypatch.setitem(registry._MODULES, "gated", "unused")
   monkeypatch.setitem(registry._cache, "gated", gated)
   pre, new = model_cfg("preln"), model_cfg("gated")
   assert flops.matmul_params(new) - flops.matmul_params(pre) == 2 * new.n_layers * new.d_model
   assert flops.design_flops_per_token(new) == 5.0 * new.d_model
+  assert flops.design_flops_per_token(new, causal=False) == 9.0 * new.d_model  # as computed
   assert flops.forward_flops_per_token(new, 64) - flops.forward_flops_per_token(pre, 64) == (
       4 * new.n_layers * new.d_model + 5 * new.d_model)
 
