@@ -123,7 +123,7 @@ def systems_table(runs: Iterable[dict], relative_to: str | None = None) -> str |
         budget_params=_budget_params(rs[0]))
     extra = xla_rows.get((design, shape))
     if extra:
-      row.update({k: extra[k] for k in ("xla_flops", "peak_bytes") if k in extra})
+      row.update({k: extra[k] for k in ("xla_flops", "peak_bytes", "backend") if k in extra})
     walls = [r.get("wall_time_s") for r in rs if r.get("wall_time_s")]
     row["wall_s"] = sum(walls) if walls else None
     row["family"] = rs[0].get("family", 0)   # the report's scale family (multi-scale suites)

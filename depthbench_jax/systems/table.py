@@ -16,12 +16,13 @@ CONVENTION = (
     "computes it off-GPU, which XLA counts: `(n+1)/2n` of the full T x T (`4 L T^2 H hd`) for "
     "the blocked XLA attention (n query blocks), which both kernel settings run off-GPU (on a "
     "GPU the suites' 'fused' is cuDNN, which skips masked tiles itself). **paper**: "
-    "`2*12 L d^2 T + 2 L T^2 d` (no LM head, SwiGLU at exactly 8/3 d), the approximation behind "
-    "the paper's 3.0 -> 4.4 TFLOPs. **XLA**: `compiled.cost_analysis()['flops']` of the abstract "
-    "compile in the dtype named below, with the scanned layer body counted L times. KV = K and "
-    "V of every layer in that dtype; state = the residual state carried between layers; peak = "
-    "`memory_analysis()` arguments + outputs + temporaries - aliased, abstract compile on the "
-    "backend named (no allocation).")
+    "`2*12 L d^2 T + 2 L T^2 d` (no LM head, SwiGLU at exactly 8/3 d): 2.98 -> 4.32 TFLOPs "
+    "at the 400M suite's 16x1216 -> 70x640, where the paper quotes about 3.0 -> 4.4. **XLA**: "
+    "`compiled.cost_analysis()['flops']` of the abstract compile in the dtype named below, with "
+    "the scanned layer body counted L times. KV = K and V of every layer in that dtype; state = "
+    "the residual state carried between layers; peak = `memory_analysis()` arguments + outputs "
+    "+ temporaries - aliased, abstract compile on the backend named below (no allocation; "
+    "XLA:CPU's buffers are a rough guide to a GPU's).")
 
 
 def _num(v: float, decimals: int) -> str:
@@ -55,8 +56,11 @@ def markdown_table(rows: Sequence[dict]) -> str:
   if not rows:
     return ""
   r0 = rows[0]
-  head = (f"Prefill at T={r0['seq_len']}, batch {r0.get('batch', 1)}, {r0['dtype']}; training "
-          f"at T={r0['train_seq_len']}, Chinchilla tokens, device-hours at "
+  backends = sorted({r["backend"].upper() for r in rows
+                     if r.get("peak_bytes") and r.get("backend")})
+  peak = f" (peak memory compiled by XLA:{'/'.join(backends)})" if backends else ""
+  head = (f"Prefill at T={r0['seq_len']}, batch {r0.get('batch', 1)}, {r0['dtype']}{peak}; "
+          f"training at T={r0['train_seq_len']}, Chinchilla tokens, device-hours at "
           f"{r0['peak_flops'] / 1e12:.0f} TFLOP/s peak and MFU {r0['mfu']:.2f}.")
   lines = [head, "",
            "| design | shape | AR | params | prefill TFLOPs causal | computed | XLA | paper | "

@@ -294,7 +294,7 @@ def test_cli_table_names_the_batch_and_dtype_of_its_bytes_and_peak(tmp_path):
                    "--dtype", "float32", "--out", str(out)]) == 0
   text = (out / "systems.md").read_text()
   assert "batch 1" not in text and "bf16" not in text
-  assert "Prefill at T=64, batch 2, float32;" in text
+  assert "Prefill at T=64, batch 2, float32 (peak memory compiled by XLA:CPU);" in text
   row = json.loads((out / "systems.json").read_text())["rows"][0]
   assert (row["batch"], row["dtype"]) == (2, "float32")
 
