@@ -40,6 +40,10 @@ PAPER_DEPTHS = (16, 32)
 # The recipe the paper's 400M losses were trained and measured with: a run whose summary config
 # says otherwise (a long-context copy of the suite) is not put beside them.
 PAPER_RECIPE = {"data.seq_len": 2048, "data.tokenizer": "gpt2", "tokens_per_param": 20.0}
+# The paper's shapes share one total parameter count; its 400M suite's lie within 3.2% of each
+# other. A family whose 16- and 32-layer totals are further apart (the iso-backbone control:
+# 407M -> 374M) measures another trend.
+PAPER_ISO_TOTAL_TOL = 0.05
 TREND_TOL = 0.005
 FAMILY_GAP = 1.2   # a scale family's shapes lie within this factor of its smallest's parameters
 CSV_FIELDS = ("name", "design", "n_layers", "d_model", "aspect_ratio", "lr", "params_total",
@@ -368,8 +372,8 @@ def recipe_differences(records: Iterable[dict]) -> list[str]:
 
 def paper_comparison(rows: Sequence[dict], records: Sequence[dict] = ()) -> str | None:
   """The paper's 400M numbers beside ours, when the results are a ~400M 16/32-layer sweep
-  trained with ``PAPER_RECIPE`` (``records``: the runs, whose configs say; otherwise one line
-  saying why they are not compared)."""
+  trained with ``PAPER_RECIPE`` at one total parameter count (``records``: the runs, whose
+  configs and counts say; otherwise one line saying why they are not compared)."""
   fam = [r for r in rows if r["ref_depths"] == PAPER_DEPTHS and r["params_median"]
          and 350e6 <= r["params_median"] <= 450e6 and r["design"] in PAPER_400M]
   if not fam:
@@ -380,6 +384,12 @@ def paper_comparison(rows: Sequence[dict], records: Sequence[dict] = ()) -> str 
     paper = ", ".join(f"{k}={v!r}" for k, v in PAPER_RECIPE.items())
     return (f"Not compared: these runs trained with {', '.join(differ)}; the paper's losses "
             f"are at {paper}, so the two are not the same quantity.")
+  totals = _median_totals_by_depth(r for r in records if r.get("family") in families)
+  lo, hi = (totals.get(depth) for depth in PAPER_DEPTHS)
+  if lo and hi and abs(hi / lo - 1) > PAPER_ISO_TOTAL_TOL:
+    return (f"Not compared: the {PAPER_DEPTHS[0]}- and {PAPER_DEPTHS[1]}-layer models hold "
+            f"{_params(lo)} and {_params(hi)} parameters ({hi / lo - 1:+.1%}); the paper's "
+            f"losses compare shapes of one total (~400M), within {PAPER_ISO_TOTAL_TOL:.0%}.")
   lines = ["| architecture | paper 16L | ours 16L | paper 32L | ours 32L | paper trend | "
            "our trend |", "|---|---|---|---|---|---|---|"]
   for r in fam:
@@ -389,6 +399,15 @@ def paper_comparison(rows: Sequence[dict], records: Sequence[dict] = ()) -> str 
     lines.append(f"| {r['design']} | {_fmt(p16)} | {ours16} | {_fmt(p32)} | {ours32} | {note} | "
                  f"{r['trend']} |")
   return "\n".join(lines)
+
+
+def _median_totals_by_depth(records: Iterable[dict]) -> dict[int, float]:
+  """``{n_layers: median params_total}`` over the records that state one."""
+  by_depth: dict[int, list[int]] = {}
+  for r in records:
+    if r.get("params_total"):
+      by_depth.setdefault(r["n_layers"], []).append(r["params_total"])
+  return {depth: statistics.median(v) for depth, v in by_depth.items()}
 
 
 def _unusable_cell(r: dict) -> str:

@@ -466,6 +466,22 @@ def test_a_bench_result_names_its_one_commit_like_a_run():
   assert revision.result_label({}) == "unknown"  # a result from before the field
 
 
+@pytest.mark.parametrize("total_32", [402.1e6, 373.6e6])
+def test_paper_comparison_only_for_shapes_of_one_total(total_32):
+  """The iso-backbone control (16x1216 407.4M -> 32x864 373.6M, its backbone fixed) passed as a
+  ~400M 16/32-layer sweep and was set beside the paper's iso-total losses. The 400M suite's
+  32x896 (402.1M, -1.3%) stays compared; at -8.3% one line says why not."""
+  records = report.collect_runs(FIXTURE)
+  for r in records:
+    if r["n_layers"] == 32:
+      r["params_total"] = total_32
+  text = scorecard.build_report(records)
+  compared = "| architecture | paper 16L | ours 16L |" in text
+  assert compared == (total_32 == 402.1e6)
+  assert ("Not compared: the 16- and 32-layer models hold 407M and 374M parameters (-8.3%)"
+          in text) == (not compared)
+
+
 @pytest.mark.parametrize("seq_len", [2048, 8192])
 def test_paper_comparison_only_for_runs_of_the_paper_recipe(seq_len):
   """A long-context copy of the 400M suite (seq 8192) had its losses put beside the paper's
