@@ -36,9 +36,11 @@ accelerator.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import json
+import math
 import os
 import platform
 import statistics
@@ -166,13 +168,24 @@ def torch_version() -> str | None:
 # Timing.
 # ---------------------------------------------------------------------------------------------
 
+def round_order(names: Sequence[str], r: int) -> list[str]:
+  """Round r's calling order: from candidate ``r mod k`` in steps of ``s``, the ``(r mod m)``-th
+  of the m step sizes coprime to k. Each candidate runs first once every k rounds, and the
+  neighbour it follows changes with ``s`` (a plain rotation, s = 1, kept a candidate behind the
+  same neighbour in every round but the one it started: 7 of the CPU bench's 14 candidates,
+  the XLA matmul ceiling always behind torch's, in its 7 rounds)."""
+  k = len(names)
+  steps = [s for s in range(1, k) if math.gcd(s, k) == 1] or [1]
+  s = steps[r % len(steps)]
+  return [names[(r + i * s) % k] for i in range(k)]
+
+
 def interleaved(candidates: dict[str, Callable[[], Any]], rounds: int, warmup: int = 2,
                 log: Callable[[str], None] | None = None) -> dict[str, list[float]]:
   """Seconds per call of each candidate: ``rounds`` rounds, each calling every candidate once
-  (each call must block until its result is ready). Round r starts at candidate r mod k, so no
-  candidate always runs first or always follows the same neighbour (a heavy GEMM chain, torch's
-  thread pool winding down). ``log`` gets a line before the warm-up and one per round
-  (elapsed, ETA)."""
+  (each call must block until its result is ready) in ``round_order``, so no candidate always
+  runs first or always follows the same neighbour (a heavy GEMM chain, torch's thread pool
+  winding down). ``log`` gets a line before the warm-up and one per round (elapsed, ETA)."""
   start_all = time.perf_counter()
   if log is not None:
     log(f"  timing {len(candidates)} candidates x {rounds} rounds, after {warmup} warm-up "
@@ -184,7 +197,7 @@ def interleaved(candidates: dict[str, Callable[[], Any]], rounds: int, warmup: i
   times: dict[str, list[float]] = {k: [] for k in names}
   timed_start = time.perf_counter()
   for r in range(rounds):
-    for name in names[r % len(names):] + names[:r % len(names)]:
+    for name in round_order(names, r):
       start = time.perf_counter()
       candidates[name]()
       times[name].append(time.perf_counter() - start)
@@ -415,6 +428,27 @@ def step_runner(c: Compiled) -> Callable[[], None]:
     c.state, metrics = c.step(c.state, c.batch)
     jax.block_until_ready(metrics["loss"])
   return run
+
+
+@contextlib.contextmanager
+def compiles_without_disk_cache(log: Callable[[str], None]):
+  """JAX's persistent compilation cache off inside, as it was after. The benches time compiles,
+  and with ``JAX_COMPILATION_CACHE_DIR`` set a repeated compile is a disk read (a train step
+  here: 2.3-2.6 s cold, 0.17 s cached), so the 70 / 16-layer compile ratio compared two reads.
+  Unsetting the directory alone does not stop a cache already in use: ``reset_cache`` too."""
+  from jax.experimental.compilation_cache import compilation_cache
+  cache_dir = jax.config.jax_compilation_cache_dir
+  if not cache_dir:
+    yield
+    return
+  log(f"persistent compilation cache {cache_dir} not used: compile times are measured")
+  jax.config.update("jax_compilation_cache_dir", None)
+  compilation_cache.reset_cache()
+  try:
+    yield
+  finally:
+    jax.config.update("jax_compilation_cache_dir", cache_dir)
+    compilation_cache.reset_cache()
 
 
 def abstract_compile_seconds(config) -> float:
@@ -760,7 +794,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
   log = lambda s: print(s, file=sys.stderr, flush=True)
   partial = os.path.splitext(path)[0] + "-partial.json"
-  result = run_bench(p, log=log, save_partial=lambda r: save(r, partial))
+  with compiles_without_disk_cache(log):
+    result = run_bench(p, log=log, save_partial=lambda r: save(r, partial))
   save(result)
   if os.path.exists(partial):
     os.remove(partial)

@@ -400,7 +400,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   log(f"device {bench.device_name()}: {len(cases)} cases x 2 (decode step, prefill), "
       f"batch {args.batch}")
   try:
-    result = run(p, cases, args.batch, args.rounds, log=log)
+    with bench.compiles_without_disk_cache(log):
+      result = run(p, cases, args.batch, args.rounds, log=log)
   except TooManyMaps as e:
     log(str(e))
     return 2

@@ -423,12 +423,56 @@ def test_interleaved_rotates_the_order_each_round():
   lines = []
   times = interleaved({k: (lambda k=k: calls.append(k)) for k in "abc"}, rounds=4, warmup=0,
                       log=lines.append)
-  assert "".join(calls) == "abc" "bca" "cab" "abc"
+  assert "".join(calls) == "abc" "bac" "cab" "acb"   # from r mod 3, in steps of 1, 2, 1, 2
   assert {k: len(v) for k, v in times.items()} == {"a": 4, "b": 4, "c": 4}
   assert lines[0].strip() == "timing 3 candidates x 4 rounds, after 0 warm-up calls each"
   assert [line.split(":")[0].strip() for line in lines[1:]] == [f"round {r}/4" for r in
                                                                (1, 2, 3, 4)]
   assert lines[-1].endswith("ETA 0s")
+
+
+@pytest.mark.parametrize("k, rounds", [(14, 7), (48, 15), (5, 10)])
+def test_round_order_varies_who_goes_first_and_who_goes_before(k, rounds):
+  """The CPU bench times 14 candidates in 7 rounds, the decode bench 48 in 15. A rotation kept
+  half of the 14 behind one neighbour in every round; now every candidate follows at least two,
+  each round is a permutation, and the first slot cycles through the candidates."""
+  from depthbench_jax.bench import round_order
+  names = [f"c{i}" for i in range(k)]
+  orders = [round_order(names, r) for r in range(rounds)]
+  assert all(sorted(o) == sorted(names) for o in orders)
+  assert [o[0] for o in orders] == [names[r % k] for r in range(rounds)]
+  before = {n: {o[o.index(n) - 1] for o in orders if o.index(n) > 0} for n in names}
+  assert min(len(v) for v in before.values()) >= 2, before
+
+
+def test_benches_compile_without_the_disk_cache(tmp_path):
+  """With JAX_COMPILATION_CACHE_DIR set the bench's compile times were disk reads. Inside the
+  context a compile neither writes nor reads the configured cache; after it, the cache is back."""
+  import jax
+  import jax.numpy as jnp
+  from jax.experimental.compilation_cache import compilation_cache
+  from depthbench_jax.bench import compiles_without_disk_cache
+  keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
+          "jax_persistent_cache_min_entry_size_bytes")
+  saved = {k: getattr(jax.config, k) for k in keys}
+  for k, v in zip(keys, (str(tmp_path), 0, 0)):
+    jax.config.update(k, v)
+  compilation_cache.reset_cache()
+  try:
+    lines = []
+    with compiles_without_disk_cache(lines.append):
+      assert jax.config.jax_compilation_cache_dir is None
+      jax.jit(lambda x: x * 3.0 + 1.0).lower(jnp.ones(7)).compile()
+    assert not list(tmp_path.iterdir())
+    assert lines == [f"persistent compilation cache {tmp_path} not used: compile times are "
+                     "measured"]
+    assert jax.config.jax_compilation_cache_dir == str(tmp_path)
+    jax.jit(lambda x: x * 5.0 - 1.0).lower(jnp.ones(7)).compile()
+    assert list(tmp_path.iterdir())
+  finally:
+    for k, v in saved.items():
+      jax.config.update(k, v)
+    compilation_cache.reset_cache()
 
 
 def test_paired_ratio_band_pairs_rounds():
