@@ -81,12 +81,17 @@ def _band(band: dict | None) -> str:
 
 
 def _verdict_value(value: float | None, target: float) -> str:
-  """``value`` to 3 decimals, or to 5 where 3 would print the target itself (``1.100`` failing
-  ``<= 1.1`` reads as a contradiction; ``1.10041`` does not)."""
+  """``value`` to 3 decimals, or to 5, 7, ... where fewer would print the target itself
+  (``1.100`` failing ``<= 1.1`` reads as a contradiction; ``1.10041`` does not)."""
   if value is None:
     return "-"
-  text = f"{value:.3f}"
-  return f"{value:.5f}" if text == f"{target:.3f}" and value != target else text
+  if value == target:
+    return f"{value:.3f}"
+  for decimals in (3, 5, 7, 9, 11, 13):
+    text = f"{value:.{decimals}f}"
+    if text != f"{target:.{decimals}f}":
+      return text
+  return repr(value)
 
 
 def hf_target_needs(pre: dict, target: float) -> str:

@@ -621,6 +621,9 @@ def test_verdict_value_that_rounds_to_its_target_prints_the_digits_that_decide()
   assert _verdict_value(1.09962, 1.1) == "1.09962"    # A PASS likewise.
   assert _verdict_value(1.1, 1.1) == "1.100"          # Exactly at the target.
   assert _verdict_value(1.109, 1.1) == "1.109"
+  assert _verdict_value(1.100001, 1.1) == "1.1000010"  # 5 decimals would still print 1.10000.
+  assert _verdict_value(0.449999, 0.45) == "0.4499990"
+  assert _verdict_value(1.1 + 1e-15, 1.1) == repr(1.1 + 1e-15)
   assert _verdict_value(None, 1.1) == "-"
 
 
