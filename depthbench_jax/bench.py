@@ -483,7 +483,7 @@ def hf_runner(cfg, config) -> Callable[[], None] | None:
   except ImportError:
     return None
   torch.manual_seed(0)
-  torch.set_num_threads(os.cpu_count() or 1)
+  torch.set_num_threads(len(os.sched_getaffinity(0)))  # the cores this process may use, as XLA
   model = hf_llama(cfg)
   model.train()
   opt = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(config.b1, config.b2),
@@ -578,7 +578,10 @@ def run_bench(p: Preset, log=print, save_partial: Callable[[dict], None] | None 
           f"attention {attention_impl(c.cfg)}")
     runners = {k: step_runner(c) for k, c in compiled.items()}
     hf_time = None
-    if p.hf and shape == shapes[0]:
+    if p.hf and shape == shapes[0] and jax.default_backend() != "cpu":
+      log(f"  HF LlamaForCausalLM left out: torch runs it on the CPU, ours runs on "
+          f"{jax.default_backend()}")
+    elif p.hf and shape == shapes[0]:
       hf = hf_runner(compiled["preln"].cfg, bench_config(p, "preln", n_layers, d_model))
       if hf is not None:
         runners["hf_llama_torch"] = hf
