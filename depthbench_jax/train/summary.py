@@ -163,14 +163,16 @@ class DivergenceGuard:
 
   def progress(self) -> dict:
     """What a checkpoint keeps of the guard, so a resumed run judges spikes against the best
-    loss before the interruption and counts every skipped step."""
+    loss before the interruption, counts every skipped step, and goes on counting a run of
+    skipped steps that the checkpoint fell inside (``max_skipped_steps`` is per run of them)."""
     return {"best_loss": self.best if math.isfinite(self.best) else None,
-            "skipped_steps": self.skipped}
+            "skipped_steps": self.skipped, "skipped_in_row": self._skipped_in_row}
 
   def resume(self, progress: dict) -> None:
     best = progress.get("best_loss")
     self.best = math.inf if best is None else float(best)
     self.skipped = int(progress.get("skipped_steps") or 0)
+    self._skipped_in_row = int(progress.get("skipped_in_row") or 0)
 
   def check(self, step: int, loss: float, grad_norm: float) -> str | None:
     if self.reason:

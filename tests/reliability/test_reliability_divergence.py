@@ -6,6 +6,7 @@ batch), so the loss and every gradient of that step are NaN, as in a real blow-u
 divergence (LR 1e4) goes through the sweep in ``test_reliability_faults.py``.
 """
 
+import json
 import math
 import os
 import shutil
@@ -165,6 +166,22 @@ def _guard(**div):
 
 def test_guard_spike_after_min_steps_only():
   guard = _guard(spike_factor=2.0, min_steps=3)
+def test_a_run_of_skipped_steps_goes_on_counting_across_a_resume():
+  """max_skipped_steps=2: two non-finite steps, a checkpoint, a resume, a third: the run
+  diverges as it would have uninterrupted (the count in a row restarted at 0 on resume)."""
+  bad = {"loss": math.nan, "grad_norm": math.nan}
+  whole, first = _guard(skip=True, max_skipped_steps=2), _guard(skip=True, max_skipped_steps=2)
+  assert whole.check_steps([(s, bad) for s in (1, 2)]) is None
+  assert first.check_steps([(s, bad) for s in (1, 2)]) is None
+  resumed = _guard(skip=True, max_skipped_steps=2)
+  resumed.resume(json.loads(json.dumps(first.progress())))   # as the checkpoint stores it
+  assert whole.check_steps([(3, bad)]) == resumed.check_steps([(3, bad)]) is not None
+  assert resumed.skipped == whole.skipped == 3
+  fresh = _guard(skip=True, max_skipped_steps=2)
+  fresh.resume({"best_loss": None, "skipped_steps": 2})      # a checkpoint from before the field
+  assert fresh.check_steps([(3, bad)]) is None
+
+
   assert guard.check_steps([(1, {"loss": 5.0, "grad_norm": 1.0}),
                             (2, {"loss": 11.0, "grad_norm": 1.0})]) is None  # Before min_steps.
   assert guard.check_steps([(3, {"loss": 4.0, "grad_norm": 1.0}),
