@@ -334,8 +334,11 @@ def train_and_evaluate(config, workdir: str) -> dict:
     last_train_loss = summary.read_metrics(workdir).get(step)
   if status == "ok" and val_loss is None:
     val_loss = evaluate(state.params, val_batches, eval_fn, batch_sharding)  # None: no val set
+  # A diverged run trained through its first bad step; the loop may have run a few more (up to
+  # the next step whose metrics it fetched) on a state that was already lost.
+  trained = guard.step if guard.reason else step
   result = summary.build(
-      config, model_cfg, counts, steps=step, tokens=step * tokens_per_step,
+      config, model_cfg, counts, steps=trained, tokens=trained * tokens_per_step,
       final_train_loss=last_train_loss, final_val_loss=val_loss,
       wall_time_s=wall_s(), status=status, guard=guard,
       last_checkpoint_step=manager.latest_step(), code=code)

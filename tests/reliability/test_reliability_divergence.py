@@ -40,6 +40,8 @@ def test_nan_step_marks_diverged_and_keeps_last_good_checkpoint(train_in_process
   s = helpers.summary(workdir)
   assert s["status"] == result["status"] == "diverged"
   assert s["diverged_step"] == 7 and "non-finite loss" in s["diverged_reason"], s
+  tokens_per_step = config.data.global_batch_size * config.data.seq_len
+  assert (s["steps"], s["tokens"]) == (7, 7 * tokens_per_step)   # not the 8 the loop reached
   assert s["last_checkpoint_step"] == 6 and summary.checkpoint_steps(workdir) == [3, 6]
   assert summary.read_json(os.path.join(workdir, "status.json"))["step"] == 7
   _, params = checkpoint.restore_params(workdir)
@@ -164,8 +166,6 @@ def _guard(**div):
       skip_nonfinite_steps=skip, **{f"divergence.{k}": v for k, v in div.items()}))
 
 
-def test_guard_spike_after_min_steps_only():
-  guard = _guard(spike_factor=2.0, min_steps=3)
 def test_a_run_of_skipped_steps_goes_on_counting_across_a_resume():
   """max_skipped_steps=2: two non-finite steps, a checkpoint, a resume, a third: the run
   diverges as it would have uninterrupted (the count in a row restarted at 0 on resume)."""
@@ -182,6 +182,8 @@ def test_a_run_of_skipped_steps_goes_on_counting_across_a_resume():
   assert fresh.check_steps([(3, bad)]) is None
 
 
+def test_guard_spike_after_min_steps_only():
+  guard = _guard(spike_factor=2.0, min_steps=3)
   assert guard.check_steps([(1, {"loss": 5.0, "grad_norm": 1.0}),
                             (2, {"loss": 11.0, "grad_norm": 1.0})]) is None  # Before min_steps.
   assert guard.check_steps([(3, {"loss": 4.0, "grad_norm": 1.0}),
