@@ -25,6 +25,7 @@
 
 from __future__ import annotations
 
+import decimal
 import re
 from typing import Any, Sequence
 
@@ -50,13 +51,21 @@ _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
 
 def normalize_number(text: str) -> str:
-  """``'1,234.50'`` -> ``'1234.5'``; ``'$7.'`` -> ``'7'``; non-numbers are stripped text."""
+  """``'1,234.50'`` -> ``'1234.5'``; ``'$7.'`` -> ``'7'``; non-numbers are stripped text.
+
+  Exact decimal arithmetic: through a float, a 400-digit answer (greedy decoding's ``1111...``)
+  raised OverflowError and ended the whole evaluation, and integers past 2^53 collapsed onto
+  each other (a false exact match)."""
   t = text.strip().replace(",", "").replace("$", "").rstrip(".")
   try:
-    value = float(t)
-  except ValueError:
+    value = decimal.Decimal(t)
+  except decimal.InvalidOperation:
     return t
-  return str(int(value)) if value == int(value) else repr(value)
+  if not value.is_finite():
+    return t
+  if value == value.to_integral_value():
+    return str(int(value))
+  return format(value.normalize(), "f")
 
 
 def gsm8k_extract(text: str) -> str:

@@ -172,6 +172,18 @@ def test_answer_extraction():
   assert tasks.math_extract("no box") == ""
 
 
+def test_numbers_compare_exactly_at_any_length():
+  """Through a float, 400 digits raised OverflowError (ending the evaluation) and integers past
+  2^53 collapsed: ...891 and ...890 were one answer."""
+  assert tasks.gsm8k_extract("The answer is " + "1" * 400) == "1" * 400
+  assert tasks.math_extract(r"\boxed{" + "9" * 400 + "}") == "9" * 400
+  assert tasks.gsm8k_extract("#### 12345678901234567891") != tasks.gsm8k_extract(
+      "#### 12345678901234567890")
+  assert [tasks.normalize_number(t) for t in ("1,234.50", "$7.", "0.10", "-3.0", "1e3", "inf",
+                                              "2/3")] == ["1234.5", "7", "0.1", "-3", "1000",
+                                                          "inf", "2/3"]
+
+
 def test_evaluate_on_fixtures_writes_evals_and_tensorboard(tmp_path):
   cfg = tiny_model_cfg()
   params = jax.tree.map(lambda s: (0.05 * np.random.RandomState(1).randn(*s.shape)).astype(
