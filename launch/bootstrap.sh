@@ -20,7 +20,12 @@ if command -v flock >/dev/null; then
   current && exit 0
 fi
 echo "[bootstrap] setting up $VENV (about a minute with uv, two with the pip fallback)" >&2
-[[ -x "$VENV/bin/python" ]] || python3 -m venv "$VENV"
+# A venv without a working pip (python3-venv missing when it was made, or creation cut short)
+# is made again: keeping it failed every later run at the first pip call.
+if ! "$VENV/bin/python" -m pip --version >/dev/null 2>&1; then
+  rm -rf "$VENV"
+  python3 -m venv "$VENV"
+fi
 PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check -q)
 "${PIP[@]}" --upgrade pip
 # uv installs the same pinned set in a third of pip's time (on the 2-core reference machine,

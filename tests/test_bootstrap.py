@@ -1,0 +1,50 @@
+"""launch/bootstrap.sh's own logic, with python3 and the venv's interpreter faked (no installs)."""
+
+import os
+import shutil
+import subprocess
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# The venv's interpreter: pip works, uv cannot be installed (so the pip fallback runs).
+WORKING_PYTHON = """#!/bin/sh
+echo "python $*" >> "$FAKE_LOG"
+case "$*" in *uv==*|*"pip config"*) exit 1 ;; esac
+exit 0
+"""
+# python3 on PATH: `-m venv DIR` makes DIR/bin/python a WORKING_PYTHON.
+PYTHON3 = """#!/bin/sh
+echo "python3 $*" >> "$FAKE_LOG"
+mkdir -p "$3/bin" && cp "$WORKING" "$3/bin/python" && chmod +x "$3/bin/python"
+"""
+
+
+def test_a_venv_left_without_pip_is_made_again(tmp_path):
+  """`python3 -m venv` without Debian's python3-venv (or cut short) leaves bin/python and no
+  pip; every later bootstrap failed at its first pip call until the user removed .venv."""
+  root = tmp_path / "repo"
+  (root / "launch").mkdir(parents=True)
+  for name in ("setup.py", "launch/constraints.txt", "launch/bootstrap.sh"):
+    shutil.copy(os.path.join(REPO, name), root / name)
+  fakes = tmp_path / "bin"
+  fakes.mkdir()
+  for path, text in ((fakes / "python3", PYTHON3), (tmp_path / "working", WORKING_PYTHON)):
+    path.write_text(text)
+    path.chmod(0o755)
+  half = root / ".venv" / "bin" / "python"
+  half.parent.mkdir(parents=True)
+  half.write_text("#!/bin/sh\necho 'No module named pip' >&2\nexit 1\n")
+  half.chmod(0o755)
+  log = tmp_path / "log"
+  env = dict(os.environ, PATH=f"{fakes}:{os.environ['PATH']}", FAKE_LOG=str(log),
+             WORKING=str(tmp_path / "working"))
+  run = lambda: subprocess.run(["bash", str(root / "launch" / "bootstrap.sh")], env=env,
+                               capture_output=True, text=True, timeout=60)
+  out = run()
+  assert out.returncode == 0, out.stderr
+  calls = log.read_text().splitlines()
+  assert calls[0] == f"python3 -m venv {root / '.venv'}"
+  assert any("-e" in c and "[test]" in c for c in calls)          # installed with pip
+  assert (root / ".venv" / ".depthbench-installed").exists()
+  log.write_text("")
+  assert run().returncode == 0 and log.read_text() == ""          # stamp current: nothing runs
