@@ -618,8 +618,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   p.add_argument("--print_results_dir", action="store_true", help=argparse.SUPPRESS)
   args = p.parse_args(argv)
   try:
-    if (args.config and args.config_flag and args.config != args.config_flag) or not (
-        args.config or args.config_flag):
+    if (args.config and args.config_flag and os.path.realpath(args.config)
+        != os.path.realpath(args.config_flag)) or not (args.config or args.config_flag):
       raise ConfigError(f"suite config {args.config!r}, --config={args.config_flag!r}; "
                         f"allowed: one configs/*.py file, as the positional or as --config")
     args.config = args.config or args.config_flag

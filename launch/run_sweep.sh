@@ -19,13 +19,17 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # made absolute before the cd (a config not found here is looked up in the repo, as before).
 CALLER="$PWD"
 absolute() { case "$1" in /*) printf '%s' "$1" ;; *) printf '%s' "$CALLER/$1" ;; esac; }
+caller_file() { if [[ -f "$1" ]]; then absolute "$1"; else printf '%s' "$1"; fi; }
+has_value() {  # FLAG [VALUE ...]: one error line and exit 2 where the value is missing
+  [[ $# -ge 2 ]] || { echo "error: $1 has no value; allowed: $1 PATH or $1=PATH" >&2; exit 2; }
+}
 ARGS=()
 SUITE=()  # --config=FILE (the spelling main.py, systems and report take) is the suite positional.
 while [[ $# -gt 0 ]]; do
   case "$1" in
-    --config) SUITE=("$2"); shift 2 ;;
-    --config=*) SUITE=("${1#--config=}"); shift ;;
-    --results_dir) ARGS+=("$1" "$(absolute "$2")"); shift 2 ;;
+    --config) has_value "$@"; SUITE=("$(caller_file "$2")"); shift 2 ;;
+    --config=*) SUITE=("$(caller_file "${1#--config=}")"); shift ;;
+    --results_dir) has_value "$@"; ARGS+=("$1" "$(absolute "$2")"); shift 2 ;;
     --results_dir=*) ARGS+=("--results_dir=$(absolute "${1#--results_dir=}")"); shift ;;
     *) ARGS+=("$1"); shift ;;
   esac

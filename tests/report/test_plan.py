@@ -190,3 +190,27 @@ def test_run_sweep_sh_takes_the_suite_as_config_flag(tmp_path, spelling):
   calls = _calls_of(script, spelling + ["--results_dir", str(results)], tmp_path)
   assert f"-m depthbench_jax.sweep {config} --results_dir {results}" in calls, calls
   assert calls[-1] == f"-m depthbench_jax.report {results} --config={config}", calls
+
+
+def test_run_sweep_sh_takes_the_same_suite_given_both_ways(tmp_path):
+  """`half_suite.py --config=half_suite.py` named one file twice, yet the script made only the
+  positional absolute and the sweep refused the pair as two suites."""
+  script = _fake_repo(tmp_path)
+  config, results = tmp_path / "half_suite.py", tmp_path / "results"
+  config.write_text(HALF_SUITE)
+  calls = _calls_of(script, ["half_suite.py", "--config=half_suite.py", "--results_dir",
+                             str(results)], tmp_path)
+  assert f"-m depthbench_jax.sweep {config} --results_dir {results} --config={config}" in calls
+  from depthbench_jax import sweep
+  assert sweep.main([str(config), f"--config={os.path.relpath(config)}", "--results_dir",
+                     str(results), "--dry_run"]) == 0
+
+
+@pytest.mark.parametrize("flag", ["--config", "--results_dir"])
+def test_run_sweep_sh_flag_without_a_value_is_one_error(tmp_path, flag):
+  script = _fake_repo(tmp_path)
+  out = subprocess.run([str(script), "configs/smoke.py", flag], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=60, env=dict(os.environ, FAKE_LOG=str(tmp_path / "log")))
+  assert out.returncode == 2 and out.stderr.splitlines() == [
+      f"error: {flag} has no value; allowed: {flag} PATH or {flag}=PATH"], out.stderr
+  assert not (tmp_path / "log").exists()   # nothing ran
