@@ -3,7 +3,7 @@
     python -m depthbench_jax.systems.train_memory --config=configs/suite_1p6b.py --devices=16 \
         [--designs=preln,hc] [--shapes=28x2048] [--grad_accum_steps=2] [--budget_gib=80]
 
-For each (design, shape) of the suite: ``train.loop.jitted_steps`` (the steps training runs) on
+For each (design, shape) of the suite: ``train.jitted.jitted_steps`` (the steps training runs) on
 ``config.mesh`` resolved against ``--devices``, then ``.lower(state, batch).compile()
 .memory_analysis()``. Per device: ``state`` = arguments (params, Adam moments and the batch
 shard), ``temporaries``, and ``peak`` = arguments + outputs + temporaries - aliased (the state
@@ -48,15 +48,15 @@ def row(config, design: str, shape: str, budget_gib: float) -> dict:
   import jax
   import jax.numpy as jnp
   from depthbench_jax.systems.xla import peak_bytes
-  from depthbench_jax.train import config_check, loop, sharding
+  from depthbench_jax.train import config_check, jitted, sharding
   config.data.source = "embedded"  # Where tokens come from moves no byte of the step; the
   # suite's data path need not exist on the host that asks.
   model_cfg = config_check.validate(config, jax.device_count(), process_count=1)
   mesh = sharding.make_mesh(config.mesh)
-  jitted = loop.jitted_steps(config, model_cfg, mesh, steps=100)
+  steps = jitted.jitted_steps(config, model_cfg, mesh, steps=100)
   batch = {"tokens": jax.ShapeDtypeStruct(
       (config.data.global_batch_size, config.data.seq_len + 1), jnp.int32)}
-  lowered = jitted.step_fn.lower(jitted.abstract_state, batch)
+  lowered = steps.step_fn.lower(steps.abstract_state, batch)
   memory = compile_for_memory(lowered).memory_analysis()
   peak = peak_bytes(memory)
   rows = config.data.global_batch_size // sharding.data_parallel_size(mesh)

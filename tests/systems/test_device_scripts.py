@@ -78,10 +78,18 @@ def test_gpu_decode_script_times_decoding_in_miniature(tmp_path):
 
 
 def test_gpu_train_memory_script_compiles_in_miniature(tmp_path):
-  run_script("gpu_train_memory.sh", tmp_path, MEMORY_CONFIG="configs/smoke.py",
-             MEMORY_SHAPES="4x128", MEMORY_DESIGNS="preln", MEMORY_GRAD_ACCUM="2")
-  assert os.listdir(tmp_path) == ["train_memory.log"]
-  rows = [line.split(" | ") for line in (tmp_path / "train_memory.log").read_text().splitlines()
+  # As on the device image, which has no grain (train_memory once reached it through the
+  # training loop's data pipeline and checkpoints): a `grain` that cannot be imported.
+  no_grain = tmp_path / "no_grain"
+  no_grain.mkdir()
+  (no_grain / "grain.py").write_text("raise ImportError('grain is not on the device image')\n")
+  out = tmp_path / "out"
+  out.mkdir()
+  run_script("gpu_train_memory.sh", out, MEMORY_CONFIG="configs/smoke.py",
+             MEMORY_SHAPES="4x128", MEMORY_DESIGNS="preln", MEMORY_GRAD_ACCUM="2",
+             PYTHONPATH=f"{no_grain}{os.pathsep}{ROOT}")
+  assert os.listdir(out) == ["train_memory.log"]
+  rows = [line.split(" | ") for line in (out / "train_memory.log").read_text().splitlines()
           if line.startswith("| ") and "---" not in line][1:]
   # One device, the suite's batch in 2 microbatches, a positive peak.
   assert [(r[0], r[1], r[2], r[3].split(" / ")[1]) for r in rows] == [

@@ -64,8 +64,8 @@ def test_a_bf16_scan_is_estimated_below_its_fp32_twin_not_with_an_fp32_copy_of_i
     (["--designs=resnet"], "error: --designs: unknown ['resnet']; allowed: preln"),
 ])
 def test_bad_input_is_one_error_line_before_any_compile(capsys, monkeypatch, flags, message):
-  from depthbench_jax.train import loop
-  monkeypatch.setattr(loop, "jitted_steps", lambda *a, **k: pytest.fail("reached the compile"))
+  from depthbench_jax.train import jitted
+  monkeypatch.setattr(jitted, "jitted_steps", lambda *a, **k: pytest.fail("reached the compile"))
   assert jax.device_count() == 1   # so the command runs here, not in a process of its own
   with pytest.raises(SystemExit) as exit_:
     train_memory.main([f"--config={SMOKE}", "--devices=1", "--designs=preln", "--shapes=4x128",

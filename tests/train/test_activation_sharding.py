@@ -30,16 +30,16 @@ _SCRIPT = """
 import json
 import jax, jax.numpy as jnp
 from depthbench_jax.model.config import model_config_from
-from depthbench_jax.train import loop, sharding
+from depthbench_jax.train import jitted, sharding
 from tests.helpers import tiny_config
 
 out = {}
 for data, fsdp in ((2, 1), (1, 2)):
   c = tiny_config(**{"model.d_model": 64, "model.ffn_dim": 128, "data.seq_len": 128,
                      "data.global_batch_size": 8, "mesh.data": data, "mesh.fsdp": fsdp})
-  jitted = loop.jitted_steps(c, model_config_from(c.model), sharding.make_mesh(c.mesh), 10)
+  steps = jitted.jitted_steps(c, model_config_from(c.model), sharding.make_mesh(c.mesh), 10)
   batch = {"tokens": jax.ShapeDtypeStruct((8, 129), jnp.int32)}
-  memory = jitted.eval_fn.lower(jitted.abstract_state.params, batch).compile().memory_analysis()
+  memory = steps.eval_fn.lower(steps.abstract_state.params, batch).compile().memory_analysis()
   out[f"{data}x{fsdp}"] = {"temp": memory.temp_size_in_bytes,
                            "argument": memory.argument_size_in_bytes}
 print(json.dumps(out))
@@ -73,7 +73,7 @@ c = tiny_config(**{"model.d_model": 64, "model.ffn_dim": 128, "data.seq_len": 12
                    "data.global_batch_size": 12, "mesh.data": 1, "mesh.fsdp": 2})
 mesh = sharding.make_mesh(c.mesh)
 models, params, shardings = {}, {}, {}
-# Every design as loop.jitted_steps builds it; and Full AttnRes at 8 layers, whose 17-slot
+# Every design as jitted_steps builds it; and Full AttnRes at 8 layers, whose 17-slot
 # depth reads run over the buffer in chunks (base.slot_pieces).
 for key, design, n_layers in [(d, d, c.model.n_layers) for d in registry.names()] + [
     ("attnres_full_17_slots", "attnres_full", 8)]:
@@ -133,16 +133,16 @@ _ACCUM_SCRIPT = """
 import json
 import jax, jax.numpy as jnp
 from depthbench_jax.model.config import model_config_from
-from depthbench_jax.train import loop, sharding
+from depthbench_jax.train import jitted, sharding
 from tests.helpers import tiny_config
 
 out = {}
 for k in (1, 4):
   c = tiny_config(**{"data.seq_len": 64, "data.global_batch_size": 16, "mesh.data": 1,
                      "mesh.fsdp": 2, "grad_accum_steps": k})
-  jitted = loop.jitted_steps(c, model_config_from(c.model), sharding.make_mesh(c.mesh), 10)
+  steps = jitted.jitted_steps(c, model_config_from(c.model), sharding.make_mesh(c.mesh), 10)
   batch = {"tokens": jax.ShapeDtypeStruct((16, 65), jnp.int32)}
-  memory = jitted.step_fn.lower(jitted.abstract_state, batch).compile().memory_analysis()
+  memory = steps.step_fn.lower(steps.abstract_state, batch).compile().memory_analysis()
   out[k] = memory.temp_size_in_bytes
 print(json.dumps(out))
 """
