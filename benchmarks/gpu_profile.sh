@@ -21,10 +21,11 @@ set -uo pipefail
 # shellcheck source=benchmarks/device_env.sh
 source "$(dirname "$0")/device_env.sh"
 PRESET=${BENCH_PRESET:-gpu400m}
+rc=0  # every section runs whatever an earlier one did; the script fails if any did
 "$PY" -m depthbench_jax.bench --preset="$PRESET" \
   --designs="${BENCH_DESIGNS:-preln,hc,mhc,mhc:sinkhorn_kernel=pallas,attnres_full,attnres_block,moda}" \
   --shapes="${BENCH_SHAPE:-16x1216}" --rounds="${BENCH_ROUNDS:-10}" --no_hf --out="$OUT_DIR" 2>&1 \
-  | tee "$OUT_DIR/bench-designs.log"
+  | tee "$OUT_DIR/bench-designs.log" || rc=1
 # This run's PNG only (it passes --designs and --shapes): with OUT unset OUT_DIR is benchmarks/,
 # whose committed results-<device>-designs.png a wider glob deleted.
 rm -f "$OUT_DIR"/results-*-designs-shapes.png
@@ -38,9 +39,10 @@ profile() {  # design [extra flags]: file names without ':' and '='
     | tee "$PROFILES/profile-$file.txt"
 }
 for design in ${PROFILE_DESIGNS-hc attnres_full}; do
-  profile "$design" --baseline=preln
+  profile "$design" --baseline=preln || rc=1
 done
 for design in ${PROFILE_ONLY_DESIGNS-mhc:sinkhorn_kernel=pallas moda}; do
-  profile "$design"
+  profile "$design" || rc=1
 done
-tar czf "$OUT_DIR/profiles.tar.gz" -C "$OUT_DIR" profiles && rm -rf "$PROFILES"
+tar czf "$OUT_DIR/profiles.tar.gz" -C "$OUT_DIR" profiles && rm -rf "$PROFILES" || rc=1
+exit "$rc"

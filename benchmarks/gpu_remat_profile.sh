@@ -12,12 +12,14 @@ set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
 PRESET=${BENCH_PRESET:-gpu400m}
 SHAPE=${BENCH_SHAPE:-16x1216}
+rc=0  # every section runs whatever an earlier one did; the script fails if any did
 for policy in none nothing_saveable; do
   "$PY" -m depthbench_jax.bench --preset="$PRESET" --designs=preln,hc --shapes="$SHAPE" \
-    --remat="$policy" --out="$OUT_DIR" 2>&1 | tee "$OUT_DIR/bench-remat-$policy.log"
+    --remat="$policy" --out="$OUT_DIR" 2>&1 | tee "$OUT_DIR/bench-remat-$policy.log" || rc=1
   rm -f "$OUT_DIR"/results-*-remat-"$policy"*.png   # the table is in the log; 8 files come back
 done
 for design in preln hc; do
   "$PY" -m depthbench_jax.systems.profile_step --preset="$PRESET" --design="$design" \
-    --steps=3 --top=30 2>&1 | tee "$OUT_DIR/profile-$design.txt"
+    --steps=3 --top=30 2>&1 | tee "$OUT_DIR/profile-$design.txt" || rc=1
 done
+exit "$rc"

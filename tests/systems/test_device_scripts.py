@@ -54,6 +54,19 @@ def test_gpu_profile_script_benches_and_profiles_in_miniature(tmp_path):
   assert "residual.maps/hc_attn" in hc_profile
 
 
+@pytest.mark.parametrize("script", ["gpu_profile.sh", "gpu_remat_profile.sh"])
+def test_a_device_script_whose_bench_fails_exits_nonzero(tmp_path, script):
+  """They run every section whatever an earlier one did, and exited with the last one's status
+  (gpu_profile.sh: its closing tar's), so a lease whose bench failed looked like a success."""
+  failing = tmp_path / "python"
+  failing.write_text('#!/bin/sh\ncase "$*" in *depthbench_jax.bench*) exit 1 ;; esac\nexit 0\n')
+  failing.chmod(0o755)
+  env = subprocess_env(OUT=str(tmp_path / "out"), PYTHON=str(failing))
+  run = subprocess.run(["bash", f"benchmarks/{script}"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=60)
+  assert run.returncode == 1, run.stdout[-2000:] + run.stderr[-2000:]
+
+
 def test_gpu_profile_script_deletes_only_the_picture_it_wrote(tmp_path):
   """With OUT unset the script writes to benchmarks/, where its cleanup once deleted the
   committed results-nvidia-h200-designs.png. Python stubbed out: only the shell's own work."""
