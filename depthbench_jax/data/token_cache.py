@@ -132,16 +132,22 @@ def _files_match(meta: dict, paths: dict[str, str]) -> bool:
 def tokenize_shard(shard: Shard, tokenizer, cache_dir: str) -> dict:
   """Tokenizes `shard` into the cache unless it is there already; returns its meta dict.
 
-  meta = {'key', 'description', 'dtype', 'n_docs': {split: int}, 'n_tokens': {split: int},
-          'paths': {split: str}}. A meta whose token files are not n_tokens long is tokenized again.
+  meta = {'key', 'description', 'dtype', 'val_every', 'n_docs': {split: int},
+          'n_tokens': {split: int}, 'paths': {split: str}}. A meta whose token files are not
+  n_tokens long, or whose documents were held out by another ``val_every``, is tokenized again
+  (the key does not name the split rule: a changed one would otherwise mix train and val).
   """
   paths = _paths(cache_dir, tokenizer.name, shard.key)
   meta = _read_meta(paths["meta"])
-  if meta is not None and _files_match(meta, paths):
+  # A meta without val_every predates the field; the rule then was the one the key names.
+  same_split = meta is not None and meta.get("val_every", shard.val_every) == shard.val_every
+  if meta is not None and same_split and _files_match(meta, paths):
     return meta | {"paths": {s: paths[s] for s in SPLITS}}
   if meta is not None:
-    logging.warning("token cache of %s is incomplete (%s): tokenizing it again",
-                    shard.description, paths["meta"])
+    logging.warning("token cache of %s is %s (%s): tokenizing it again", shard.description,
+                    "incomplete" if same_split else
+                    f"held out every {meta['val_every']}th document, now every "
+                    f"{shard.val_every}th", paths["meta"])
   dtype = token_dtype(tokenizer.vocab_size)
   tag = _temp_suffix()
   try:
@@ -184,7 +190,8 @@ def tokenize_shard(shard: Shard, tokenizer, cache_dir: str) -> dict:
     files[s].close()
     os.replace(paths[s] + tag, paths[s])
   meta = {"key": shard.key, "description": shard.description, "dtype": dtype.name,
-          "tokenizer": tokenizer.name, "n_docs": n_docs, "n_tokens": n_tokens}
+          "tokenizer": tokenizer.name, "val_every": shard.val_every, "n_docs": n_docs,
+          "n_tokens": n_tokens}
   with open(paths["meta"] + tag, "w") as f:
     json.dump(meta, f, indent=1)
   os.replace(paths["meta"] + tag, paths["meta"])

@@ -192,6 +192,19 @@ def test_a_cached_shard_is_not_read_again(tmp_path):
   assert first["paths"]["train"] == str(tmp_path / "byte" / "synthetic.train.bin")
 
 
+def test_a_cached_shard_split_by_another_rule_is_tokenized_again(tmp_path):
+  """The key names the content, not the held-out rule: a shard cached with every 2nd document
+  held out, read with every 3rd, would have put documents of one split in the other."""
+  docs = [f"d{i}" for i in range(6)]
+  tok = tokenizer_lib.get_tokenizer("byte")
+  halves, _ = _counting_shard(docs, val_every=2)
+  thirds, reads = _counting_shard(docs, val_every=3)
+  assert token_cache.tokenize_shard(halves, tok, str(tmp_path))["n_docs"]["val"] == 3
+  meta = token_cache.tokenize_shard(thirds, tok, str(tmp_path))
+  assert len(reads) == 1 and meta["n_docs"] == {"train": 4, "val": 2}
+  assert meta["val_every"] == 3
+
+
 @pytest.mark.parametrize("damage", ["truncate", "delete"])
 def test_a_cached_shard_whose_token_file_is_cut_short_is_tokenized_again(tmp_path, damage):
   """A meta file whose token file is shorter than it says (a `cp -r` of the cache cut short
