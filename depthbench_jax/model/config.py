@@ -70,9 +70,11 @@ def model_config_from(model: ml_collections.ConfigDict) -> ModelConfig:
     _require(isinstance(value, int) and value > 0,
              f"config.model.{field}={value!r}; allowed: a positive integer")
   d, h = model.d_model, model.n_heads
-  kv = model.get("n_kv_heads") or h
+  # None (the default) means the derived value; 0 is no shorthand for it, but an error.
+  kv = h if model.get("n_kv_heads") is None else model.n_kv_heads
   _require(isinstance(kv, int) and kv > 0,
-           f"config.model.n_kv_heads={kv!r}; allowed: a positive integer dividing n_heads={h}")
+           f"config.model.n_kv_heads={kv!r}; allowed: a positive integer dividing n_heads={h}, "
+           f"or None (= n_heads)")
   _require(h % kv == 0,
            f"config.model.n_kv_heads={kv} does not divide n_heads={h}; allowed: a divisor of {h}")
   head_dim = model.get("head_dim")
@@ -81,8 +83,20 @@ def model_config_from(model: ml_collections.ConfigDict) -> ModelConfig:
              f"config.model.n_heads={h} does not divide d_model={d}; allowed: a divisor of "
              f"d_model (or set config.model.head_dim explicitly)")
     head_dim = d // h
-  _require(head_dim % 2 == 0, f"config.model.head_dim={head_dim}; allowed: an even integer (RoPE)")
-  ffn = model.get("ffn_dim") or swiglu_ffn_dim(d, model.get("ffn_multiple_of", 64))
+  _require(isinstance(head_dim, int) and head_dim > 0 and head_dim % 2 == 0,
+           f"config.model.head_dim={head_dim!r}; allowed: a positive even integer (RoPE), or "
+           f"None (= d_model / n_heads)")
+  multiple = model.get("ffn_multiple_of", 64)
+  _require(isinstance(multiple, int) and multiple > 0,
+           f"config.model.ffn_multiple_of={multiple!r}; allowed: a positive integer")
+  ffn = (swiglu_ffn_dim(d, multiple) if model.get("ffn_dim") is None else model.ffn_dim)
+  _require(isinstance(ffn, int) and ffn > 0,
+           f"config.model.ffn_dim={ffn!r}; allowed: a positive integer, or None (the SwiGLU "
+           f"8/3 d rule rounded up to ffn_multiple_of)")
+  for field in ("norm_eps", "rope_theta", "init_std"):
+    value = model[field]
+    _require(isinstance(value, (int, float)) and not isinstance(value, bool)
+             and 0 < value < math.inf, f"config.model.{field}={value!r}; allowed: a number > 0")
   _require(model.remat_policy in REMAT_POLICIES,
            f"config.model.remat_policy={model.remat_policy!r}; allowed: {', '.join(REMAT_POLICIES)}")
   for field in ("dtype", "param_dtype"):

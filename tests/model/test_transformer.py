@@ -161,6 +161,22 @@ def test_model_config_refuses_a_zero_context():
     model_cfg(max_seq_len=0)
   assert model_cfg(max_seq_len=1).max_seq_len == 1
 
+@pytest.mark.parametrize("field, value, allowed", [
+    ("head_dim", 0, "a positive even integer"), ("head_dim", -2, "a positive even integer"),
+    ("n_kv_heads", 0, "a positive integer dividing n_heads=4"),
+    ("ffn_dim", 0, "a positive integer, or None"), ("ffn_dim", -64, "a positive integer"),
+    ("ffn_multiple_of", 0, "a positive integer"), ("norm_eps", -1.0, "a number > 0"),
+    ("rope_theta", 0.0, "a number > 0"), ("init_std", float("nan"), "a number > 0")])
+def test_model_config_refuses_sizes_and_constants_that_cannot_train(field, value, allowed):
+  """Each once passed: head_dim 0 or -2 and ffn_dim -64 crashed later with a traceback (RoPE's
+  division, a reshape, an MLIR error), ffn_multiple_of 0 with ZeroDivisionError, n_kv_heads 0
+  and ffn_dim 0 silently meant their defaults, and norm_eps -1 or rope_theta 0 gave NaN logits
+  that the run reported as a divergence."""
+  from depthbench_jax.errors import ConfigError
+  with pytest.raises(ConfigError, match=rf"^config\.model\.{field}={value!r}; allowed: {allowed}"):
+    model_cfg(**{field: value})
+
+
 @pytest.mark.parametrize("layout", [dict(), dict(n_kv_heads=2, qk_norm=True)])  # MHA, Qwen3 GQA
 def test_padded_dot_product_attention_in_the_model_equals_the_blocked_attention(layout,
                                                                                monkeypatch):
