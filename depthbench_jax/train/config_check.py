@@ -265,7 +265,8 @@ def validate(config, device_count: int, process_count: int | None = None) -> Mod
 
 
 # Fields a resumed run may change: how it is logged, evaluated, checkpointed, diagnosed, guarded,
-# laid out on devices or in microbatches, and how many processes read its data
+# laid out on devices or in microbatches, what its backward recomputes (model.remat_policy: the
+# same values for less memory), and how many processes read its data
 # (data.worker_count: the same batches, `data/pipeline.TrainIterator`), not what a step
 # computes. Any other field must equal the value the run's checkpoints were trained with
 # (``check_resume``). A prefix names a whole group.
@@ -274,7 +275,7 @@ RESUMABLE_FIELDS = ("name", "log_every", "tensorboard", "eval_every", "eval_batc
                     "peak_flops_per_device", "diagnostics.", "divergence.",
                     "skip_nonfinite_steps", "debug.", "mesh.", "evals.", "data.cache_dir",
                     "data.worker_count", "iso_target_params", "iso_count", "iso_tolerance",
-                    "grad_accum_steps")
+                    "grad_accum_steps", "model.remat_policy")
 
 
 def flatten_fields(tree: dict, prefix: str = "") -> dict:
@@ -293,11 +294,24 @@ def _resumable(field: str) -> bool:
   return any(field == f or (f.endswith(".") and field.startswith(f)) for f in RESUMABLE_FIELDS)
 
 
+def _with_design_defaults(tree: dict) -> dict:
+  """``tree`` with ``model.residual`` filled from its design's ``Design.defaults``, as the model
+  reads it: config.json keeps the residual as written, so a design option given on one side
+  only (``sinkhorn_iters=5`` when trained, left out on resume, i.e. 20) was never compared."""
+  from depthbench_jax.residual import registry  # pylint: disable=g-import-not-at-top
+  residual = (tree.get("model") or {}).get("residual") or {}
+  if residual.get("name") not in registry.names():
+    return tree
+  model = {**tree["model"], "residual": {**registry.get(residual["name"]).defaults, **residual}}
+  return {**tree, "model": model}
+
+
 def recipe_changes(saved: dict, config) -> list[tuple[str, object, object]]:
   """``[(field, saved value, config's value)]`` for every field outside ``RESUMABLE_FIELDS``
-  that differs (fields on one side only are not compared)."""
-  old = flatten_fields(saved)
-  new = flatten_fields(json.loads(json.dumps(config.to_dict())))
+  that differs, design options with their defaults (other fields on one side only are not
+  compared)."""
+  old = flatten_fields(_with_design_defaults(saved))
+  new = flatten_fields(_with_design_defaults(json.loads(json.dumps(config.to_dict()))))
   return [(f, old[f], new[f]) for f in sorted(old.keys() & new.keys())
           if old[f] != new[f] and not _resumable(f)]
 

@@ -232,6 +232,21 @@ def test_resume_under_another_recipe_is_refused_naming_every_changed_field():
       config_check.check_resume(saved, helpers.tiny_config(**{field: value}), "w")
 
 
+def test_resume_compares_design_options_with_their_defaults():
+  """config.json keeps the residual as written: an mHC run trained with sinkhorn_iters=5 and
+  resumed without it (the default, 20) compared nothing and trained on other math; the same
+  value written out or left to its default is no change. The remat policy may change (the same
+  values for less memory)."""
+  mhc = lambda **residual: helpers.tiny_config(**{"model.residual": {"name": "mhc", **residual}})
+  saved = json.loads(json.dumps(mhc(sinkhorn_iters=5).to_dict()))
+  with pytest.raises(ConfigError, match=r"config\.model\.residual\.sinkhorn_iters=20: .* with 5"):
+    config_check.check_resume(saved, mhc(), "w")
+  default = json.loads(json.dumps(mhc().to_dict()))
+  config_check.check_resume(default, mhc(sinkhorn_iters=20), "w")
+  config_check.check_resume(default, helpers.tiny_config(**{
+      "model.residual": {"name": "mhc"}, "model.remat_policy": "dots_saveable"}), "w")
+
+
 def test_resume_on_other_train_data_is_refused_naming_both():
   fingerprint = {"shards": 2, "train_tokens": 35363, "shard_keys_sha1": "b4a2bf8d2173"}
   config = helpers.tiny_config(**{"data.source": "parquet", "data.path": "/data/10BT"})
