@@ -137,7 +137,7 @@ def validate_recipe(config) -> None:
 
 
 def validate_guards(config) -> None:
-  """``config.divergence``, ``skip_nonfinite_steps``, ``diagnostics.every`` and ``debug``."""
+  """``config.divergence``, ``skip_nonfinite_steps``, ``diagnostics`` and ``debug``."""
   for field, allowed in (("spike_factor", "a number >= 0 (0 = no spike check)"),
                          ("min_steps", "an integer >= 0"),
                          ("max_skipped_steps", "an integer >= 0")):
@@ -156,6 +156,27 @@ def validate_guards(config) -> None:
   nan_at = config.debug.nan_at_step
   _require(isinstance(nan_at, int) and nan_at >= 0,
            f"config.debug.nan_at_step={nan_at!r}; allowed: an integer >= 0 (0 = off)")
+  validate_diagnostics(config.diagnostics)
+
+
+def validate_diagnostics(diag) -> None:
+  """``config.diagnostics``' knobs, before anything is written (they were checked only when the
+  training hook was built, after the run's config.json, or not at all)."""
+  number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
+  thresholds = diag.thresholds
+  _require(isinstance(thresholds, (tuple, list)) and len(thresholds) == 2
+           and all(number(t) for t in thresholds),
+           f"config.diagnostics.thresholds={thresholds!r}; allowed: (causal, permutation), two "
+           f"numbers >= 0 (the paper's (0.45, 0.15))")
+  _require(number(diag.dead_threshold) and diag.dead_threshold <= 1,
+           f"config.diagnostics.dead_threshold={diag.dead_threshold!r}; allowed: a weight in "
+           f"[0, 1]")
+  _require(isinstance(diag.batch_size, int) and not isinstance(diag.batch_size, bool)
+           and diag.batch_size >= 1,
+           f"config.diagnostics.batch_size={diag.batch_size!r}; allowed: an integer >= 1 (rows "
+           f"of the first validation batch)")
+  from depthbench_jax.diagnostics.probes import Options  # Local: the probes import the model.
+  Options.from_config(diag).validate()
 
 
 def validate_iso(config) -> None:

@@ -66,6 +66,19 @@ CASES = [
     ("negative_diagnostics_every", {"diagnostics.every": -3}, 1, 1, "config.diagnostics.every"),
     ("diagnostics_without_validation", {"diagnostics.every": 5, "data.val_batches": 0}, 1, 1,
      "config.diagnostics.every"),
+    # Once checked only when the training hook was built (after config.json), or never.
+    ("unknown_causal_reduction", {"diagnostics.causal_reduction": "median"}, 1, 1,
+     "config.diagnostics.causal_reduction"),
+    ("three_thresholds", {"diagnostics.thresholds": (0.1, 0.2, 0.3)}, 1, 1,
+     "config.diagnostics.thresholds"),
+    ("negative_threshold", {"diagnostics.thresholds": (-5.0, 0.15)}, 1, 1,
+     "config.diagnostics.thresholds"),
+    ("dead_threshold_below_zero", {"diagnostics.dead_threshold": -1.0}, 1, 1,
+     "config.diagnostics.dead_threshold"),
+    ("negative_diagnostics_rows", {"diagnostics.batch_size": -1}, 1, 1,
+     "config.diagnostics.batch_size"),
+    ("zero_diagnostics_rows", {"diagnostics.batch_size": 0}, 1, 1,
+     "config.diagnostics.batch_size"),
     # A misspelt field in a config file adds a field nothing reads: the run would silently
     # train with the default of the field meant.
     ("misspelt_field_in_file", {"data.seqlen": 64}, 1, 1, "config.data.seqlen"),
