@@ -141,27 +141,32 @@ def distributed_settings(coordinator: str | None = None, num_processes: int | No
   0..N-1, an address without its port (JAX's own errors are tracebacks), or some of the three
   without the others outside a SLURM job of several tasks (that host would train alone, into
   the run dirs the other hosts write)."""
+  # Each value is named as it was given: the flag, else the variable.
+  coord_name = "--coordinator_address" if coordinator else "JAX_COORDINATOR_ADDRESS"
+  nproc_name = "--num_processes" if num_processes is not None else "JAX_NUM_PROCESSES"
+  pid_name = "--process_id" if process_id is not None else "JAX_PROCESS_ID"
   coordinator = coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS") or None
-  num_processes = num_processes or _env_int("JAX_NUM_PROCESSES", "an integer >= 1")
+  num_processes = (num_processes if num_processes is not None else
+                   _env_int("JAX_NUM_PROCESSES", "an integer >= 1"))
   process_id = (process_id if process_id is not None else
                 _env_int("JAX_PROCESS_ID", "an integer in 0..JAX_NUM_PROCESSES-1"))
   if num_processes is not None and num_processes < 1:
-    raise ConfigError(f"JAX_NUM_PROCESSES={num_processes}; allowed: an integer >= 1")
+    raise ConfigError(f"{nproc_name}={num_processes}; allowed: an integer >= 1")
   if num_processes is None and (coordinator or process_id is not None):
     if slurm_tasks() > 1:
       return coordinator, num_processes, process_id  # jax reads the rest from SLURM.
-    raise ConfigError("JAX_COORDINATOR_ADDRESS or JAX_PROCESS_ID is set without "
-                      "JAX_NUM_PROCESSES; allowed: all three on every host, or none")
+    raise ConfigError(f"{coord_name} or {pid_name} is set without {nproc_name}; allowed: all "
+                      f"three on every host, or none")
   if (num_processes or 0) > 1:
     host, _, port = (coordinator or "").rpartition(":")
     if not (host and port.isdigit()):
-      raise ConfigError(f"JAX_COORDINATOR_ADDRESS={coordinator!r} with JAX_NUM_PROCESSES="
-                        f"{num_processes}; allowed: host:port of process 0, e.g. node0:12345")
+      raise ConfigError(f"{coord_name}={coordinator!r} with {nproc_name}={num_processes}; "
+                        f"allowed: host:port of process 0, e.g. node0:12345")
   if num_processes and process_id is not None and not 0 <= process_id < num_processes:
-    raise ConfigError(f"JAX_PROCESS_ID={process_id} with JAX_NUM_PROCESSES={num_processes}; "
+    raise ConfigError(f"{pid_name}={process_id} with {nproc_name}={num_processes}; "
                       f"allowed: an integer in 0..{num_processes - 1}")
   if (num_processes or 0) > 1 and process_id is None:
-    raise ConfigError(f"JAX_PROCESS_ID is unset with JAX_NUM_PROCESSES={num_processes}; "
+    raise ConfigError(f"{pid_name} is unset with {nproc_name}={num_processes}; "
                       f"allowed: this host's id, an integer in 0..{num_processes - 1}")
   return coordinator, num_processes, process_id
 
@@ -178,8 +183,9 @@ def initialize_distributed(coordinator: str | None, num_processes: int | None,
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
                                process_id=process_id, **_timeouts())
-  elif slurm_tasks() > 1:
-    jax.distributed.initialize(**_timeouts())
+  elif slurm_tasks() > 1:  # jax reads from SLURM what the flags or variables leave out.
+    jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
+                               process_id=process_id, **_timeouts())
 
 
 def check_same_run(config, workdir: str) -> None:
@@ -230,8 +236,13 @@ def gather_text(text: str) -> list[str]:
 def _timeouts() -> dict:
   """Seconds to wait for all processes to join, and without a peer's heartbeat before the
   coordination service stops every process (a process that died, or hangs)."""
-  return {"initialization_timeout": int(os.environ.get("JAX_INIT_TIMEOUT_S", "300")),
-          "heartbeat_timeout_seconds": int(os.environ.get("JAX_HEARTBEAT_TIMEOUT_S", "100"))}
+  def seconds(name: str, default: int) -> int:
+    value = _env_int(name, "a whole number of seconds >= 1")
+    if value is not None and value < 1:
+      raise ConfigError(f"{name}={value}; allowed: a whole number of seconds >= 1")
+    return default if value is None else value
+  return {"initialization_timeout": seconds("JAX_INIT_TIMEOUT_S", 300),
+          "heartbeat_timeout_seconds": seconds("JAX_HEARTBEAT_TIMEOUT_S", 100)}
 
 
 def _env_int(name: str, allowed: str) -> int | None:

@@ -340,6 +340,16 @@ def test_distributed_start_only_for_several_processes_and_an_explicit_process_id
   monkeypatch.setenv("SLURM_NTASKS", "2")
   main.initialize_distributed(None, None, None)
   assert len(calls) == 2
+  # Under SLURM the flags given still reach jax (they were dropped); SLURM fills in the rest.
+  main.initialize_distributed("node7:23456", None, 1)
+  assert calls[-1] == {"coordinator_address": "node7:23456", "num_processes": None,
+                       "process_id": 1, "initialization_timeout": 300,
+                       "heartbeat_timeout_seconds": 7}
+  for value in ("5m", "0"):  # once a bare ValueError traceback, or 0 s
+    monkeypatch.setenv("JAX_INIT_TIMEOUT_S", value)
+    with pytest.raises(ConfigError, match=r"^JAX_INIT_TIMEOUT_S=.*; allowed: a whole number "
+                                          r"of seconds >= 1$"):
+      main.initialize_distributed(None, None, None)
 
 
 def test_distributed_settings_refuse_what_cannot_start_or_would_train_alone(monkeypatch):
@@ -369,6 +379,12 @@ def test_distributed_settings_refuse_what_cannot_start_or_would_train_alone(monk
   monkeypatch.setenv("JAX_PROCESS_ID", "3")
   assert main.distributed_settings() == ("node0:12345", 4, 3)
   assert main.distributed_settings(None, None, 0) == ("node0:12345", 4, 0)
+  # Flags are named as flags (the message named variables the user never set), and
+  # --num_processes=0 is refused (it fell back to the variable).
+  with pytest.raises(ConfigError, match=r"^--process_id=5 with --num_processes=2; allowed"):
+    main.distributed_settings("h:1", 2, 5)
+  with pytest.raises(ConfigError, match=r"^--num_processes=0; allowed: an integer >= 1"):
+    main.distributed_settings(None, 0, None)
   monkeypatch.setenv("JAX_NUM_PROCESSES", "")
   monkeypatch.setenv("SLURM_JOB_ID", "9")
   monkeypatch.setenv("SLURM_NTASKS", "4")
