@@ -478,14 +478,17 @@ def hook_sections(records: Sequence[dict],
                   relative_to: str | None = None) -> list[tuple[str, str]]:
   """Optional sections from diagnostics/evals/systems, imported lazily; skipped when the module
   or function is absent, or no run carries the file it reads. A failing hook is reported, not
-  raised. Each hook gets the report's folder as ``relative_to``: links to run files (the
-  diagnostics' heatmaps) are relative to it, so they survive the folder being copied or moved."""
+  raised. Each hook gets every record (it skips those without its file), so its best-LR runs
+  are the scorecard's: given only the runs with the file, a hook picked its "best" among them,
+  and a (design, shape) whose best LR had not been diagnosed showed another LR's figures. Each
+  hook gets the report's folder as ``relative_to``: links to run files (the diagnostics'
+  heatmaps) are relative to it, so they survive the folder being copied or moved."""
   sections = []
   for package, fn_name, needed_file in HOOKS:
-    runs = [r for r in records
-            if needed_file is None or os.path.exists(os.path.join(r["workdir"], needed_file))]
-    if not runs:
+    if needed_file is not None and not any(
+        os.path.exists(os.path.join(r["workdir"], needed_file)) for r in records):
       continue
+    runs = list(records)
     fn = None
     for module_name in (f"depthbench_jax.{package}", f"depthbench_jax.{package}.report",
                         f"depthbench_jax.{package}.report_section"):

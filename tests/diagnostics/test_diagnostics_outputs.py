@@ -9,6 +9,7 @@ import pytest
 
 from depthbench_jax import diagnose
 from depthbench_jax.diagnostics import periodic, report_section
+from depthbench_jax.report import scorecard
 from depthbench_jax.model.config import model_config_from
 from tests.diagnostics.common import init_params
 from tests.helpers import tiny_config
@@ -87,6 +88,13 @@ def test_diagnose_writes_json_and_pngs_and_the_report_reads_them(run, tmp_path):
   pivot = md.split("Causal share by depth")[1].split("Permutation share")[0]
   assert f"{100 * share:.1f}%" in pivot and "99.0%" not in pivot
   assert str(moved) not in md
+  # The best LR (1e-3, loss 2.0) was not diagnosed, another LR was: the pivot reads no figure
+  # of the other LR (given only the runs with the file, the hook once took that one as best).
+  undiagnosed = dict(record, workdir=str(tmp_path / "none"), lr=1e-3, final_val_loss=2.0)
+  md = dict(scorecard.hook_sections([undiagnosed, record]))["Diagnostics"]
+  assert "| preln | 4 | 32 | 0.003 |" in md   # every diagnosed run is listed
+  pivot = md.split("Causal share by depth")[1].split("Permutation share")[0]
+  assert "| preln |" not in pivot
   shutil.copy(tmp_path / "diagnostics.json", tmp_path / "saved.json")
   json.dump(dict(loaded, workdir="/gone"), open(tmp_path / "diagnostics.json", "w"))
   assert f"]({tmp_path}/plots/diag_causal.png)" in diagnostics.diagnostics_table([record])

@@ -262,7 +262,7 @@ def test_hook_sections(tmp_path, monkeypatch):
   monkeypatch.setitem(sys.modules, "depthbench_jax.diagnostics", diag)
   records = [{"name": "a", "workdir": str(run_dir)}, {"name": "b", "workdir": str(tmp_path)}]
   sections = dict(scorecard.hook_sections(records, relative_to="/results"))
-  assert sections["Diagnostics"] == "DIAG of 1 in /results"
+  assert sections["Diagnostics"] == "DIAG of 2 in /results"   # every record: it picks best LRs
   assert "Evals" not in sections  # No run has evals.json.
   broken = types.ModuleType("depthbench_jax.systems")
   broken.systems_table = lambda runs, relative_to: 1 / 0
