@@ -187,8 +187,12 @@ def assign_families(records: Sequence[dict], gap: float = FAMILY_GAP) -> None:
   """Sets ``record['family']``: 0 unless some depth has several widths (multi-scale), then the
   scale family by parameter count: shapes sorted by their smallest ``params_total`` over the
   runs (the backbone's, where Pre-LN ran), a new family wherever a shape has more than ``gap``
-  times the parameters of its family's first. An iso-parameter family spans a few percent, the
-  multi-scale suite's families 1.5x, so a shape whose runs are missing shifts no other shape."""
+  times the parameters of its family's first, or a depth its family already has (a family is
+  one iso-parameter sweep: one shape per depth). An iso-parameter family spans a few percent,
+  the multi-scale suite's families 1.5x, so a shape whose runs are missing shifts no other
+  shape. The depth rule keeps suites reported together apart where the gap alone does not:
+  the 400M suite (402-415M) and the multi-scale 500M family (482-485M) chained into one, and
+  its 32x992 replaced 32x896 in the 32-layer column."""
   widths: dict[int, set[int]] = {}
   for r in records:
     widths.setdefault(r["n_layers"], set()).add(r["d_model"])
@@ -200,11 +204,12 @@ def assign_families(records: Sequence[dict], gap: float = FAMILY_GAP) -> None:
   for r in records:
     key = (r["n_layers"], r["d_model"])
     size[key] = min(size.get(key, math.inf), float(r.get("params_total") or _backbone_estimate(r)))
-  family, first, index = {}, None, -1
+  family, first, index, depths = {}, None, -1, set()
   for key in sorted(size, key=size.get):
-    if first is None or size[key] > gap * first:
-      index, first = index + 1, size[key]
+    if first is None or size[key] > gap * first or key[0] in depths:
+      index, first, depths = index + 1, size[key], set()
     family[key] = index
+    depths.add(key[0])
   for r in records:
     r["family"] = family[(r["n_layers"], r["d_model"])]
 

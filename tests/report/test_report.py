@@ -215,6 +215,20 @@ def test_family_sizes_read_the_smallest_count_and_single_width_depths_do_not_mer
   assert [r["family"] for r in records] == [0, 1, 0]
 
 
+def test_a_family_holds_one_shape_per_depth():
+  """The 400M suite and the multi-scale suite reported together: 482-485M is under 1.2x the
+  400M family's first shape (402M), so the 500M shapes joined it and 32x992 replaced 32x896 in
+  the 32-layer column (exact counts of the suites' shapes)."""
+  run = lambda L, d, p: {"name": f"preln_{L}x{d}", "design": "preln", "n_layers": L,
+                         "d_model": d, "params_total": p}
+  four = [run(16, 1216, 407.41e6), run(20, 1120, 415.1e6), run(24, 1024, 406.5e6),
+          run(32, 896, 402.07e6), run(42, 800, 407.3e6), run(56, 704, 408.9e6),
+          run(70, 640, 411.4e6)]
+  five = [run(16, 1344, 481.95e6), run(32, 992, 481.72e6), run(48, 832, 485.0e6)]
+  scorecard.assign_families(four + five)
+  assert [r["family"] for r in four] == [0] * 7 and [r["family"] for r in five] == [1] * 3
+
+
 def test_lr_untuned_counts_learning_rates_not_runs():
   run = lambda loss, folder: {"name": "base", "design": "preln", "n_layers": 4, "d_model": 64,
                               "lr": 1e-3, "aspect_ratio": 16.0, "status": "ok",
