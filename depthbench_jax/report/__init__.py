@@ -10,13 +10,14 @@ Reads every ``RUN/summary.json`` under RESULTS_DIR (recursively), picks the best
 With ``--config=SUITE.py`` it also reads the sweep's plan (``report/plan.py``): progress, the
 planned runs not started yet, and run folders the suite does not list.
 
-Optional sections come from the post-hoc modules when they exist and the runs carry their files
+Optional sections come from the post-hoc modules when they exist and some run carries their file
 (looked up in ``depthbench_jax.<pkg>``, then ``.report``, then ``.report_section``):
-``depthbench_jax.diagnostics.diagnostics_table(runs)`` (runs with ``diagnostics.json``),
+``depthbench_jax.diagnostics.diagnostics_table(runs)`` (``diagnostics.json``),
 ``depthbench_jax.evals.evals_table(runs)`` (``evals.json``) and
-``depthbench_jax.systems.systems_table(runs)``; each takes the run records (dicts: the summary
-plus ``workdir``) and ``relative_to`` (the report's folder, for links to the runs' files) and
-returns markdown, or None to skip.
+``depthbench_jax.systems.systems_table(runs)``; each takes every run record (dicts: the summary
+plus ``workdir``; it skips those without its file, and its best-LR runs are the scorecard's) and
+``relative_to`` (the report's folder, for links to the runs' files) and returns markdown, or
+None to skip.
 """
 
 from depthbench_jax.report.scorecard import (build_report, collect_runs, depth_trend,
