@@ -13,6 +13,8 @@ import math
 import os
 from typing import Any, Iterable, Sequence
 
+from depthbench_jax.train.summary import step_mark
+
 Run = tuple[dict, dict]
 
 
@@ -74,9 +76,15 @@ def _sorted(runs: Iterable[Run]) -> list[Run]:
                                               _lr(r[0]) or 0.0, r[0].get("name") or ""))
 
 
-def _threshold(runs: Sequence[Run], key: str, default: float) -> float:
-  values = {d[key]["threshold"] for _, d in runs if key in d}
-  return values.pop() if len(values) == 1 else default
+def _thresholds(runs: Sequence[Run], key: str) -> set:
+  return {d[key]["threshold"] for _, d in runs if "threshold" in (d.get(key) or {})}
+
+
+def _share_cell(diag: dict, key: str, per_cell: bool) -> str:
+  """The ``key`` share; with ``per_cell`` (runs at other thresholds) followed by its own."""
+  scored = diag.get(key) or {}
+  cell = _pct(scored.get("share"))
+  return cell + (f" (>{scored['threshold']:g})" if per_cell and "threshold" in scored else "")
 
 
 def diagnostics_table(runs: Sequence[Run]) -> str:
@@ -85,13 +93,19 @@ def diagnostics_table(runs: Sequence[Run]) -> str:
   Columns: causal share (``C > 0.45``), permutation share (``P > 0.15``), mean consecutive
   angular distance of the late layers, erank of the late-span mixing product (HC/mHC), the Block
   AttnRes dead prefix (leading layers below the own-block threshold), the held-out loss the
-  diagnostics saw. '-' where a run lacks the measure; a diverged run's lr reads "(diverged)".
+  diagnostics saw. '-' where a run lacks the measure; a diverged run's lr reads "(diverged)",
+  one diagnosed at an earlier checkpoint "(step s of n)". Runs scored at other thresholds than
+  each other name theirs in each cell (the header once showed the default over them).
   """
   runs = _sorted(runs)
-  tc = _threshold(runs, "causal", 0.45)
-  tp = _threshold(runs, "permutation", 0.15)
+  head = {}
+  for key, name, symbol in (("causal", "causal", "C"), ("permutation", "permutation", "P")):
+    values = _thresholds(runs, key)
+    head[key] = (f"{name} {symbol}>{values.pop():g}" if len(values) == 1 else
+                 f"{name} share (>threshold)")
+  per_cell = {key: len(_thresholds(runs, key)) > 1 for key in head}
   lines = [
-      f"| design | L | d | lr | causal C>{tc:g} | permutation P>{tp:g} | "
+      f"| design | L | d | lr | {head['causal']} | {head['permutation']} | "
       "angular d(l,l+1) late | erank (late) | dead prefix | loss |",
       "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
   ]
@@ -100,12 +114,12 @@ def diagnostics_table(runs: Sequence[Run]) -> str:
     dead = diag.get("dead_prefix") or {}
     lr = _lr(summary)
     lr_cell = ("-" if lr is None else f"{lr:g}") + (
-        " (diverged)" if summary.get("status") == "diverged" else "")
+        " (diverged)" if summary.get("status") == "diverged" else "") + step_mark(summary, diag)
     lines.append(
         f"| {_design(summary, diag)} | {_depth(summary, diag) or '?'} "
         f"| {_width(summary, diag) or '-'} | {lr_cell} "
-        f"| {_pct((diag.get('causal') or {}).get('share'))} "
-        f"| {_pct((diag.get('permutation') or {}).get('share'))} "
+        f"| {_share_cell(diag, 'causal', per_cell['causal'])} "
+        f"| {_share_cell(diag, 'permutation', per_cell['permutation'])} "
         f"| {_num((diag.get('angular') or {}).get('late_consecutive_mean'))} "
         f"| {_num(mixing.get('erank_late'), 2)} "
         f"| {dead.get('dead_prefix', '-')} "
@@ -117,7 +131,7 @@ def share_pivot(runs: Sequence[Run], key: str = "causal") -> str:
   """Markdown: rows = designs, columns = depths (shapes ``LxD`` when a depth has several widths,
   the multi-scale suite), cells = the ``key`` share (compact overview; with several runs per
   cell the lowest-loss run's; a run with a non-finite loss or status 'diverged' never fills a
-  cell)."""
+  cell), marked like ``diagnostics_table``'s (thresholds when mixed, an earlier step)."""
   runs = [r for r in _sorted(runs) if math.isfinite(_loss(r))
           and r[0].get("status") != "diverged"]
   widths: dict[int, set] = {}
@@ -125,16 +139,18 @@ def share_pivot(runs: Sequence[Run], key: str = "causal") -> str:
     widths.setdefault(_depth(*r), set()).add(_width(*r))
   by_shape = any(len(w) > 1 for w in widths.values())
   column = lambda r: (_depth(*r) or 0, _width(*r) or 0) if by_shape else (_depth(*r) or 0, 0)
+  per_cell = len(_thresholds(runs, key)) > 1
   cells: dict[tuple[str, tuple], Any] = {}
   for run in sorted(runs, key=lambda r: -_loss(r)):   # the lowest loss written last
-    cells[(_design(*run), column(run))] = (run[1].get(key) or {}).get("share")
+    cells[(_design(*run), column(run))] = (_share_cell(run[1], key, per_cell)
+                                           + step_mark(*run))
   columns = sorted({c for _, c in cells})
   designs = sorted({d for d, _ in cells})
   label = lambda c: f"{c[0]}x{c[1]}" if by_shape else f"L={c[0]}"
   lines = ["| design | " + " | ".join(label(c) for c in columns) + " |",
            "|---|" + "---:|" * len(columns)]
   for design in designs:
-    lines.append(f"| {design} | " + " | ".join(_pct(cells.get((design, c))) for c in columns)
+    lines.append(f"| {design} | " + " | ".join(cells.get((design, c), "-") for c in columns)
                  + " |")
   return "\n".join(lines) + "\n"
 

@@ -23,6 +23,8 @@ import math
 import os
 from typing import Any, Sequence
 
+from depthbench_jax.train.summary import step_mark
+
 DOMAINS = ("coding", "stem", "math")
 TASKS = (("humaneval", "pass@1"), ("mbpp", "pass@1"), ("sciq", "acc"), ("gpqa", "acc"),
          ("gsm8k", "exact_match"), ("math500", "exact_match"))
@@ -128,14 +130,17 @@ def evals_table(runs: Sequence[Any], relative_to: str | None = None) -> str | No
     doms = evals.get("domains", {})
     lr = summary.get("lr")
     limit = (evals.get("options") or {}).get("max_examples")
-    shape = _shape(summary, evals) + (f" (first {limit})" if limit else "")
+    # Rows made on the first N examples or at an earlier checkpoint are marked, and their
+    # depth trend is apart from the full, final rows'.
+    mark = (f" (first {limit})" if limit else "") + step_mark(summary, evals)
+    shape = _shape(summary, evals) + mark
     row = [design, shape, "-" if lr is None else f"{lr:g}"]
     row += [_num((doms.get(d) or {}).get("nll_per_token")) + _cut_mark(evals, d)
             for d in DOMAINS]
     row += [_num((evals.get("sets", {}).get(s) or {}).get(m)) for s, m in tasks]
     lines.append("| " + " | ".join(row) + " |")
     key = design if len(families) == 1 else f"{design} (family {summary.get('family', 0)})"
-    by_design.setdefault(key + (f" (first {limit})" if limit else ""), []).append((depth, doms))
+    by_design.setdefault(key + mark, []).append((depth, doms))
   if any(_cut_mark(e, d) for _, e in pairs for d in DOMAINS):
     lines += ["", "*: some examples of that domain's sets exceed the scoring window (the run's "
               "seq_len): their prompts lost leading tokens, or their answers are scored on "
@@ -143,6 +148,9 @@ def evals_table(runs: Sequence[Any], relative_to: str | None = None) -> str | No
   if any((e.get("options") or {}).get("max_examples") for _, e in pairs):
     lines += ["", "(first N): only the first N examples of each set were scored "
               "(evaluate --max_examples=N); not comparable with full-set rows."]
+  if any(step_mark(*p) for p in pairs):
+    lines += ["", "(step s of n): evaluated at checkpoint s of a run trained for n steps "
+              "(evaluate --step, or before the run finished); its depth trend is apart."]
   lines += ["", "Depth trend: slope of domain NLL against log2(depth), nats per doubling "
             f"(negative = deeper is better; |slope| < {FLAT_TOL}: flat; 'sets differ': the "
             "depths averaged different sets, no slope).", "",

@@ -130,6 +130,15 @@ def build(config, model_cfg, counts, *, steps, tokens, final_train_loss, final_v
   return out
 
 
+def step_mark(summary: dict, result: dict) -> str:
+  """``' (step 500 of 7770)'`` when a post-hoc result (diagnostics.json, evals.json) was made at
+  another checkpoint than the run's last step (``summary['steps']``), else ``''``."""
+  step, steps = result.get("step"), summary.get("steps")
+  if isinstance(step, int) and isinstance(steps, int) and step != steps:
+    return f" (step {step} of {steps})"
+  return ""
+
+
 def write(workdir: str, result: dict) -> None:
   atomic_write_json(os.path.join(workdir, SUMMARY), result)
 

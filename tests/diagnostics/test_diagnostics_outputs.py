@@ -167,6 +167,24 @@ def test_pivot_and_heatmaps_pick_the_lowest_loss_run_of_a_cell():
     assert report_section.deepest_per_design(runs) == [better]
 
 
+def test_tables_name_mixed_thresholds_and_an_earlier_step():
+  """A run scored at threshold 0.20 was printed under the header "causal C>0.45" (the default,
+  taken when runs disagreed), and one diagnosed at step 500 of 7770 read as final."""
+  early = ({"name": "a", "status": "ok", "d_model": 64, "lr": 1e-3, "steps": 7770},
+           {"design": "preln", "n_layers": 8, "loss": 3.0, "step": 500,
+            "causal": {"share": 0.9, "threshold": 0.2}})
+  final = ({"name": "b", "status": "ok", "d_model": 64, "lr": 1e-3, "steps": 7770},
+           {"design": "hc", "n_layers": 8, "loss": 2.9, "step": 7770,
+            "causal": {"share": 0.1, "threshold": 0.45}})
+  table = report_section.diagnostics_table([early, final])
+  assert "| causal share (>threshold) |" in table and "C>0.45" not in table
+  assert "| preln | 8 | 64 | 0.001 (step 500 of 7770) | 90.0% (>0.2) |" in table
+  assert "| hc | 8 | 64 | 0.001 | 10.0% (>0.45) |" in table
+  assert "| preln | 90.0% (>0.2) (step 500 of 7770) |" in report_section.share_pivot(
+      [early, final])
+  assert "| causal C>0.45 |" in report_section.diagnostics_table([final])
+
+
 def _canned_result():
   """The smallest diagnostics result the plots read (2 layers, no probes but angular)."""
   return {"design": "preln", "n_layers": 2, "late_start": 1, "timing": {},

@@ -421,3 +421,17 @@ def test_evals_table_marks_a_run_scored_on_the_first_examples_only():
   assert "| preln | 16x64 (first 4) | - | 1.500 |" in text
   assert "(first N): only the first N examples of each set" in text
   assert "first N" not in report_section.evals_table([run("a", 8, 2.0, None)])
+
+
+def test_evals_table_marks_a_run_evaluated_before_its_last_step():
+  """evals.json made at step 500 of a 7770-step run read as the final result, and its NLL
+  entered the depth trend of the final rows."""
+  def run(name, depth, nll, step):
+    return ({"design": "preln", "n_layers": depth, "name": name, "d_model": 64, "steps": 7770},
+            {"domains": {"coding": {"nll_per_token": nll}}, "step": step})
+  text = report_section.evals_table([run("a", 8, 2.0, 7770), run("b", 16, 3.5, 500),
+                                     run("c", 16, 1.5, 7770)])
+  assert "| preln | 16x64 (step 500 of 7770) | - | 3.500 |" in text
+  assert "| preln | 16x64 | - | 1.500 |" in text and "(step s of n): evaluated at" in text
+  trend = text.split("Depth trend")[1]
+  assert "| preln | 8, 16 |" in trend and "| preln (step 500 of 7770) | 16 |" in trend
