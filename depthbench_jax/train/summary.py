@@ -219,7 +219,7 @@ class DivergenceGuard:
 
 class MetricsLog:
   """Appends one JSON line per logged step; a resumed run may repeat steps after its last
-  checkpoint, and ``read_metrics`` keeps the last record of each step."""
+  checkpoint, and ``read_metrics`` keeps the resumed session's records from there on."""
 
   def __init__(self, workdir: str, enabled: bool = True):
     self.path = os.path.join(workdir, METRICS)
@@ -249,17 +249,26 @@ class MetricsLog:
 
 
 def read_metrics(workdir: str, key: str = "train/loss") -> dict[int, float]:
-  """``{step: value}`` of one metric, last record per step wins."""
+  """``{step: value}`` of one metric as the run's own history: last record per step wins, and
+  where a record's step goes back (a session resumed from an earlier checkpoint) the records of
+  the abandoned session from that step on are dropped, even at steps the new one has not
+  reached yet (they read as the run's progress: "last logged step 1050" for a run at 1020)."""
   out: dict[int, float] = {}
   path = os.path.join(workdir, METRICS)
   if not os.path.exists(path):
     return out
+  last = None
   with open(path) as f:
     for line in f:
       try:
         rec = json.loads(line)
       except json.JSONDecodeError:  # A kill mid-write leaves at most one torn last line.
         continue
+      step = int(rec["step"])
+      if last is not None and step < last:
+        for stale in [s for s in out if s >= step]:
+          del out[stale]
+      last = step
       if key in rec:
-        out[int(rec["step"])] = rec[key]
+        out[step] = rec[key]
   return out

@@ -209,6 +209,14 @@ def test_metrics_log_last_record_of_a_step_wins(tmp_path):
                                           '{"step": 11, "train/loss": 4.40}\n'
                                           '{"step": 12, "train/loss": 4.25}\n')
   assert summary.read_metrics(str(tmp_path)) == {11: 4.40, 12: 4.25}
+  # A session killed at 1050 and resumed from checkpoint 1000 has reached 1020: the killed
+  # session's 1030-1050 are not the run's (the report's last logged step read 1050).
+  killed = [f'{{"step": {s}, "train/loss": 3.0}}\n' for s in (1000, 1030, 1050)]
+  (tmp_path / "metrics.jsonl").write_text("".join(killed) + '{"step": 1010, "train/loss": 2.9}\n'
+                                          '{"step": 1010, "val/loss": 3.1}\n'
+                                          '{"step": 1020, "train/loss": 2.8}\n')
+  assert summary.read_metrics(str(tmp_path)) == {1000: 3.0, 1010: 2.9, 1020: 2.8}
+  assert summary.read_metrics(str(tmp_path), "val/loss") == {1010: 3.1}
 
 
 def test_metrics_log_after_a_torn_last_line_keeps_the_next_record(tmp_path):
