@@ -121,6 +121,8 @@ def validate_recipe(config) -> None:
   _number(config, "b2", low=0, high=1, allowed="a number in [0, 1)")
   _number(config, "weight_decay", low=0, allowed="a number >= 0")
   _number(config, "grad_clip", low=0, allowed="a number >= 0 (0 = no clipping)")
+  _number(config, "peak_flops_per_device", low=0,
+          allowed="FLOP/s per device > 0 for MFU, or 0 (by device kind)")
   for field in ("log_every", "checkpoint_every", "keep_checkpoints", "grad_accum_steps"):
     value = config.get(field)
     _require(isinstance(value, int) and value > 0,

@@ -35,6 +35,8 @@ CASES = [
     ("infinite_lr", {"lr": float("inf")}, 1, 1, "config.lr"),
     ("b2_of_one", {"b2": 1.0}, 1, 1, "config.b2"),
     ("negative_weight_decay", {"weight_decay": -0.1}, 1, 1, "config.weight_decay"),
+    ("negative_peak_flops", {"peak_flops_per_device": -1e15}, 1, 1,
+     "config.peak_flops_per_device"),   # once a negative MFU
     ("unknown_budget_design", {"budget_design": "resnet"}, 1, 1, "config.budget_design"),
     ("zero_log_every", {"log_every": 0}, 1, 1, "config.log_every"),
     ("zero_checkpoint_every", {"checkpoint_every": 0}, 1, 1, "config.checkpoint_every"),
