@@ -190,6 +190,47 @@ def deepest_per_design(runs: Sequence[Run]) -> list[Run]:
   return list(best.values())
 
 
+# DepthBench's diagnostics (the paper summary): at L = 32 the share of late pairs with a causal
+# score above 0.45 and a permutation score above 0.15, design -> (causal, permutation); the
+# effective rank of the residual products, design -> (low, high) over its runs; the Block
+# AttnRes dead prefix at L = 32.
+PAPER_DEPTH = 32
+PAPER_SHARES = {"preln": (0.01, 0.08), "attnres_full": (0.16, 0.46), "hc": (0.07, 0.35)}
+PAPER_ERANK = {"mhc": (1.44, 1.65), "hc": (2.53, 2.81)}
+PAPER_DEAD_PREFIX = 8
+
+
+def paper_comparison(best: Sequence[Any]) -> str | None:
+  """Markdown: the paper's diagnostics beside ours (``best``: the best-LR runs), for the designs
+  and depth the paper reports; the shares only where ours used its thresholds. None when no run
+  matches. Our effective rank is ``erank_late`` (products from layer ceil(L/4) to the last)
+  over every depth run; the paper gives a range without saying over what."""
+  runs = [r for r in as_runs(best) if math.isfinite(_loss(r))]
+  at = lambda design, depth: [r for r in runs if _design(*r) == design and _depth(*r) == depth]
+  rows = []
+  for design, (causal, perm) in PAPER_SHARES.items():
+    for summary, diag in at(design, PAPER_DEPTH):
+      for key, paper, threshold in (("causal", causal, 0.45), ("permutation", perm, 0.15)):
+        scored = diag.get(key) or {}
+        if scored.get("threshold", threshold) == threshold and "share" in scored:
+          rows.append(f"| {design} | {key} share > {threshold:g}, L={PAPER_DEPTH} | "
+                      f"~{100 * paper:.0f}% | {_pct(scored['share'])} |")
+  for design, (low, high) in PAPER_ERANK.items():
+    ranks = sorted(d["mixing"]["erank_late"] for s, d in runs if _design(s, d) == design
+                   and isinstance((d.get("mixing") or {}).get("erank_late"), (int, float)))
+    if ranks:
+      ours = f"{ranks[0]:.2f}" + (f" to {ranks[-1]:.2f}" if len(ranks) > 1 else "")
+      rows.append(f"| {design} | effective rank of the residual products | {low:.2f} to "
+                  f"{high:.2f} | {ours} ({len(ranks)} run{'s' if len(ranks) > 1 else ''}) |")
+  for summary, diag in at("attnres_block", PAPER_DEPTH):
+    if "dead_prefix" in (diag.get("dead_prefix") or {}):
+      rows.append(f"| attnres_block | dead prefix, L={PAPER_DEPTH} | {PAPER_DEAD_PREFIX} "
+                  f"layers | {diag['dead_prefix']['dead_prefix']} layers |")
+  if not rows:
+    return None
+  return "\n".join(["| design | measure | paper | ours |", "|---|---|---|---|", *rows])
+
+
 def section(runs: Sequence[Any], relative_to: str | None = None, heading: bool = True,
             heatmap_runs: str = "all", which: Sequence[str] = HEATMAPS,
             best: Sequence[Any] | None = None) -> str:
@@ -206,6 +247,9 @@ def section(runs: Sequence[Any], relative_to: str | None = None, heading: bool =
       "curves over thresholds are in each run's plots/diag_share_curves.png.\n",
       diagnostics_table(runs), "\nCausal share by depth:\n", share_pivot(best, "causal"),
       "\nPermutation share by depth:\n", share_pivot(best, "permutation"), ""]
+  paper = paper_comparison(best)
+  if paper:
+    parts += ["Against the paper (DepthBench's reported diagnostics):\n", paper, ""]
   shown = deepest_per_design(best) if heatmap_runs == "deepest" else best
   for caption, path in heatmap_paths(shown, which):
     if relative_to:

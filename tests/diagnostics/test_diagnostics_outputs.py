@@ -185,6 +185,29 @@ def test_tables_name_mixed_thresholds_and_an_earlier_step():
   assert "| causal C>0.45 |" in report_section.diagnostics_table([final])
 
 
+def test_paper_comparison_sets_depthbench_diagnostics_beside_ours():
+  """The summary's L = 32 shares, effective-rank ranges and dead prefix, beside the best-LR
+  runs' own; a share scored at another threshold is not compared."""
+  run = lambda design, depth, **diag: ({"name": f"{design}{depth}", "status": "ok"},
+                                       {"design": design, "n_layers": depth, "loss": 3.0, **diag})
+  runs = [run("preln", 32, causal={"share": 0.02, "threshold": 0.45},
+              permutation={"share": 0.1, "threshold": 0.15}),
+          run("hc", 32, causal={"share": 0.5, "threshold": 0.2}, mixing={"erank_late": 2.6}),
+          run("mhc", 16, mixing={"erank_late": 1.9}), run("mhc", 32, mixing={"erank_late": 1.5}),
+          run("attnres_block", 32, dead_prefix={"dead_prefix": 7}),
+          run("preln", 16, causal={"share": 0.5, "threshold": 0.45})]
+  table = report_section.paper_comparison(runs)
+  assert "| preln | causal share > 0.45, L=32 | ~1% | 2.0% |" in table
+  assert "| preln | permutation share > 0.15, L=32 | ~8% | 10.0% |" in table
+  assert "| hc | causal" not in table   # scored at 0.2
+  erank = "| effective rank of the residual products |"
+  assert f"| hc {erank} 2.53 to 2.81 | 2.60 (1 run) |" in table
+  assert f"| mhc {erank} 1.44 to 1.65 | 1.50 to 1.90 (2 runs) |" in table
+  assert "| attnres_block | dead prefix, L=32 | 8 layers | 7 layers |" in table
+  assert report_section.paper_comparison([run("preln", 16)]) is None
+  assert "Against the paper" in report_section.section(runs, heading=False)
+
+
 def _canned_result():
   """The smallest diagnostics result the plots read (2 layers, no probes but angular)."""
   return {"design": "preln", "n_layers": 2, "late_start": 1, "timing": {},
