@@ -126,6 +126,9 @@ def systems_table(runs: Iterable[dict], relative_to: str | None = None) -> str |
       row.update({k: extra[k] for k in ("xla_flops", "peak_bytes", "backend") if k in extra})
     walls = [r.get("wall_time_s") for r in rs if r.get("wall_time_s")]
     row["wall_s"] = sum(walls) if walls else None
+    hours = [r["device_hours"] for r in rs if r.get("device_hours")]
+    row["run_device_hours"] = sum(hours) if len(hours) == len(walls) and hours else None
+    row["device_kinds"] = sorted({r["device_kind"] for r in rs if r.get("device_kind")})
     row["family"] = rs[0].get("family", 0)   # the report's scale family (multi-scale suites)
     rows.append(row)
   note = (["", "Left out, their config does not validate in this checkout: " +
@@ -143,8 +146,12 @@ def systems_table(runs: Iterable[dict], relative_to: str | None = None) -> str |
   timed = [m for m in timed if (m["design"], m["shape"]) in groups]
   if timed:
     parts += ["", "Measured by the bench on the same models:", "", measured.markdown(timed)]
-  walls = [(r["design"], r["shape"], r["wall_s"]) for r in rows if r["wall_s"]]
+  walls = [r for r in rows if r["wall_s"]]
   if walls:
-    parts += ["", "Measured wall-clock time of the runs (all LRs of a shape summed): " +
-              ", ".join(f"{d} {s} {sweep.format_duration(t)}" for d, s, t in walls) + "."]
+    spent = lambda r: sweep.format_duration(r["wall_s"]) + (
+        f" = {r['run_device_hours']:.3g} device-hours ({', '.join(r['device_kinds'])})"
+        if r["run_device_hours"] else "")
+    parts += ["", "Measured time of the runs (all LRs of a shape summed; device-hours = each "
+              "session's wall time x its devices, from summary.json): " +
+              ", ".join(f"{r['design']} {r['shape']} {spent(r)}" for r in walls) + "."]
   return "\n".join(parts)

@@ -175,11 +175,15 @@ def train_and_evaluate(config, workdir: str) -> dict:
       state_sharding)
   guard = summary.DivergenceGuard(config)
   earlier_wall_s = 0.0  # Wall time of the sessions before this one, up to their last save.
+  earlier_device_s = 0.0  # And device-seconds: their wall time x their devices (a resume may
+  # change the mesh). A checkpoint from before the field: its wall time x this session's.
   code = [revision.code_revision()]  # The commits of the sessions up to this one.
   if manager.latest_step() is not None:
     state, start_step = checkpoint.restore(manager, abstract_placed, train_iter)
     progress_so_far = checkpoint.restore_progress(manager, start_step)
     earlier_wall_s = float(progress_so_far.get("wall_time_s") or 0.0)
+    earlier_device_s = float(progress_so_far.get("device_seconds")
+                             or earlier_wall_s * jax.device_count())
     code = revision.history(progress_so_far.get("code"), code[0])
     guard.resume(progress_so_far)
     logging.info("Resumed from step %d in %s", start_step, workdir)
@@ -201,6 +205,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   # Periodic evals read the first ``eval_batches`` (0: all); the final val loss reads all.
   eval_batches = val_batches[:config.eval_batches] if config.eval_batches else val_batches
   wall_s = lambda: earlier_wall_s + time.time() - start_time
+  device_s = lambda: earlier_device_s + (time.time() - start_time) * jax.device_count()
   unchecked = []  # (step, metrics on device) not yet seen by the guard.
   nan_at_step = config.debug.nan_at_step
   preempt = _Preemption()
@@ -261,7 +266,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
             diag_hook(step, diag_params(state.params), writer)
           if save_now or preempted:  # One save per step: a second one of the same step raises.
             checkpoint.save(manager, step, state, train_iter, force=preempted,
-                            progress={"wall_time_s": wall_s(), "code": code,
+                            progress={"wall_time_s": wall_s(), "device_seconds": device_s(),
+                                      "code": code,
                                       **guard.progress(),
                                       "train_data": train_data})
       if log_now and process_index == 0:  # After the eval: an eval step shows its own val loss.
@@ -290,7 +296,9 @@ def train_and_evaluate(config, workdir: str) -> dict:
       config, model_cfg, counts, steps=trained, tokens=trained * tokens_per_step,
       final_train_loss=last_train_loss, final_val_loss=val_loss,
       wall_time_s=wall_s(), status=status, guard=guard,
-      last_checkpoint_step=manager.latest_step(), code=code)
+      last_checkpoint_step=manager.latest_step(), code=code,
+      devices={"device_hours": device_s() / 3600, "devices": jax.device_count(),
+               "device_kind": jax.devices()[0].device_kind})
   if process_index == 0 and status != "interrupted":
     summary.write(workdir, result)
   return result

@@ -100,8 +100,12 @@ def run_name(config, model_cfg) -> str:
 
 
 def build(config, model_cfg, counts, *, steps, tokens, final_train_loss, final_val_loss,
-          wall_time_s, status, guard=None, last_checkpoint_step=None, code=None) -> dict:
-  """The run's ``summary.json``; ``code``: ``revision.history`` of its sessions' commits."""
+          wall_time_s, status, guard=None, last_checkpoint_step=None, code=None,
+          devices: dict | None = None) -> dict:
+  """The run's ``summary.json``; ``code``: ``revision.history`` of its sessions' commits;
+  ``devices``: ``device_hours`` (every session's wall time x its device count, the measured
+  cost the systems table sets beside its analytic one), and this session's ``devices`` and
+  ``device_kind``."""
   out = {
       "name": run_name(config, model_cfg),
       "design": model_cfg.design,
@@ -123,6 +127,7 @@ def build(config, model_cfg, counts, *, steps, tokens, final_train_loss, final_v
       "skipped_steps": guard.skipped if guard is not None else 0,
       "last_checkpoint_step": last_checkpoint_step,
       "code": list(code or []),
+      **(devices or {}),
   }
   if guard is not None and guard.reason:
     out["status"] = "diverged"

@@ -79,6 +79,8 @@ def test_a_resumed_run_keeps_its_skipped_steps_wall_time_and_best_loss(train_in_
   manager = checkpoint.make_manager(workdir, keep=5, async_save=False)
   progress = checkpoint.restore_progress(manager, 5)
   assert progress["skipped_steps"] == 1 and progress["wall_time_s"] > 0
+  assert progress["device_seconds"] == pytest.approx(progress["wall_time_s"] * jax.device_count(),
+                                                     rel=1e-3)   # read microseconds apart
   assert math.isfinite(progress["best_loss"])
   guard = _guard()
   guard.resume(progress)
@@ -91,6 +93,7 @@ def test_a_resumed_run_keeps_its_skipped_steps_wall_time_and_best_loss(train_in_
   s = helpers.summary(workdir)
   assert s["status"] == "ok" and s["skipped_steps"] == 1
   assert s["wall_time_s"] > progress["wall_time_s"]
+  assert s["device_hours"] * 3600 > progress["device_seconds"]   # both sessions counted
 
 
 def test_a_run_killed_after_its_last_checkpoint_keeps_its_final_train_loss(train_in_process,

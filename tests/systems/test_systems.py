@@ -205,6 +205,12 @@ def test_cli_and_report_section(tmp_path, capsys):
   section = systems_table(records)
   assert "| preln | 16x1216 |" in section and "device-h" in section
   assert "hc 16x1216 2h00m" in section   # two LRs of 3600 s each, summed
+  # Runs that record their device-hours (wall time x devices): summed beside the wall time;
+  # the fixtures' summaries predate the field, so they show wall time alone.
+  assert "device-hours (" not in section
+  for r in records:
+    r.update(device_hours=8.0, device_kind="NVIDIA H200")
+  assert "hc 16x1216 2h00m = 16 device-hours (NVIDIA H200)" in systems_table(records)
 
 
 def test_cli_default_out_is_the_sweeps_results_dir(tmp_path, monkeypatch):
