@@ -48,7 +48,8 @@ TREND_TOL = 0.005
 FAMILY_GAP = 1.2   # a scale family's shapes lie within this factor of its smallest's parameters
 CSV_FIELDS = ("name", "design", "n_layers", "d_model", "aspect_ratio", "lr", "params_total",
               "params_non_embedding", "steps", "tokens", "final_train_loss", "final_val_loss",
-              "status", "diverged_step", "diverged_reason", "wall_time_s", "device_hours",
+              "status", "diverged_step", "diverged_reason", "max_grad_norm",
+              "max_grad_norm_step", "wall_time_s", "device_hours",
               "devices", "device_kind", "best_lr", "family",
               "commit", "workdir")
 HOOKS = (("diagnostics", "diagnostics_table", "diagnostics.json"),

@@ -125,6 +125,8 @@ def build(config, model_cfg, counts, *, steps, tokens, final_train_loss, final_v
       "diverged_step": None,
       "diverged_reason": None,
       "skipped_steps": guard.skipped if guard is not None else 0,
+      "max_grad_norm": guard.max_grad_norm if guard is not None else None,
+      "max_grad_norm_step": guard.max_grad_norm_step if guard is not None else None,
       "last_checkpoint_step": last_checkpoint_step,
       "code": list(code or []),
       **(devices or {}),
@@ -174,23 +176,32 @@ class DivergenceGuard:
     self.best = math.inf
     self.skipped, self._skipped_in_row = 0, 0
     self.reason, self.step = None, None
+    # The largest finite gradient norm before clipping, and its step: a gradient explosion that
+    # clipping absorbs (DepthBench's HC at its widest 500M shape) stops nothing, so it is kept.
+    self.max_grad_norm, self.max_grad_norm_step = None, None
 
   def progress(self) -> dict:
     """What a checkpoint keeps of the guard, so a resumed run judges spikes against the best
     loss before the interruption, counts every skipped step, and goes on counting a run of
     skipped steps that the checkpoint fell inside (``max_skipped_steps`` is per run of them)."""
     return {"best_loss": self.best if math.isfinite(self.best) else None,
-            "skipped_steps": self.skipped, "skipped_in_row": self._skipped_in_row}
+            "skipped_steps": self.skipped, "skipped_in_row": self._skipped_in_row,
+            "max_grad_norm": self.max_grad_norm, "max_grad_norm_step": self.max_grad_norm_step}
 
   def resume(self, progress: dict) -> None:
     best = progress.get("best_loss")
     self.best = math.inf if best is None else float(best)
     self.skipped = int(progress.get("skipped_steps") or 0)
     self._skipped_in_row = int(progress.get("skipped_in_row") or 0)
+    self.max_grad_norm = progress.get("max_grad_norm")
+    self.max_grad_norm_step = progress.get("max_grad_norm_step")
 
   def check(self, step: int, loss: float, grad_norm: float) -> str | None:
     if self.reason:
       return self.reason
+    if math.isfinite(grad_norm) and (self.max_grad_norm is None
+                                     or grad_norm > self.max_grad_norm):
+      self.max_grad_norm, self.max_grad_norm_step = float(grad_norm), step
     finite = math.isfinite(loss) and math.isfinite(grad_norm)
     if not finite and self.skip_nonfinite:
       self.skipped += 1

@@ -169,6 +169,21 @@ def _guard(**div):
       skip_nonfinite_steps=skip, **{f"divergence.{k}": v for k, v in div.items()}))
 
 
+def test_the_guard_keeps_the_largest_finite_gradient_norm_across_a_resume():
+  """A gradient explosion that clipping absorbs stops nothing (DepthBench's HC at its widest
+  500M shape): the largest pre-clip norm and its step are kept, across a checkpoint."""
+  step = lambda s, g: (s, {"loss": 3.0, "grad_norm": g})
+  guard = _guard(skip=True)
+  assert guard.check_steps([step(1, 2.0), step(2, 250.0), step(3, math.nan), step(4, 1.0)]) is None
+  assert (guard.max_grad_norm, guard.max_grad_norm_step) == (250.0, 2)
+  resumed = _guard(skip=True)
+  resumed.resume(json.loads(json.dumps(guard.progress())))
+  resumed.check_steps([step(5, 9.0)])
+  assert (resumed.max_grad_norm, resumed.max_grad_norm_step) == (250.0, 2)
+  resumed.check_steps([step(6, 900.0)])
+  assert (resumed.max_grad_norm, resumed.max_grad_norm_step) == (900.0, 6)
+
+
 def test_a_run_of_skipped_steps_goes_on_counting_across_a_resume():
   """max_skipped_steps=2: two non-finite steps, a checkpoint, a resume, a third: the run
   diverges as it would have uninterrupted (the count in a row restarted at 0 on resume)."""

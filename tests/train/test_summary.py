@@ -48,10 +48,13 @@ def test_build_fills_the_summary_and_a_guard_with_a_reason_marks_it_diverged():
           out["tokens"], out["skipped_steps"]) == ("hc_4x64", 16.0, 1000, 400, 640, 0)
   assert (out["status"], out["diverged_step"], out["diverged_reason"]) == ("ok", None, None)
   assert out["config"] == _config().to_dict() and out["last_checkpoint_step"] == 10
-  calm = types.SimpleNamespace(skipped=3, reason=None, step=None)
+  calm = types.SimpleNamespace(skipped=3, reason=None, step=None, max_grad_norm=12.5,
+                               max_grad_norm_step=4)
   out = summary.build(_config(), MODEL, counts, guard=calm, **kw)
   assert (out["status"], out["skipped_steps"], out["diverged_step"]) == ("ok", 3, None)
-  bad = types.SimpleNamespace(skipped=0, reason="non-finite loss (nan)", step=7)
+  assert (out["max_grad_norm"], out["max_grad_norm_step"]) == (12.5, 4)
+  bad = types.SimpleNamespace(skipped=0, reason="non-finite loss (nan)", step=7,
+                              max_grad_norm=None, max_grad_norm_step=None)
   out = summary.build(_config(), MODEL, counts, guard=bad, **kw)
   assert (out["status"], out["diverged_step"], out["diverged_reason"]) == (
       "diverged", 7, "non-finite loss (nan)")

@@ -62,6 +62,7 @@ def test_loss_decreases_and_summary_is_complete(reference_run):
   assert s["final_val_loss"] < 5.6  # ln(257) = 5.55 at init.
   # The measured cost: wall time x devices (one session, one CPU device here).
   assert (s["devices"], s["device_kind"]) == (1, "cpu")
+  assert s["max_grad_norm"] > 0 and 1 <= s["max_grad_norm_step"] <= 20
   assert s["device_hours"] == pytest.approx(s["wall_time_s"] / 3600, rel=0.05)
   from depthbench_jax import revision   # The code it trained at: this checkout's commit.
   assert s["code"] == [revision.code_revision()] and s["code"][0]["commit"]
