@@ -72,10 +72,17 @@ def depth_slope(points: Sequence[tuple[int, float]]) -> float | None:
   return (sum((x - mx) * (v - my) for x, v in pts) / sum((x - mx) ** 2 for x, _ in pts))
 
 
-def _trend(slope: float | None | str) -> str:
+def _trend(slope: float | None | str, points: Sequence[tuple[int, float]] = ()) -> str:
+  """The slope in words; over three or more depths whose NLL both rises and falls by more than
+  ``FLAT_TOL`` between neighbours, 'non-monotonic' (the paper's word for Pre-LN's trend, which
+  a slope alone reads as flat or one way)."""
   if slope is None or isinstance(slope, str):
     return slope or "-"
-  word = "flat" if abs(slope) < FLAT_TOL else ("deeper better" if slope < 0 else "deeper worse")
+  steps = [b - a for (_, a), (_, b) in zip(sorted(points), sorted(points)[1:])]
+  if len(steps) >= 2 and max(steps) > FLAT_TOL and min(steps) < -FLAT_TOL:
+    word = "non-monotonic"
+  else:
+    word = "flat" if abs(slope) < FLAT_TOL else ("deeper better" if slope < 0 else "deeper worse")
   return f"{slope:+.3f} ({word})"
 
 
@@ -86,14 +93,15 @@ def _cut_mark(evals: dict, domain: str) -> str:
   return "*" if any(r.get("context_cut") or r.get("answer_cut") for r in cut) else ""
 
 
-def _domain_slope(rows: Sequence[tuple[int, dict]], domain: str) -> float | None | str:
-  """``depth_slope`` of one domain's NLL over ``rows`` ``(depth, evals['domains'])``, or
+def _domain_trend(rows: Sequence[tuple[int, dict]], domain: str) -> str:
+  """``_trend`` of one domain's NLL over ``rows`` ``(depth, evals['domains'])``, or
   ``'sets differ'`` when the runs with a number averaged different sets."""
   scored = [(d, doms[domain]) for d, doms in rows
             if _is_number((doms.get(domain) or {}).get("nll_per_token"))]
   if len({tuple(sorted(res.get("sets") or ())) for _, res in scored}) > 1:
     return "sets differ"
-  return depth_slope([(d, res["nll_per_token"]) for d, res in scored])
+  points = [(d, res["nll_per_token"]) for d, res in scored if d]
+  return _trend(depth_slope(points), points)
 
 
 def _best_lr_only(runs: Sequence[Any]) -> list[Any]:
@@ -152,12 +160,13 @@ def evals_table(runs: Sequence[Any], relative_to: str | None = None) -> str | No
     lines += ["", "(step s of n): evaluated at checkpoint s of a run trained for n steps "
               "(evaluate --step, or before the run finished); its depth trend is apart."]
   lines += ["", "Depth trend: slope of domain NLL against log2(depth), nats per doubling "
-            f"(negative = deeper is better; |slope| < {FLAT_TOL}: flat; 'sets differ': the "
+            f"(negative = deeper is better; |slope| < {FLAT_TOL}: flat; non-monotonic: over "
+            f"3+ depths it both rises and falls by more than {FLAT_TOL}; 'sets differ': the "
             "depths averaged different sets, no slope).", "",
             "| design | depths | " + " | ".join(DOMAINS) + " |",
             "|---|---|" + "---|" * len(DOMAINS)]
   for design, rows in sorted(by_design.items()):
     depths = sorted({d for d, _ in rows if d})
-    cells = [_trend(_domain_slope(rows, dom)) for dom in DOMAINS]
+    cells = [_domain_trend(rows, dom) for dom in DOMAINS]
     lines.append(f"| {design} | {', '.join(map(str, depths))} | " + " | ".join(cells) + " |")
   return "\n".join(lines)

@@ -435,3 +435,16 @@ def test_evals_table_marks_a_run_evaluated_before_its_last_step():
   assert "| preln | 16x64 | - | 1.500 |" in text and "(step s of n): evaluated at" in text
   trend = text.split("Depth trend")[1]
   assert "| preln | 8, 16 |" in trend and "| preln (step 500 of 7770) | 16 |" in trend
+
+
+def test_domain_trend_names_a_non_monotonic_one():
+  """The paper calls Pre-LN's domain NLL 'weak or non-monotonic'; a slope alone read a dip and
+  rise over three depths as flat or as one direction."""
+  def run(depth, nll):
+    return ({"design": "preln", "n_layers": depth, "name": f"p{depth}", "d_model": 64},
+            {"domains": {"math": {"nll_per_token": nll}}})
+  trend = lambda *nlls: report_section.evals_table(
+      [run(d, v) for d, v in zip((16, 32, 64), nlls)]).split("Depth trend")[1]
+  assert "(non-monotonic)" in trend(2.00, 1.90, 2.02)
+  assert "(deeper better)" in trend(2.10, 2.00, 1.90)
+  assert "(flat)" in trend(2.000, 2.003, 2.001)   # within FLAT_TOL: no turn
