@@ -53,10 +53,10 @@ def row(config, design: str, shape: str, budget_gib: float) -> dict:
   # suite's data path need not exist on the host that asks.
   model_cfg = config_check.validate(config, jax.device_count(), process_count=1)
   mesh = sharding.make_mesh(config.mesh)
-  steps = jitted.jitted_steps(config, model_cfg, mesh, steps=100)
+  compiled = jitted.jitted_steps(config, model_cfg, mesh, steps=100)
   batch = {"tokens": jax.ShapeDtypeStruct(
       (config.data.global_batch_size, config.data.seq_len + 1), jnp.int32)}
-  lowered = steps.step_fn.lower(steps.abstract_state, batch)
+  lowered = compiled.step_fn.lower(compiled.abstract_state, batch)
   memory = compile_for_memory(lowered).memory_analysis()
   peak = peak_bytes(memory)
   rows = config.data.global_batch_size // sharding.data_parallel_size(mesh)

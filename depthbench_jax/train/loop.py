@@ -297,8 +297,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
       final_train_loss=last_train_loss, final_val_loss=val_loss,
       wall_time_s=wall_s(), status=status, guard=guard,
       last_checkpoint_step=manager.latest_step(), code=code,
-      devices={"device_hours": device_s() / 3600, "devices": jax.device_count(),
-               "device_kind": jax.devices()[0].device_kind})
+      cost={"device_hours": device_s() / 3600, "devices": jax.device_count(),
+            "device_kind": jax.devices()[0].device_kind})
   if process_index == 0 and status != "interrupted":
     summary.write(workdir, result)
   return result

@@ -101,9 +101,9 @@ def run_name(config, model_cfg) -> str:
 
 def build(config, model_cfg, counts, *, steps, tokens, final_train_loss, final_val_loss,
           wall_time_s, status, guard=None, last_checkpoint_step=None, code=None,
-          devices: dict | None = None) -> dict:
+          cost: dict | None = None) -> dict:
   """The run's ``summary.json``; ``code``: ``revision.history`` of its sessions' commits;
-  ``devices``: ``device_hours`` (every session's wall time x its device count, the measured
+  ``cost``: ``device_hours`` (every session's wall time x its device count, the measured
   cost the systems table sets beside its analytic one), and this session's ``devices`` and
   ``device_kind``."""
   out = {
@@ -129,7 +129,7 @@ def build(config, model_cfg, counts, *, steps, tokens, final_train_loss, final_v
       "max_grad_norm_step": guard.max_grad_norm_step if guard is not None else None,
       "last_checkpoint_step": last_checkpoint_step,
       "code": list(code or []),
-      **(devices or {}),
+      **(cost or {}),
   }
   if guard is not None and guard.reason:
     out["status"] = "diverged"

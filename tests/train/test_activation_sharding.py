@@ -37,9 +37,9 @@ out = {}
 for data, fsdp in ((2, 1), (1, 2)):
   c = tiny_config(**{"model.d_model": 64, "model.ffn_dim": 128, "data.seq_len": 128,
                      "data.global_batch_size": 8, "mesh.data": data, "mesh.fsdp": fsdp})
-  steps = jitted.jitted_steps(c, model_config_from(c.model), sharding.make_mesh(c.mesh), 10)
+  compiled = jitted.jitted_steps(c, model_config_from(c.model), sharding.make_mesh(c.mesh), 10)
   batch = {"tokens": jax.ShapeDtypeStruct((8, 129), jnp.int32)}
-  memory = steps.eval_fn.lower(steps.abstract_state.params, batch).compile().memory_analysis()
+  memory = compiled.eval_fn.lower(compiled.abstract_state.params, batch).compile().memory_analysis()
   out[f"{data}x{fsdp}"] = {"temp": memory.temp_size_in_bytes,
                            "argument": memory.argument_size_in_bytes}
 print(json.dumps(out))
@@ -140,9 +140,9 @@ out = {}
 for k in (1, 4):
   c = tiny_config(**{"data.seq_len": 64, "data.global_batch_size": 16, "mesh.data": 1,
                      "mesh.fsdp": 2, "grad_accum_steps": k})
-  steps = jitted.jitted_steps(c, model_config_from(c.model), sharding.make_mesh(c.mesh), 10)
+  compiled = jitted.jitted_steps(c, model_config_from(c.model), sharding.make_mesh(c.mesh), 10)
   batch = {"tokens": jax.ShapeDtypeStruct((16, 65), jnp.int32)}
-  memory = steps.step_fn.lower(steps.abstract_state, batch).compile().memory_analysis()
+  memory = compiled.step_fn.lower(compiled.abstract_state, batch).compile().memory_analysis()
   out[k] = memory.temp_size_in_bytes
 print(json.dumps(out))
 """
