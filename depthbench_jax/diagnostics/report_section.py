@@ -98,12 +98,10 @@ def diagnostics_table(runs: Sequence[Run]) -> str:
   each other name theirs in each cell (the header once showed the default over them).
   """
   runs = _sorted(runs)
-  head = {}
-  for key, name, symbol in (("causal", "causal", "C"), ("permutation", "permutation", "P")):
-    values = _thresholds(runs, key)
-    head[key] = (f"{name} {symbol}>{values.pop():g}" if len(values) == 1 else
-                 f"{name} share (>threshold)")
-  per_cell = {key: len(_thresholds(runs, key)) > 1 for key in head}
+  thresholds = {key: _thresholds(runs, key) for key in ("causal", "permutation")}
+  per_cell = {key: len(values) > 1 for key, values in thresholds.items()}
+  head = {key: f"{key} {key[0].upper()}>{min(values):g}" if len(values) == 1 else
+          f"{key} share (>threshold)" for key, values in thresholds.items()}
   lines = [
       f"| design | L | d | lr | {head['causal']} | {head['permutation']} | "
       "angular d(l,l+1) late | erank (late) | dead prefix | loss |",
