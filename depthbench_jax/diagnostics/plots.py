@@ -1,7 +1,8 @@
 """Heatmaps and curves of one diagnostics result (matplotlib, Agg): PNG files or uint8 images.
 
 Each figure marks the late boundary ``L/4`` (dashed): only pairs right of and below it enter the
-shares. Undefined entries (``i >= j``) are blank.
+shares. Undefined entries (``i >= j``) are blank; a pair whose swapped or skipped run blew up
+(a non-finite score, which the shares count above every threshold) is a red cross, not a blank.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ def _title(result: dict, what: str) -> str:
 
 
 def _heatmap(matrix: np.ndarray, title: str, late_start: int, xlabel: str, ylabel: str,
-             vmin: float = 0.0, vmax: float | None = None, cmap: str = "viridis"):
+             vmin: float = 0.0, vmax: float | None = None, cmap: str = "viridis",
+             measured: np.ndarray | None = None):
+  """``measured``: the cells the probes computed; a non-finite one among them blew up."""
   fig, ax = plt.subplots(figsize=(4.8, 4.0), dpi=100)
   finite = matrix[np.isfinite(matrix)]
   if vmax is None:
@@ -30,6 +33,10 @@ def _heatmap(matrix: np.ndarray, title: str, late_start: int, xlabel: str, ylabe
   image = ax.imshow(np.ma.masked_invalid(matrix), vmin=vmin, vmax=vmax, cmap=cmap,
                     interpolation="nearest", origin="upper")
   fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+  blown_i, blown_j = np.nonzero(~np.isfinite(matrix) & (False if measured is None else measured))
+  if blown_i.size:
+    ax.scatter(blown_j, blown_i, marker="x", color="red", s=30, label="blew up (non-finite)")
+    ax.legend(fontsize=7, loc="lower left")
   for line in (ax.axvline, ax.axhline):
     line(late_start - 0.5, color="0.5", ls="--", lw=0.8)
   ax.set_title(title, fontsize=9)
@@ -40,19 +47,22 @@ def _heatmap(matrix: np.ndarray, title: str, late_start: int, xlabel: str, ylabe
 
 
 def _line(series: dict[str, tuple[np.ndarray, np.ndarray]], title: str, xlabel: str,
-          ylabel: str, vlines: dict[str, float] | None = None, late_start: int | None = None):
+          ylabel: str, vlines: dict[str, float] | None = None, late_x: float | None = None):
+  """Curves with a legend; ``vlines`` (a series' name -> x) drawn dotted in that series' colour;
+  ``late_x`` the late boundary (dashed)."""
   fig, ax = plt.subplots(figsize=(4.8, 3.4), dpi=100)
+  colour = {}
   for label, (x, y) in series.items():
-    ax.plot(x, y, marker="." if len(x) < 80 else None, label=label)
+    (line,) = ax.plot(x, y, marker="." if len(x) < 80 else None, label=label)
+    colour[label] = line.get_color()
   for label, x in (vlines or {}).items():
-    ax.axvline(x, color="gray", ls=":", lw=0.8)
-  if late_start is not None:
-    ax.axvline(late_start - 0.5, color="gray", ls="--", lw=0.8)
+    ax.axvline(x, color=colour.get(label, "gray"), ls=":", lw=0.8)
+  if late_x is not None:
+    ax.axvline(late_x, color="gray", ls="--", lw=0.8)
   ax.set_title(title, fontsize=9)
   ax.set_xlabel(xlabel)
   ax.set_ylabel(ylabel)
-  if len(series) > 1:
-    ax.legend(fontsize=8)
+  ax.legend(fontsize=8)
   fig.tight_layout()
   return fig
 
@@ -65,33 +75,44 @@ def figures(result: dict) -> dict:
   figs["angular"] = _heatmap(ang, _title(result, "angular distance of hidden states"), late,
                              "layer j", "layer i")
   if "causal" in result:
-    figs["causal"] = _heatmap(from_jsonable_matrix(result["causal"]["matrix"]),
+    # The score has no upper bound (a skipped layer can more than redo a later update): the
+    # scale reaches the largest, where a cap at 1 drew 1.46 as 1.0.
+    c = from_jsonable_matrix(result["causal"]["matrix"])
+    finite = c[np.isfinite(c)]
+    pairs = np.triu(np.ones(c.shape, bool), 1)   # every s < t
+    figs["causal"] = _heatmap(c,
                               _title(result, f"causal score C[s,t] ({result['causal']['reduction']})"),
-                              late, "measured layer t", "skipped layer s", vmax=1.0)
+                              late, "measured layer t", "skipped layer s",
+                              vmax=max([1.0, *finite.tolist()]), measured=pairs)
   if "permutation" in result:
     p = from_jsonable_matrix(result["permutation"]["matrix"])
     finite = p[np.isfinite(p)]
     vmax = max(float(finite.max()) if finite.size else 0.0, 2 * result["permutation"]["threshold"])
+    pairs = np.triu(np.ones(p.shape, bool), 1)   # every i < j, or the late ones only
+    if result["permutation"].get("pairs") == "late":
+      pairs &= np.arange(len(p))[:, None] >= late
     figs["permutation"] = _heatmap(p, _title(result, "permutation score P[i,j]"), late,
                                    "layer j", "layer i", vmin=min(0.0, float(finite.min())
                                                                   if finite.size else 0.0),
-                                   vmax=vmax)
+                                   vmax=vmax, measured=pairs)
   curves = {k: (np.asarray(result[k]["curve"]["thresholds"]),
                 np.asarray(result[k]["curve"]["share"], dtype=float))
             for k in ("causal", "permutation") if k in result}
   if curves:
+    named = {k: f"{k} (threshold {result[k]['threshold']:g})" for k in curves}
     figs["share_curves"] = _line(
-        curves, _title(result, "share of late pairs above threshold"), "threshold", "share",
-        vlines={k: result[k]["threshold"] for k in curves})
+        {named[k]: v for k, v in curves.items()},
+        _title(result, "share of late pairs above threshold"), "threshold", "share",
+        vlines={named[k]: result[k]["threshold"] for k in curves})
   cons = np.asarray(result["angular"]["consecutive"], dtype=float)
   figs["angular_consecutive"] = _line({"d(l, l+1)": (np.arange(len(cons)), cons)},
                                       _title(result, "consecutive angular distance"), "layer l",
-                                      "distance", late_start=late)
+                                      "distance", late_x=late - 0.5)
   if "mixing" in result:
     e = np.asarray(result["mixing"]["erank_by_start"], dtype=float)
     figs["erank"] = _line({"erank": (np.arange(len(e)), e)},
                           _title(result, "erank of the mixing product, layers s..L-1"),
-                          "start layer s", "effective rank", late_start=late)
+                          "start layer s", "effective rank", late_x=late - 0.5)
   if "dead_prefix" in result and "per_sublayer" in result["dead_prefix"]:
     own = np.asarray(result["dead_prefix"]["per_sublayer"], dtype=float)
     series = {"own block": (np.arange(len(own)) / 2, own)}
@@ -99,12 +120,12 @@ def figures(result: dict) -> dict:
     if emb is not None:
       series["embedding"] = (np.arange(len(emb)) / 2, np.asarray(emb, dtype=float))
     figs["dead_prefix"] = _line(series, _title(result, "depth weight per sublayer"),
-                                "layer (sublayer / 2)", "mean weight", late_start=late)
+                                "layer (sublayer / 2)", "mean weight", late_x=late - 0.25)
   elif "depth_weights" in result:
     emb = np.asarray(result["depth_weights"]["embedding_per_sublayer"], dtype=float)
     figs["depth_weights"] = _line({"embedding": (np.arange(len(emb)) / 2, emb)},
                                   _title(result, "depth weight on the embedding per sublayer"),
-                                  "layer (sublayer / 2)", "mean weight", late_start=late)
+                                  "layer (sublayer / 2)", "mean weight", late_x=late - 0.25)
   return figs
 
 

@@ -257,12 +257,49 @@ def test_plots_put_sublayers_at_half_layers_and_images_keep_only_the_asked_figur
   line = figs["dead_prefix"].axes[0].lines[0]
   assert list(line.get_xdata()) == [0.0, 0.5, 1.0, 1.5]
   assert list(line.get_ydata()) == [0.4, 0.3, 0.2, 0.1]
+  # The late boundary (late_start 1) falls between layer 0's MLP (0.5) and layer 1 (1.0); at
+  # late_start - 0.5 it ran through the MLP point.
+  assert figs["dead_prefix"].axes[0].lines[-1].get_xdata()[0] == 0.75
   for fig in figs.values():
     plt.close(fig)
   images = plots.images(_canned_result())
   assert set(images) == {"angular"}
   assert images["angular"].dtype == np.uint8 and images["angular"].shape[0] == 1
   assert images["angular"].shape[-1] == 3
+
+
+def test_heatmaps_show_scores_above_one_and_mark_pairs_that_blew_up():
+  """The causal scale stopped at 1 (1.46 drew as 1.0); a non-finite late pair, which the shares
+  count above every threshold, drew blank like the undefined cells; the share curves named
+  neither their score (one curve: no legend) nor which threshold line was whose."""
+  from depthbench_jax.diagnostics import plots
+  import matplotlib.pyplot as plt
+  nan = None
+  result = dict(_canned_result(), n_layers=3, late_start=0,
+                causal={"matrix": [[nan, 1.46, 0.2], [nan, nan, nan], [nan, nan, nan]],
+                        "reduction": "max", "threshold": 0.45,
+                        "curve": {"thresholds": [0.0, 1.0], "share": [1.0, 0.5]}},
+                permutation={"matrix": [[nan, 0.1, 0.3], [nan, nan, 0.2], [nan, nan, nan]],
+                             "threshold": 0.15,
+                             "curve": {"thresholds": [0.0, 1.0], "share": [1.0, 0.0]}})
+  figs = plots.figures(result)
+  ax = figs["causal"].axes[0]
+  assert ax.images[0].get_clim()[1] >= 1.46
+  crosses = ax.collections[0].get_offsets()   # x = measured layer t, y = skipped layer s
+  assert [tuple(c) for c in crosses] == [(2.0, 1.0)]   # C[1,2] blew up; C[1,0] is undefined
+  assert not figs["permutation"].axes[0].collections     # nothing blew up there
+  # Pairs the probes did not swap (permutation_pairs='late': only late ones) are not crosses.
+  late_only = dict(result, late_start=1, permutation=dict(
+      result["permutation"], pairs="late",
+      matrix=[[nan, nan, nan], [nan, nan, 0.2], [nan, nan, nan]]))
+  assert not plots.figures(late_only)["permutation"].axes[0].collections
+  curves = figs["share_curves"].axes[0]
+  assert [t.get_text() for t in curves.get_legend().get_texts()] == [
+      "causal (threshold 0.45)", "permutation (threshold 0.15)"]
+  colours = [line.get_color() for line in curves.lines]
+  assert colours[2] == colours[0] and colours[3] == colours[1]   # each threshold in its colour
+  for fig in figs.values():
+    plt.close(fig)
 
 
 def test_hook_of_a_multi_process_run_reads_the_global_batchs_first_rows(monkeypatch):
