@@ -11,8 +11,8 @@ Sets whose file is missing are skipped and listed under ``missing`` with the mes
 where to put them (``--strict`` makes that an error). ``--export_hf`` also writes a Hugging Face
 checkpoint (Pre-LN family) to ``RUN_DIR/hf``. ``--out=PATH`` writes ``PATH`` (and its scalars to
 ``tensorboard/`` beside it) instead. An existing file whose ``options`` differ in what decides the
-numbers (``RESULT_OPTIONS``: the checkpoint step does not) is replaced only with ``--overwrite``,
-so a debug rerun never silently replaces a finished evaluation.
+numbers (``RESULT_OPTIONS``), or that was made at a later checkpoint than ``--step``, is replaced
+only with ``--overwrite``, so a debug rerun never silently replaces a finished evaluation.
 
 ``evals.json``::
 
@@ -205,7 +205,7 @@ def main(argv):
                "score_len": int(config.data.seq_len)}
     summary.check_replaceable(  # Before the tokenizer and model: a finished result is never lost.
         out, {k: options[k] for k in RESULT_OPTIONS}, _OVERWRITE.value,
-        lambda key: "config.data.seq_len" if key == "score_len" else f"--{key}")
+        lambda key: "config.data.seq_len" if key == "score_len" else f"--{key}", step=step)
   except ConfigError as err:
     fail(str(err))
   tokenizer = get_tokenizer(config.data.tokenizer)

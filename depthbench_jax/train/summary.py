@@ -51,22 +51,30 @@ def recorded_options(result: dict) -> dict:
 
 def check_replaceable(path: str, settings: dict, overwrite: bool,
                       flag: Callable[[str], str] = "--{}".format,
-                      recorded: Callable[[dict], dict] = recorded_options) -> None:
+                      recorded: Callable[[dict], dict] = recorded_options,
+                      step: int | None = None) -> None:
   """Raises one ``ConfigError`` when ``path`` holds a result whose ``recorded(result)`` settings
   differ from ``settings`` (the values that decide its numbers; ``flag(key)`` is how the user
   sets one): a debug rerun (fewer examples, other designs, other thresholds) would silently
-  replace a finished result with a lesser one. The same settings (a rerun, a later checkpoint,
-  more rounds) or ``overwrite`` replace it; a key the file does not record (older code, or a
-  file ``recorded`` cannot read) counts as different. One check for every tool that writes a
-  result: evaluate, diagnose, systems, bench and decode_bench."""
+  replace a finished result with a lesser one. So does one of an earlier checkpoint ``step``
+  than the result's own (``--step=100`` over the final step's evals.json). The same settings
+  (a rerun, a later checkpoint, more rounds) or ``overwrite`` replace it; a key the file does
+  not record (older code, or a file ``recorded`` cannot read) counts as different. One check
+  for every tool that writes a result: evaluate, diagnose, systems, bench and decode_bench."""
   if os.path.isdir(path):
     raise ConfigError(f"{path} is a directory; allowed: a file path for the result (--out)")
   if overwrite or not os.path.exists(path):
     return
   try:
-    before = recorded(read_json(path))
+    result = read_json(path)
+    before = recorded(result)
   except (ValueError, AttributeError, KeyError, TypeError, IndexError):  # Not such a result.
-    before = {}
+    result, before = {}, {}
+  made_at = result.get("step") if isinstance(result, dict) else None
+  if step is not None and isinstance(made_at, int) and step < made_at:
+    raise ConfigError(
+        f"--step={step}: {path} holds the result of the later step {made_at}, which this run "
+        f"would replace; allowed: --out to write this result elsewhere, or --overwrite")
   asked = json.loads(json.dumps(settings))  # Tuples as lists, as the file holds them.
   changed = [k for k in asked if k not in before or before[k] != asked[k]]
   if not changed:

@@ -85,3 +85,17 @@ def test_checkpoint_steps_ignore_orbax_temporary_directories_and_sort_numericall
   for step in ("10", "9", "100"):
     (tmp_path / "checkpoints" / step).mkdir()
   assert summary.checkpoint_steps(workdir) == [9, 10, 100] and checkpoint.has_checkpoint(workdir)
+
+
+def test_a_result_of_a_later_step_is_not_replaced_by_an_earlier_one(tmp_path):
+  """evaluate/diagnose --step=100 once silently replaced the final step's result (the step
+  decides no option); a later step, or the same one, still replaces it."""
+  from depthbench_jax.errors import ConfigError
+  path = str(tmp_path / "evals.json")
+  summary.atomic_write_json(path, {"step": 7770, "options": {"sets": ["sciq"]}})
+  same = {"sets": ["sciq"]}
+  with pytest.raises(ConfigError, match=r"^--step=100: .* later step 7770, .* allowed: --out"):
+    summary.check_replaceable(path, same, overwrite=False, step=100)
+  for step in (7770, 8000, None):
+    summary.check_replaceable(path, same, overwrite=False, step=step)
+  summary.check_replaceable(path, same, overwrite=True, step=100)
