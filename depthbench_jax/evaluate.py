@@ -218,7 +218,8 @@ def main(argv):
                n_layers=model_cfg.n_layers, tokenizer=tokenizer.name, options=options)
   path = write_evals(workdir, evals, int(step or 0), out, config.tensorboard)
   if _EXPORT.value:
-    hf_dir = hf.export_hf(params, model_cfg, os.path.join(workdir, "hf"), tokenizer=tokenizer)
+    hf_dir = hf.export_hf(params, model_cfg, os.path.join(workdir, "hf"), tokenizer=tokenizer,
+                          step=step)  # depthbench_export.json says which checkpoint it holds
     logging.info("exported Hugging Face checkpoint to %s", hf_dir)
   logging.info("wrote %s", path)
   print(json.dumps({d: round(v["nll_per_token"], 4) for d, v in evals["domains"].items()}))

@@ -209,7 +209,7 @@ def save_hf_tokenizer(tokenizer: Any, out_dir: str) -> bool:
 
 
 def export_hf(params: Any, cfg: ModelConfig, out_dir: str, arch: str | None = None, *,
-              tokenizer: Any = None, dtype: str = "float32") -> str:
+              tokenizer: Any = None, dtype: str = "float32", step: int | None = None) -> str:
   """Writes ``model.safetensors`` + ``config.json`` (+ ``generation_config.json``, tokenizer note).
 
   ``tokenizer``: a depthbench tokenizer (``.name``, ``.vocab_size``, ``.eos_id``) or None; its
@@ -247,6 +247,6 @@ def export_hf(params: Any, cfg: ModelConfig, out_dir: str, arch: str | None = No
       f.write(_TOKENIZER_NOTE.format(name=tokenizer.name, vocab=tokenizer.vocab_size,
                                      eos=tokenizer.eos_id, detail=detail))
   with open(os.path.join(out_dir, "depthbench_export.json"), "w") as f:
-    json.dump({"design": cfg.design, "arch": arch, "dtype": dtype,
+    json.dump({"design": cfg.design, "arch": arch, "dtype": dtype, "step": step,
                "tokenizer": getattr(tokenizer, "name", None)}, f, indent=2)
   return out_dir

@@ -38,6 +38,8 @@ def test_cli_writes_evals_json_and_a_loadable_hf_export(tmp_path):
   assert os.listdir(os.path.join(workdir, "tensorboard"))
 
   assert os.path.exists(os.path.join(workdir, "hf", "generation_config.json"))
+  with open(os.path.join(workdir, "hf", "depthbench_export.json")) as f:
+    assert json.load(f)["step"] == 5   # which checkpoint the export holds
   model = transformers.AutoModelForCausalLM.from_pretrained(os.path.join(workdir, "hf")).eval()
   tokens = np.arange(1, 17, dtype=np.int32)[None] * 7 % 257
   with torch.no_grad():

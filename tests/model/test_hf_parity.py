@@ -157,7 +157,7 @@ def test_bfloat16_export_stores_bfloat16_and_other_dtypes_are_refused(tmp_path):
   class Tok:
     name, vocab_size, eos_id = "byte", 101, 100
 
-  hf.export_hf(params, cfg, str(tmp_path), tokenizer=Tok(), dtype="bfloat16")
+  hf.export_hf(params, cfg, str(tmp_path), tokenizer=Tok(), dtype="bfloat16", step=40)
   want = hf.to_hf_state_dict(params, cfg)
   with safe_open(str(tmp_path / "model.safetensors"), framework="pt") as f:
     assert sorted(f.keys()) == sorted(want)
@@ -169,7 +169,7 @@ def test_bfloat16_export_stores_bfloat16_and_other_dtypes_are_refused(tmp_path):
   assert transformers.GenerationConfig.from_pretrained(str(tmp_path)).pad_token_id == 100
   with open(tmp_path / "depthbench_export.json") as f:
     assert json.load(f) == {"design": "preln", "arch": "qwen3", "dtype": "bfloat16",
-                            "tokenizer": "byte"}
+                            "step": 40, "tokenizer": "byte"}
   with pytest.raises(ConfigError, match="export dtype='float16'; allowed: float32, bfloat16"):
     hf.export_hf(params, cfg, str(tmp_path / "f16"), dtype="float16")
   assert not (tmp_path / "f16").exists()
