@@ -81,8 +81,8 @@ def cached_step(cfg: ModelConfig):
     """tokens/positions [B,T]; last [B] = index of the logits row to read -> (next [B], logits
     [B,V] at ``last``, cache)."""
     logits, mutated = model.apply({"params": params, "cache": cache}, tokens,
-                                  positions=positions, mutable=["cache"])
-    picked = jnp.take_along_axis(logits, last[:, None, None], axis=1)[:, 0]
+                                  positions=positions, logits_at=last, mutable=["cache"])
+    picked = logits[:, 0]
     return jnp.argmax(picked, axis=-1).astype(jnp.int32), picked, mutated["cache"]
 
   return step

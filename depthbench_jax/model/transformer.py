@@ -161,7 +161,9 @@ class Transformer(nn.Module):
 
   @nn.compact
   def __call__(self, tokens: Array, gate: Array | None = None, return_layers: bool = False,
-               positions: Array | None = None):
+               positions: Array | None = None, logits_at: Array | None = None):
+    """Logits [B,T,V]; with ``logits_at`` [B] only that position's per row, [B,1,V] (a prefill
+    reads one row: the LM head over all T was ~half a 512-token prefill's FLOPs at 8x512)."""
     cfg = self.cfg
     design = registry.get(cfg.design)
     dtype = dtype_of(cfg.dtype)
@@ -218,6 +220,8 @@ class Transformer(nn.Module):
       layer_outputs = (jax.tree.map(lambda *a: jnp.stack(a), *per_layer) if return_layers
                        else None)
     h = io.readout(state)
+    if logits_at is not None:
+      h = jnp.take_along_axis(h, logits_at[:, None, None], axis=1)
     if cfg.tie_embeddings:
       logits = embed.attend(h.astype(dtype))
     else:
