@@ -73,8 +73,9 @@ def check_replaceable(path: str, settings: dict, overwrite: bool,
   made_at = result.get("step") if isinstance(result, dict) else None
   if step is not None and isinstance(made_at, int) and step < made_at:
     raise ConfigError(
-        f"--step={step}: {path} holds the result of the later step {made_at}, which this run "
-        f"would replace; allowed: --out to write this result elsewhere, or --overwrite")
+        f"checkpoint step {step} (--step, else the latest): {path} holds the result of the "
+        f"later step {made_at}, which this run would replace; allowed: --out to write this "
+        f"result elsewhere, or --overwrite")
   asked = json.loads(json.dumps(settings))  # Tuples as lists, as the file holds them.
   changed = [k for k in asked if k not in before or before[k] != asked[k]]
   if not changed:

@@ -94,7 +94,8 @@ def test_a_result_of_a_later_step_is_not_replaced_by_an_earlier_one(tmp_path):
   path = str(tmp_path / "evals.json")
   summary.atomic_write_json(path, {"step": 7770, "options": {"sets": ["sciq"]}})
   same = {"sets": ["sciq"]}
-  with pytest.raises(ConfigError, match=r"^--step=100: .* later step 7770, .* allowed: --out"):
+  with pytest.raises(ConfigError, match=r"^checkpoint step 100 \(--step, else the latest\): .* "
+                                        r"later step 7770, .* allowed: --out"):
     summary.check_replaceable(path, same, overwrite=False, step=100)
   for step in (7770, 8000, None):
     summary.check_replaceable(path, same, overwrite=False, step=step)
