@@ -45,7 +45,7 @@ import ml_collections
 
 from depthbench_jax.errors import HOSTS_DIFFER, ConfigError
 from depthbench_jax.shapes import FFNRule, Shape, parse_shape, shaped_model
-from depthbench_jax.train.summary import SUMMARY
+from depthbench_jax.train.summary import SUMMARY, checkpoint_steps
 
 FINAL_STATUSES = ("ok", "diverged")
 DEFAULT_MFU = 0.4
@@ -309,7 +309,9 @@ def plan_rows(config_path: str, runs: Sequence[Run], mfu: float = DEFAULT_MFU,
                  "params_total": counts["total"], "params_non_embedding": counts["non_embedding"],
                  "steps": steps, "tokens": tokens, "flops": flops,
                  "device_hours": flops / (mfu * peak_flops) / 3600.0,
-                 "state": run_state(run.workdir), "workdir": run.workdir})
+                 "state": run_state(run.workdir), "workdir": run.workdir,
+                 # What an interrupted run has trained: it resumes from its latest checkpoint.
+                 "steps_done": min(steps, (checkpoint_steps(run.workdir) or [0])[-1])})
   return rows
 
 
@@ -377,11 +379,13 @@ def format_plan(rows: Sequence[dict], mfu: float, peak_flops: float) -> str:
                  f"{r['steps']:>8d} {human(r['tokens']):>9} {r['flops']:>9.2e} "
                  f"{r['device_hours']:>9.3g}")
   todo = [r for r in rows if r["state"] != "done"]
+  # An interrupted run counts what is left after its latest checkpoint, not its whole budget.
+  left = lambda r, key: r[key] * (1 - r.get("steps_done", 0) / r["steps"])
   lines.append("-" * len(header))
   lines.append(f"{len(rows)} runs ({len(rows) - len(todo)} done, {len(todo)} to run); "
-               f"to run: {human(sum(r['tokens'] for r in todo))} tokens, "
-               f"{sum(r['flops'] for r in todo):.3e} FLOPs, "
-               f"{sum(r['device_hours'] for r in todo):.1f} device-hours at MFU {mfu:g} of "
+               f"to run: {human(sum(left(r, 'tokens') for r in todo))} tokens, "
+               f"{sum(left(r, 'flops') for r in todo):.3e} FLOPs, "
+               f"{sum(left(r, 'device_hours') for r in todo):.1f} device-hours at MFU {mfu:g} of "
                f"{peak_flops:.3g} FLOP/s (all runs: "
                f"{sum(r['device_hours'] for r in rows):.1f} device-hours)")
   return "\n".join(lines)

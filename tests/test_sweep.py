@@ -477,14 +477,16 @@ def test_run_sweep_sh_reads_paths_from_the_callers_directory(tiny, tmp_path):
 
 
 def test_plan_totals_count_what_is_left_to_run():
-  row = lambda name, state, tokens, flops, hours: {
+  """An interrupted run resumes from its latest checkpoint: half of b's 10 steps are done, so
+  half its budget is left (its whole budget was counted)."""
+  row = lambda name, state, tokens, flops, hours, done=0: {
       "name": name, "state": state, "aspect_ratio": 32.0, "params_total": 1e6,
       "params_non_embedding": 5e5, "steps": 10, "tokens": tokens, "flops": flops,
-      "device_hours": hours}
-  rows = [row("a", "done", 1000, 1e15, 1.0), row("b", "partial", 2000, 2e15, 2.0),
+      "device_hours": hours, "steps_done": done}
+  rows = [row("a", "done", 1000, 1e15, 1.0, 10), row("b", "partial", 2000, 2e15, 2.0, 5),
           row("c", "new", 4000, 4e15, 4.0)]
   assert sweep.format_plan(rows, 0.4, 1e12).splitlines()[-1] == (
-      "3 runs (1 done, 2 to run); to run: 6K tokens, 6.000e+15 FLOPs, 6.0 device-hours at MFU "
+      "3 runs (1 done, 2 to run); to run: 5K tokens, 5.000e+15 FLOPs, 5.0 device-hours at MFU "
       "0.4 of 1e+12 FLOP/s (all runs: 7.0 device-hours)")
   assert (sweep.human(1e6), sweep.human(1000), sweep.human(1234567)) == ("1M", "1K", "1.23M")
 
