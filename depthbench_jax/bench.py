@@ -704,7 +704,10 @@ def write_plot(result: dict, json_path: str) -> str:
   targets = {design: result["targets"][key] for design, (_, key) in STEP_TARGETS.items()
              if key in result.get("targets", {})}
   p = result["preset"]
-  title = (f"{result['device']} ({result.get('host_cpu', result['device_kind'])}), "
+  # The host's CPU names a CPU run; an accelerator run is named by its device, not its host.
+  machine = (result.get("host_cpu", result["device_kind"]) if result.get("backend", "cpu") == "cpu"
+             else result["device_kind"])
+  title = (f"{result['device']} ({machine}), "
            f"{p['dtype']}, batch {p['batch']} x {p['seq_len']}, {p['rounds']} rounds, "
            f"code {revision.result_label(result)}")
   return bench_plot.plot_bench(result["train"], os.path.splitext(json_path)[0] + ".png",

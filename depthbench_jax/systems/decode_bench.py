@@ -255,8 +255,8 @@ def render(result: dict) -> str:
           f"{result['cpu_count']} CPUs), {revision.result_label(result)}, jax {result['jax']}, "
           f"{p['dtype']}, batch {result['batch']}, vocab {p['vocab_size']}, "
           f"{result['rounds']} interleaved rounds\n\n")
-  lines = ["| design | shape | context | loop | params | decode ms/token | x first Pre-LN (IQR) "
-           "| MB read/step | GB/s | prefill ms | x first Pre-LN |",
+  lines = ["| design | shape | context | loop | params | decode ms/token (per sequence) "
+           "| x first Pre-LN (IQR) | MB read/step | GB/s | prefill ms | x first Pre-LN |",
            "|---|---|---|---|---|---|---|---|---|---|---|"]
   for r in result["rows"]:
     band = r["token_over_anchor_rounds"]
@@ -270,7 +270,8 @@ def render(result: dict) -> str:
 
 def plot(result: dict, path: str) -> str:
   """Three panels against n_layers (log2 axis), one line per design (colour), context (marker)
-  and loop (scan dashed): decode ms per token, the rate its bytes are read at, prefill ms."""
+  and loop (scan dashed): decode ms per token of each sequence (one step), the rate its bytes
+  are read at, prefill ms."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
@@ -293,7 +294,7 @@ def plot(result: dict, path: str) -> str:
     for ax, key in zip(axes, ("token_ms", "read_gb_per_s", "prefill_ms")):
       ax.plot(xs, [r[key] for r in pts], label=label, **style)
   shapes = sorted({(r["n_layers"], r["shape"]) for r in rows})
-  titles = ("decode step, ms per token", "decode bytes read, GB/s", "prefill, ms")
+  titles = ("decode step, ms (a token per sequence)", "decode bytes read, GB/s", "prefill, ms")
   for ax, title in zip(axes, titles):
     ax.set_xscale("log", base=2)
     ax.set_xticks([n for n, _ in shapes], [s for _, s in shapes])

@@ -1292,3 +1292,19 @@ def test_report_section_names_a_run_whose_design_is_not_registered():
   alone = report_section.systems_table([record("rezero_gone")])
   assert alone.startswith("Left out, their config does not validate in this checkout: "
                           "rezero_gone 2x64")
+
+
+def test_bench_plot_title_names_an_accelerator_by_its_device_not_its_host(monkeypatch, tmp_path):
+  """An H200 run's picture read "nvidia-h200 (Intel(R) Xeon(R) Processor)", the host's CPU."""
+  from depthbench_jax import bench, bench_plot
+  titles = []
+  monkeypatch.setattr(bench_plot, "plot_bench", lambda rows, path, targets, title:
+                      titles.append(title) or path)
+  result = {"device": "nvidia-h200", "device_kind": "NVIDIA H200", "backend": "gpu",
+            "host_cpu": "Intel(R) Xeon(R) Processor", "train": [], "targets": {},
+            "preset": {"dtype": "bfloat16", "batch": 8, "seq_len": 2048, "rounds": 10},
+            "code": {"commit": "a" * 40, "dirty": False}}
+  bench.write_plot(result, str(tmp_path / "r.json"))
+  bench.write_plot(dict(result, backend="cpu", device="cpu"), str(tmp_path / "c.json"))
+  assert titles[0].startswith("nvidia-h200 (NVIDIA H200), bfloat16")
+  assert titles[1].startswith("cpu (Intel(R) Xeon(R) Processor), bfloat16")
