@@ -40,8 +40,7 @@ print(json.dumps({"wall": time.perf_counter() - wall0, "cpu": time.process_time(
 @pytest.mark.slow
 @pytest.mark.parametrize("design", ["attnres_full"])  # the costliest state; Pre-LN took half
 def test_32_layer_diagnostics_under_two_minutes(design):
-  if design not in registry.names():
-    pytest.skip(f"{design} not registered")
+  assert design in registry.names(), f"design {design!r} is not registered"
   env = helpers.subprocess_env(XLA_FLAGS="--xla_force_host_platform_device_count=1")
   done = subprocess.run([sys.executable, "-c", PROBE_32_LAYERS, design], env=env, cwd=helpers.ROOT,
                         capture_output=True, text=True, timeout=600, check=True)

@@ -144,6 +144,10 @@ def test_sigterm_saves_and_exits_cleanly_then_resumes(reference_run, tmp_path, c
   assert proc.wait(timeout=120) == 0
   ckpts = [d for d in os.listdir(os.path.join(workdir, "checkpoints")) if d.isdigit()]
   assert ckpts, "SIGTERM must leave a checkpoint"
+  # The first session really stopped early (a SIGTERM ignored would finish all 20 steps, and
+  # the "resume" below would train nothing and match trivially).
+  assert max(map(int, ckpts)) < 20 and max(helpers.losses(workdir)) < 20
+  assert not os.path.exists(os.path.join(workdir, "summary.json"))
   proc = helpers.run_main(workdir, helpers.tiny_flags(checkpoint_every=checkpoint_every),
                           PYTHONPROFILEIMPORTTIME=1)
   # README: the same config twice on one device is bitwise the same run, resumed or not (and
