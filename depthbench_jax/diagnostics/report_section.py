@@ -203,12 +203,16 @@ def paper_comparison(best: Sequence[Any]) -> str | None:
   and depth the paper reports; the shares only where ours used its thresholds. None when no run
   matches. Our effective rank is ``erank_late`` (products from layer ceil(L/4) to the last)
   over every depth run; the paper gives a range without saying over what."""
+  # Local: metrics imports jax, which this module's tables do not need.
+  from depthbench_jax.diagnostics.metrics import (PAPER_CAUSAL_THRESHOLD,
+                                                  PAPER_PERMUTATION_THRESHOLD)
   runs = [r for r in as_runs(best) if math.isfinite(_loss(r))]
   at = lambda design, depth: [r for r in runs if _design(*r) == design and _depth(*r) == depth]
   rows = []
   for design, (causal, perm) in PAPER_SHARES.items():
     for summary, diag in at(design, PAPER_DEPTH):
-      for key, paper, threshold in (("causal", causal, 0.45), ("permutation", perm, 0.15)):
+      for key, paper, threshold in (("causal", causal, PAPER_CAUSAL_THRESHOLD),
+                                    ("permutation", perm, PAPER_PERMUTATION_THRESHOLD)):
         scored = diag.get(key) or {}
         if scored.get("threshold", threshold) == threshold and "share" in scored:
           rows.append(f"| {design} | {key} share > {threshold:g}, L={PAPER_DEPTH} | "
