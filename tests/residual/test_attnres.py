@@ -129,16 +129,21 @@ def test_full_readout_hand_computed():
 
 
 def test_init_state_holds_the_embedding_and_each_slot_s_inverse_rms():
-  """Slot 0 = x0, the rest zeros, presence e_0, and ``inv_rms`` as ``depth_state`` would compute
-  it from the whole buffer (1/sqrt(eps) for an unwritten slot)."""
+  """Slot 0 = x0, the rest zeros, presence e_0, slot 0, and ``inv_rms`` by hand: 1/RMS(x0) for
+  slot 0, 1/sqrt(eps) for an unwritten (zero) slot."""
   cfg = kit.tiny_cfg("attnres_full", n_layers=2, d_model=8)   # 5 slots
-  x0 = jnp.asarray(np.random.RandomState(3).randn(2, 3, 8).astype(np.float32))
+  x0 = np.random.RandomState(3).randn(2, 3, 8).astype(np.float32)
   state, _ = attnres.FullAttnResIO(cfg).init_with_output(
-      jax.random.PRNGKey(0), x0, method=attnres.FullAttnResIO.init_state)
-  want = attnres.depth_state(jnp.zeros((5, 2, 3, 8)).at[0].set(x0), jnp.eye(5)[0], jnp.array(0),
-                             cfg.norm_eps)
-  for key in ("values", "inv_rms", "presence", "slot"):
-    np.testing.assert_allclose(state[key], want[key], rtol=1e-6, err_msg=key)
+      jax.random.PRNGKey(0), jnp.asarray(x0), method=attnres.FullAttnResIO.init_state)
+  assert state["values"].shape == (5, 2, 3, 8)
+  np.testing.assert_array_equal(state["values"][0], x0)
+  np.testing.assert_array_equal(state["values"][1:], 0)
+  np.testing.assert_allclose(state["inv_rms"][0], 1 / kit.rms(x0, cfg.norm_eps)[..., 0],
+                             rtol=1e-6)
+  np.testing.assert_allclose(state["inv_rms"][1:], np.full((4, 2, 3), cfg.norm_eps ** -0.5),
+                             rtol=1e-6)
+  np.testing.assert_array_equal(state["presence"], [1, 0, 0, 0, 0])
+  assert int(state["slot"]) == 0
 
 
 def test_block_update_equation_hand_computed():
