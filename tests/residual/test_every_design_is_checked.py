@@ -9,11 +9,13 @@ import os
 from depthbench_jax.residual import registry
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# design -> the test file with its scan-vs-unrolled, gate, permutation and training checks.
-OWN_CHECKS = {"preln": "model/test_transformer.py",
-              "attnres_full": "residual/test_attnres.py",
-              "attnres_block": "residual/test_attnres.py",
-              "moda": "residual/test_moda.py"}
+# design -> the test files with its scan-vs-unrolled, gate, permutation and training checks.
+OWN_CHECKS = {"preln": ("model/test_transformer.py", "train/test_train_loop.py"),
+              "attnres_full": ("residual/test_attnres.py",),
+              "attnres_block": ("residual/test_attnres.py",),
+              "moda": ("residual/test_moda.py",)}
+# Each of these must start the name of some test function in a design's own files.
+OWN_CHECK_TOPICS = ("scan", "gate", "permut", "train|loss")
 
 
 def bound_designs(source: str) -> set[str]:
@@ -38,13 +40,40 @@ def test_bound_designs_reads_literals_and_module_names():
   assert bound_designs("t = other(('a',))") == set()
 
 
+def own_check_gaps(design: str, sources: list[str]) -> list[str]:
+  """What a design's own test files lack: its registry name as a string literal (so a rename
+  fails here), or a test function for one of ``OWN_CHECK_TOPICS``."""
+  trees = [ast.parse(source) for source in sources]
+  names = [node.name.lower() for tree in trees for node in ast.walk(tree)
+           if isinstance(node, ast.FunctionDef) and node.name.startswith("test")]
+  literals = {node.value for tree in trees for node in ast.walk(tree)
+              if isinstance(node, ast.Constant) and isinstance(node.value, str)}
+  gaps = [] if design in literals else [f"the literal {design!r}"]
+  return gaps + [f"a test_* function about {topic!r}" for topic in OWN_CHECK_TOPICS
+                 if not any(word in name for word in topic.split("|") for name in names)]
+
+
+def test_own_check_gaps_finds_a_missing_topic_and_a_renamed_design():
+  source = "def test_scan(): f('x')\ndef test_gate(): pass\ndef test_permutation(): pass\n"
+  assert own_check_gaps("x", [source, "def test_training(): pass"]) == []
+  assert own_check_gaps("y", [source]) == ["the literal 'y'",
+                                           "a test_* function about 'train|loss'"]
+
+
+def test_every_design_named_in_own_checks_is_checked_there():
+  for design, paths in OWN_CHECKS.items():
+    sources = []
+    for path in paths:
+      with open(os.path.join(TESTS, path)) as f:
+        sources.append(f.read())
+    assert not own_check_gaps(design, sources), (design, paths, own_check_gaps(design, sources))
+
+
 def test_every_registered_design_runs_the_shared_checks():
   bound = set()
   for path in glob.glob(os.path.join(TESTS, "residual", "test_*.py")):
     with open(path) as f:
       bound |= bound_designs(f.read())
-  for design, path in OWN_CHECKS.items():
-    assert os.path.exists(os.path.join(TESTS, path)), (design, path)
   missing = [d for d in registry.names() if d not in bound and d not in OWN_CHECKS]
   assert not missing, (f"{missing}: registered but no tests/residual/test_*.py binds "
                        "shared_checks_test for them (DEVELOPERS.md, 'The residual interface')")
