@@ -64,13 +64,18 @@ class Options:
 
   @classmethod
   def from_config(cls, diag: Any) -> "Options":
-    """From a ``config.diagnostics`` ConfigDict/dict; unknown keys (``every``, ...) are ignored."""
+    """From a ``config.diagnostics`` ConfigDict/dict; unknown keys (``every``, ...) are ignored.
+
+    ``thresholds`` = (causal, permutation) is the config's form; a ``causal_threshold`` or
+    ``permutation_threshold`` beside it (``diagnose --set``, merged over the run's config) wins.
+    """
     fields = {f.name for f in dataclasses.fields(cls)}
     items = dict(diag.items()) if diag is not None else {}
     thresholds = items.pop("thresholds", None)
-    kwargs = {k: v for k, v in items.items() if k in fields}
+    kwargs = {}
     if thresholds is not None:
       kwargs["causal_threshold"], kwargs["permutation_threshold"] = (float(t) for t in thresholds)
+    kwargs.update({k: v for k, v in items.items() if k in fields})
     return cls(**kwargs)
 
   def result_settings(self) -> dict:

@@ -174,3 +174,15 @@ def test_bad_options_raise():
 def test_options_from_config_reads_thresholds_and_ignores_every():
   opts = probes.Options.from_config({"every": 100, "thresholds": (0.3, 0.1), "causal_chunk": 2})
   assert (opts.causal_threshold, opts.permutation_threshold, opts.causal_chunk) == (0.3, 0.1, 2)
+
+
+def test_a_set_threshold_wins_over_the_run_config_s_pair():
+  """``diagnose --set=causal_threshold=0.3`` on a run whose config holds ``thresholds=(0.45,
+  0.15)`` once scored (and recorded) 0.45: the pair overwrote the override."""
+  from depthbench_jax import diagnose
+  config = tiny_config()
+  diag = diagnose.diagnostics_options(config, {"causal_threshold": 0.3})
+  settings = diagnose.result_settings(diag)
+  assert (settings["causal_threshold"], settings["permutation_threshold"]) == (0.3, 0.15)
+  opts = probes.Options.from_config({"thresholds": (0.45, 0.15), "permutation_threshold": 0.2})
+  assert (opts.causal_threshold, opts.permutation_threshold) == (0.45, 0.2)
