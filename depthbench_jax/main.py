@@ -119,10 +119,20 @@ def _override_problem(config_arg: str, name: str, value: str, text: str) -> str 
   return None
 
 
+# What JAX's SLURM detection needs (jax/_src/clusters/slurm_cluster.py, ``is_env_present``):
+# set inside an ``srun`` job step, not in an ``salloc`` shell or a batch script outside srun.
+SLURM_STEP_VARIABLES = ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID",
+                        "SLURM_LOCALID")
+
+
 def slurm_tasks() -> int:
-  """Tasks of the SLURM job this process runs in (1 outside one): with more than one,
-  ``jax.distributed.initialize()`` reads the cluster from SLURM's variables."""
-  return int(os.environ.get("SLURM_NTASKS") or 1) if "SLURM_JOB_ID" in os.environ else 1
+  """Tasks of the SLURM job step this process runs in (1 outside one): with more than one,
+  ``jax.distributed.initialize()`` reads the cluster from SLURM's variables. An ``salloc -n8``
+  shell has ``SLURM_JOB_ID`` and ``SLURM_NTASKS=8`` but is one process, which JAX cannot place
+  in a cluster (it raised "coordinator_address should be defined" at every run of a sweep)."""
+  if not all(name in os.environ for name in SLURM_STEP_VARIABLES):
+    return 1
+  return int(os.environ.get("SLURM_NTASKS") or 1)
 
 
 def hosts_expected() -> int:

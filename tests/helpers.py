@@ -269,3 +269,12 @@ def stub_run(monkeypatch, module, name: str) -> None:
   def reached(*args, **kwargs):
     raise RunReached
   monkeypatch.setattr(module, name, reached)
+
+
+def slurm_step(monkeypatch, ntasks: int, procid: int = 0) -> None:
+  """The variables an ``srun`` job step of ``ntasks`` tasks sets (what JAX's SLURM detection and
+  ``main.slurm_tasks`` read), for process ``procid`` on node0."""
+  for name, value in (("SLURM_JOB_ID", "9"), ("SLURM_STEP_NODELIST", "node0"),
+                      ("SLURM_NTASKS", str(ntasks)), ("SLURM_PROCID", str(procid)),
+                      ("SLURM_LOCALID", "0")):
+    monkeypatch.setenv(name, value)

@@ -11,6 +11,8 @@ import pytest
 
 from depthbench_jax import shapes, sweep
 from depthbench_jax.errors import ConfigError
+from depthbench_jax.main import SLURM_STEP_VARIABLES
+from tests.helpers import slurm_step
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMOKE = os.path.join(REPO, "configs", "smoke.py")
@@ -304,7 +306,7 @@ def test_a_pod_run_whose_hosts_never_joined_stops_the_sweep(tiny, monkeypatch, c
   on one machine an aborted run is a failed run, and the sweep goes on."""
   monkeypatch.setenv("FAKE_LOG", tiny["log"])
   monkeypatch.setenv("FAKE_ABORT", "preln_4x128_lr1e-3")
-  for name in ("SLURM_JOB_ID", "SLURM_NTASKS", "JAX_NUM_PROCESSES", "JAX_COORDINATOR_ADDRESS",
+  for name in (*SLURM_STEP_VARIABLES, "JAX_NUM_PROCESSES", "JAX_COORDINATOR_ADDRESS",
                "JAX_PROCESS_ID"):
     monkeypatch.delenv(name, raising=False)
   args = [tiny["config"], "--results_dir", tiny["results"], "--main_cmd",
@@ -313,9 +315,11 @@ def test_a_pod_run_whose_hosts_never_joined_stops_the_sweep(tiny, monkeypatch, c
   assert "did not all join" not in capsys.readouterr().out
   monkeypatch.setenv("SLURM_NTASKS", "2")   # Not a SLURM job without its id: one machine still.
   assert sweep.main(args) == 1 and "did not all join" not in capsys.readouterr().out
-  monkeypatch.setenv("SLURM_JOB_ID", "9")   # A SLURM job of two tasks is a pod.
+  monkeypatch.setenv("SLURM_JOB_ID", "9")   # An salloc shell, no job step: one machine still.
+  assert sweep.main(args) == 1 and "did not all join" not in capsys.readouterr().out
+  slurm_step(monkeypatch, ntasks=2)         # An srun step of two tasks is a pod.
   assert sweep.main(args) == 1 and "did not all join" in capsys.readouterr().out
-  for name in ("SLURM_JOB_ID", "SLURM_NTASKS"):
+  for name in SLURM_STEP_VARIABLES:
     monkeypatch.delenv(name)
   monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "localhost:1")
   monkeypatch.setenv("JAX_NUM_PROCESSES", "2")

@@ -13,8 +13,10 @@ import sys
 import pytest
 
 from depthbench_jax.errors import ConfigError
+from depthbench_jax.main import SLURM_STEP_VARIABLES
 from depthbench_jax.train import config_check
 from tests import helpers
+from tests.helpers import slurm_step
 
 # (case, config overrides on tests.helpers.tiny_config, device count, process count, field).
 CASES = [
@@ -324,7 +326,7 @@ def test_distributed_start_only_for_several_processes_and_an_explicit_process_id
   monkeypatch.setattr(jax.distributed, "initialize", lambda **kw: calls.append(kw))
   monkeypatch.setattr(jax.config, "update", lambda *a: None)
   for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_INIT_TIMEOUT_S",
-               "JAX_HEARTBEAT_TIMEOUT_S", "SLURM_JOB_ID", "SLURM_NTASKS"):
+               "JAX_HEARTBEAT_TIMEOUT_S", *SLURM_STEP_VARIABLES):
     monkeypatch.delenv(name, raising=False)
   monkeypatch.setenv("JAX_PROCESS_ID", "1")
   main.initialize_distributed("host:1234", 1, 0)
@@ -335,8 +337,7 @@ def test_distributed_start_only_for_several_processes_and_an_explicit_process_id
   monkeypatch.setenv("JAX_HEARTBEAT_TIMEOUT_S", "7")
   assert main._timeouts()["heartbeat_timeout_seconds"] == 7
   monkeypatch.delenv("JAX_PROCESS_ID")  # Alone, it is refused (the next test).
-  monkeypatch.setenv("SLURM_JOB_ID", "9")
-  monkeypatch.setenv("SLURM_NTASKS", "1")
+  slurm_step(monkeypatch, ntasks=1)
   main.initialize_distributed(None, None, None)
   assert len(calls) == 1
   monkeypatch.setenv("SLURM_NTASKS", "2")
@@ -354,13 +355,36 @@ def test_distributed_start_only_for_several_processes_and_an_explicit_process_id
       main.initialize_distributed(None, None, None)
 
 
+def test_an_salloc_shell_is_one_process_not_a_cluster(monkeypatch):
+  """``salloc -n8`` exports SLURM_JOB_ID and SLURM_NTASKS=8 but no job step (srun sets
+  SLURM_STEP_NODELIST, SLURM_PROCID, SLURM_LOCALID): JAX cannot detect a cluster there, and
+  every run of a sweep started in it died on "coordinator_address should be defined". It is one
+  process now; inside an srun step of 8 tasks, a cluster of 8."""
+  import jax
+  from depthbench_jax import main
+  calls = []
+  monkeypatch.setattr(jax.distributed, "initialize", lambda **kw: calls.append(kw))
+  for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID",
+               *SLURM_STEP_VARIABLES):
+    monkeypatch.delenv(name, raising=False)
+  monkeypatch.setenv("SLURM_JOB_ID", "9")
+  monkeypatch.setenv("SLURM_NTASKS", "8")
+  assert (main.slurm_tasks(), main.hosts_expected()) == (1, 1)
+  main.initialize_distributed(None, None, None)
+  assert calls == []
+  slurm_step(monkeypatch, ntasks=8, procid=3)
+  assert (main.slurm_tasks(), main.hosts_expected()) == (8, 8)
+  main.initialize_distributed(None, None, None)
+  assert len(calls) == 1
+
+
 def test_distributed_settings_refuse_what_cannot_start_or_would_train_alone(monkeypatch):
   """A non-integer or out-of-range id, an address without its port, or a host given an id but
   no process count (it trained alone, as process 0 of 1, into the run dirs the other hosts
   share): one ConfigError naming the variable; SLURM of several tasks fills in the rest."""
   from depthbench_jax import main
   for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID",
-               "SLURM_JOB_ID", "SLURM_NTASKS"):
+               *SLURM_STEP_VARIABLES):
     monkeypatch.delenv(name, raising=False)
   assert main.distributed_settings() == (None, None, None)
   refused = {("node0:1", "2", "abc"): "JAX_PROCESS_ID='abc'", ("node0:1", "x", "0"):
@@ -388,8 +412,7 @@ def test_distributed_settings_refuse_what_cannot_start_or_would_train_alone(monk
   with pytest.raises(ConfigError, match=r"^--num_processes=0; allowed: an integer >= 1"):
     main.distributed_settings(None, 0, None)
   monkeypatch.setenv("JAX_NUM_PROCESSES", "")
-  monkeypatch.setenv("SLURM_JOB_ID", "9")
-  monkeypatch.setenv("SLURM_NTASKS", "4")
+  slurm_step(monkeypatch, ntasks=4)
   assert main.distributed_settings() == ("node0:12345", None, 3)
 
 
