@@ -198,25 +198,38 @@ PAPER_ERANK = {"mhc": (1.44, 1.65), "hc": (2.53, 2.81)}
 PAPER_DEAD_PREFIX = 8
 
 
+def _paper_scale(summary: dict) -> bool:
+  """A run of the paper's 400M suite: a total parameter count in the scorecard's 400M range and
+  the paper's recipe (a multi-scale 200M or 500M run, or a long-context copy, is not)."""
+  from depthbench_jax.report.scorecard import PAPER_TOTAL_RANGE, recipe_differences
+  total = summary.get("params_total")
+  return (isinstance(total, (int, float)) and PAPER_TOTAL_RANGE[0] <= total <= PAPER_TOTAL_RANGE[1]
+          and not recipe_differences([summary]))
+
+
 def paper_comparison(best: Sequence[Any]) -> str | None:
-  """Markdown: the paper's diagnostics beside ours (``best``: the best-LR runs), for the designs
-  and depth the paper reports; the shares only where ours used its thresholds. None when no run
-  matches. Our effective rank is ``erank_late`` (products from layer ceil(L/4) to the last)
-  over every depth run; the paper gives a range without saying over what."""
+  """Markdown: the paper's diagnostics beside ours (``best``: the best-LR runs of the paper's
+  scale and recipe, ``_paper_scale``), for the designs and depth the paper reports, each of ours
+  named by its shape; the shares only where ours used the paper's thresholds and the mean over
+  tokens. None when no run matches. Our effective rank is ``erank_late`` (products from layer
+  ceil(L/4) to the last) over every depth run; the paper gives a range without saying over what."""
   # Local: metrics imports jax, which this module's tables do not need.
   from depthbench_jax.diagnostics.metrics import (PAPER_CAUSAL_THRESHOLD,
                                                   PAPER_PERMUTATION_THRESHOLD)
-  runs = [r for r in as_runs(best) if math.isfinite(_loss(r))]
+  runs = [r for r in as_runs(best) if math.isfinite(_loss(r)) and _paper_scale(r[0])]
   at = lambda design, depth: [r for r in runs if _design(*r) == design and _depth(*r) == depth]
+  shape = lambda run: f" ({_depth(*run)}x{_width(*run)})" if _width(*run) else ""
   rows = []
   for design, (causal, perm) in PAPER_SHARES.items():
     for summary, diag in at(design, PAPER_DEPTH):
       for key, paper, threshold in (("causal", causal, PAPER_CAUSAL_THRESHOLD),
                                     ("permutation", perm, PAPER_PERMUTATION_THRESHOLD)):
         scored = diag.get(key) or {}
-        if scored.get("threshold", threshold) == threshold and "share" in scored:
+        if (scored.get("threshold", threshold) == threshold and "share" in scored
+            and scored.get("reduction", "mean") == "mean"):
           rows.append(f"| {design} | {key} share > {threshold:g}, L={PAPER_DEPTH} | "
-                      f"~{100 * paper:.0f}% | {_pct(scored['share'])} |")
+                      f"~{100 * paper:.0f}% | {_pct(scored['share'])}"
+                      f"{shape((summary, diag))} |")
   for design, (low, high) in PAPER_ERANK.items():
     ranks = sorted(d["mixing"]["erank_late"] for s, d in runs if _design(s, d) == design
                    and isinstance((d.get("mixing") or {}).get("erank_late"), (int, float)))
@@ -227,7 +240,8 @@ def paper_comparison(best: Sequence[Any]) -> str | None:
   for summary, diag in at("attnres_block", PAPER_DEPTH):
     if "dead_prefix" in (diag.get("dead_prefix") or {}):
       rows.append(f"| attnres_block | dead prefix, L={PAPER_DEPTH} | {PAPER_DEAD_PREFIX} "
-                  f"layers | {diag['dead_prefix']['dead_prefix']} layers |")
+                  f"layers | {diag['dead_prefix']['dead_prefix']} layers"
+                  f"{shape((summary, diag))} |")
   if not rows:
     return None
   return "\n".join(["| design | measure | paper | ours |", "|---|---|---|---|", *rows])

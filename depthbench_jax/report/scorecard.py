@@ -37,6 +37,8 @@ PAPER_400M = {
     "attnres_block": (None, 2.730, "peak in the middle (best 2.715 at 20 layers)"),
 }
 PAPER_DEPTHS = (16, 32)
+# The total parameter counts (embeddings included) that stand for the paper's "400M" suite.
+PAPER_TOTAL_RANGE = (350e6, 450e6)
 # The recipe the paper's 400M losses were trained and measured with: a run whose summary config
 # says otherwise (a long-context copy of the suite) is not put beside them.
 PAPER_RECIPE = {"data.seq_len": 2048, "data.tokenizer": "gpt2", "tokens_per_param": 20.0}
@@ -382,7 +384,8 @@ def paper_comparison(rows: Sequence[dict], records: Sequence[dict] = ()) -> str 
   trained with ``PAPER_RECIPE`` at one total parameter count (``records``: the runs, whose
   configs and counts say; otherwise one line saying why they are not compared)."""
   fam = [r for r in rows if r["ref_depths"] == PAPER_DEPTHS and r["params_median"]
-         and 350e6 <= r["params_median"] <= 450e6 and r["design"] in PAPER_400M]
+         and PAPER_TOTAL_RANGE[0] <= r["params_median"] <= PAPER_TOTAL_RANGE[1]
+         and r["design"] in PAPER_400M]
   if not fam:
     return None
   families = {f["family"] for f in fam}

@@ -187,24 +187,39 @@ def test_tables_name_mixed_thresholds_and_an_earlier_step():
 
 def test_paper_comparison_sets_depthbench_diagnostics_beside_ours():
   """The summary's L = 32 shares, effective-rank ranges and dead prefix, beside the best-LR
-  runs' own; a share scored at another threshold is not compared."""
-  run = lambda design, depth, **diag: ({"name": f"{design}{depth}", "status": "ok"},
-                                       {"design": design, "n_layers": depth, "loss": 3.0, **diag})
+  runs' own, each named by its shape; a share scored at another threshold or as a max over
+  tokens is not compared, nor is a run of another scale or recipe (a multi-scale 204M or 490M
+  32-layer run, a long-context copy of the suite: all were once set beside the 400M figures)."""
+  def run(design, depth, width=896, total=400e6, seq_len=2048, **diag):
+    summary = {"name": f"{design}{depth}x{width}", "status": "ok", "d_model": width,
+               "params_total": total, "config": {"data": {"seq_len": seq_len}}}
+    return summary, {"design": design, "n_layers": depth, "loss": 3.0, **diag}
   runs = [run("preln", 32, causal={"share": 0.02, "threshold": 0.45},
               permutation={"share": 0.1, "threshold": 0.15}),
           run("hc", 32, causal={"share": 0.5, "threshold": 0.2}, mixing={"erank_late": 2.6}),
+          run("attnres_full", 32, causal={"share": 0.3, "threshold": 0.45, "reduction": "max"}),
           run("mhc", 16, mixing={"erank_late": 1.9}), run("mhc", 32, mixing={"erank_late": 1.5}),
           run("attnres_block", 32, dead_prefix={"dead_prefix": 7}),
           run("preln", 16, causal={"share": 0.5, "threshold": 0.45})]
-  table = report_section.paper_comparison(runs)
-  assert "| preln | causal share > 0.45, L=32 | ~1% | 2.0% |" in table
-  assert "| preln | permutation share > 0.15, L=32 | ~8% | 10.0% |" in table
-  assert "| hc | causal" not in table   # scored at 0.2
+  other = [run("preln", 32, 608, 204e6, causal={"share": 0.6, "threshold": 0.45}),
+           run("preln", 32, 992, 490e6, causal={"share": 0.6, "threshold": 0.45}),
+           run("preln", 32, seq_len=8192, causal={"share": 0.6, "threshold": 0.45}),
+           run("mhc", 32, 608, 204e6, mixing={"erank_late": 3.9}),
+           ({"name": "no-count", "status": "ok"},
+            {"design": "preln", "n_layers": 32, "loss": 3.0,
+             "causal": {"share": 0.6, "threshold": 0.45}})]
+  table = report_section.paper_comparison(runs + other)
+  assert "| preln | causal share > 0.45, L=32 | ~1% | 2.0% (32x896) |" in table
+  assert "| preln | permutation share > 0.15, L=32 | ~8% | 10.0% (32x896) |" in table
+  assert "60.0%" not in table                          # other scales, recipes, no count
+  assert "| hc | causal" not in table                  # scored at 0.2
+  assert "| attnres_full | causal" not in table        # the max over tokens
   erank = "| effective rank of the residual products |"
   assert f"| hc {erank} 2.53 to 2.81 | 2.60 (1 run) |" in table
   assert f"| mhc {erank} 1.44 to 1.65 | 1.50 to 1.90 (2 runs) |" in table
-  assert "| attnres_block | dead prefix, L=32 | 8 layers | 7 layers |" in table
+  assert "| attnres_block | dead prefix, L=32 | 8 layers | 7 layers (32x896) |" in table
   assert report_section.paper_comparison([run("preln", 16)]) is None
+  assert report_section.paper_comparison(other) is None
   assert "Against the paper" in report_section.section(runs, heading=False)
 
 
