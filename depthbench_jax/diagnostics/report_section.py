@@ -81,10 +81,14 @@ def _thresholds(runs: Sequence[Run], key: str) -> set:
 
 
 def _share_cell(diag: dict, key: str, per_cell: bool) -> str:
-  """The ``key`` share; with ``per_cell`` (runs at other thresholds) followed by its own."""
+  """The ``key`` share; with ``per_cell`` (runs at other thresholds) followed by its own; a
+  causal share reduced over tokens by other than the mean (``causal_reduction='max'``, never
+  below the mean's) says so."""
   scored = diag.get(key) or {}
   cell = _pct(scored.get("share"))
-  return cell + (f" (>{scored['threshold']:g})" if per_cell and "threshold" in scored else "")
+  cell += f" (>{scored['threshold']:g})" if per_cell and "threshold" in scored else ""
+  reduction = scored.get("reduction", "mean")
+  return cell + (f" ({reduction} over tokens)" if reduction != "mean" else "")
 
 
 def diagnostics_table(runs: Sequence[Run]) -> str:

@@ -185,6 +185,21 @@ def test_tables_name_mixed_thresholds_and_an_earlier_step():
   assert "| causal C>0.45 |" in report_section.diagnostics_table([final])
 
 
+def test_tables_name_a_causal_share_taken_as_the_max_over_tokens():
+  """A run re-diagnosed with ``--set=causal_reduction=max`` (a max over tokens, never below the
+  mean) sat unmarked in the "causal C>0.45" column and pivot beside mean-reduced runs."""
+  maxed = ({"name": "a", "status": "ok", "d_model": 64, "lr": 1e-3},
+           {"design": "preln", "n_layers": 8, "loss": 3.0,
+            "causal": {"share": 0.9, "threshold": 0.45, "reduction": "max"}})
+  mean = ({"name": "b", "status": "ok", "d_model": 64, "lr": 1e-3},
+          {"design": "hc", "n_layers": 8, "loss": 2.9,
+           "causal": {"share": 0.1, "threshold": 0.45, "reduction": "mean"}})
+  table = report_section.diagnostics_table([maxed, mean])
+  assert "| preln | 8 | 64 | 0.001 | 90.0% (max over tokens) |" in table
+  assert "| hc | 8 | 64 | 0.001 | 10.0% |" in table
+  assert "| preln | 90.0% (max over tokens) |" in report_section.share_pivot([maxed, mean])
+
+
 def test_paper_comparison_sets_depthbench_diagnostics_beside_ours():
   """The summary's L = 32 shares, effective-rank ranges and dead prefix, beside the best-LR
   runs' own, each named by its shape; a share scored at another threshold or as a max over
