@@ -95,8 +95,11 @@ FAST_DESIGNS = ("hc", "moda")  # The rest are slow-marked (each ~3-12 s on 2 cor
     d if d in FAST_DESIGNS else pytest.param(d, marks=pytest.mark.slow)
     for d in registry.names() if d != "preln"])
 def test_every_design_decodes_like_full_recompute(design):
-  """KV caching is exact for every design: the default attend, and MoDA's cached attention."""
-  cfg = cfg_of(n_layers=4, residual=ml_collections.ConfigDict({"name": design}))
+  """KV caching is exact for every design: the default attend, and MoDA's cached attention.
+  Block AttnRes gets 2 blocks: its default 8 at 4 layers are single sublayers (Full AttnRes),
+  which never ran a partial sum here."""
+  residual = {"name": design, **({"n_blocks": 2} if design == "attnres_block" else {})}
+  cfg = cfg_of(n_layers=4, residual=ml_collections.ConfigDict(residual))
   params = random_params(cfg, std=0.2)
   assert decode.supports_kv_cache(cfg)
   out, logits = decode.greedy_generate(cfg, params, PROMPTS, 3, return_logits=True)
