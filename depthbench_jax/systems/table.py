@@ -111,14 +111,16 @@ def context_lengths(low: int = 2048, high: int = 131072) -> list[int]:
   return out
 
 
-def context_curve(cfgs: Sequence, lengths: Sequence[int], dtype: str = "bfloat16") -> list[dict]:
+def context_curve(cfgs: Sequence, lengths: Sequence[int], dtype: str = "bfloat16",
+                  families: dict[str, int] | None = None) -> list[dict]:
   """Analytic causal prefill FLOPs and KV bytes (in ``dtype``) per sequence for each config at
-  each length."""
+  each length; ``family`` from ``families`` (shape -> scale family, ``assign_families``), else 0."""
   from depthbench_jax.systems.costs import kv_cache_bytes
   rows = []
   for cfg in cfgs:
+    shape = f"{cfg.n_layers}x{cfg.d_model}"
     for t in lengths:
-      rows.append({"design": cfg.design, "shape": f"{cfg.n_layers}x{cfg.d_model}",
+      rows.append({"design": cfg.design, "shape": shape, "family": (families or {}).get(shape, 0),
                    "n_layers": cfg.n_layers, "seq_len": t,
                    "prefill_flops_causal": flops.prefill_flops(cfg, t, causal=True),
                    "attention_flops": t * flops.attention_flops_per_token(cfg, t),
@@ -126,24 +128,37 @@ def context_curve(cfgs: Sequence, lengths: Sequence[int], dtype: str = "bfloat16
   return rows
 
 
+def _shallowest(curve: Sequence[dict]) -> dict[int, dict[int, float]]:
+  """``{family: {seq_len: causal prefill FLOPs}}`` of each scale family's shallowest shape."""
+  first: dict[int, tuple] = {}
+  for r in curve:
+    key = (r["n_layers"], r["shape"])
+    if key < first.get(r.get("family", 0), (math.inf,)):
+      first[r.get("family", 0)] = key
+  return {family: {r["seq_len"]: r["prefill_flops_causal"] for r in curve
+                   if (r["n_layers"], r["shape"]) == key and r.get("family", 0) == family}
+          for family, key in first.items()}
+
+
 def plot_context_curve(curve: Sequence[dict], path: str) -> str:
-  """Two panels: prefill TFLOPs per sequence vs T (log-log), and each shape over the shallowest."""
+  """Two panels: prefill TFLOPs per sequence vs T (log-log), and each shape over the shallowest
+  of its scale family (a multi-scale suite's 500M 48-layer shape over its 500M 16-layer one, not
+  over another scale's)."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
-  shapes = sorted({(r["n_layers"], r["shape"], r["design"]) for r in curve})
+  shapes = sorted({(r.get("family", 0), r["n_layers"], r["shape"], r["design"]) for r in curve})
   fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-  base = {r["seq_len"]: r["prefill_flops_causal"] for r in curve
-          if (r["n_layers"], r["shape"], r["design"]) == shapes[0]}
-  for n_layers, shape, design in shapes:
+  base = _shallowest(curve)
+  for family, n_layers, shape, design in shapes:
     rs = sorted((r for r in curve if r["shape"] == shape and r["design"] == design),
                 key=lambda r: r["seq_len"])
     t = [r["seq_len"] for r in rs]
     f = [r["prefill_flops_causal"] / 1e12 for r in rs]
-    label = shape if len({s[2] for s in shapes}) == 1 else f"{design} {shape}"
-    ax1.plot(t, f, marker="o", ms=3, label=label)
-    ax2.plot(t, [r["prefill_flops_causal"] / base[r["seq_len"]] for r in rs], marker="o", ms=3,
-             label=label)
+    label = shape if len({s[3] for s in shapes}) == 1 else f"{design} {shape}"
+    style = {"marker": "o", "ms": 3, "label": label, "ls": ("-", "--", ":", "-.")[family % 4]}
+    ax1.plot(t, f, **style)
+    ax2.plot(t, [r["prefill_flops_causal"] / base[family][r["seq_len"]] for r in rs], **style)
   for ax in (ax1, ax2):
     ax.set_xscale("log", base=2)
     ax.set_xlabel("context length T (tokens)")
@@ -151,7 +166,8 @@ def plot_context_curve(curve: Sequence[dict], path: str) -> str:
   ax1.set_yscale("log")
   ax1.set_ylabel("prefill TFLOPs per sequence (causal)")
   ax1.set_title("2 N T + 2 L T^2 d: the attention term takes over")
-  ax2.set_ylabel(f"prefill FLOPs / {shapes[0][1]}")
+  ax2.set_ylabel(f"prefill FLOPs / {shapes[0][2]}" if len(base) == 1 else
+                 "prefill FLOPs / its scale's shallowest shape")
   ax2.set_title("cost of depth at iso-parameters vs context")
   ax2.legend(fontsize=8)
   fig.tight_layout()
@@ -161,24 +177,30 @@ def plot_context_curve(curve: Sequence[dict], path: str) -> str:
 
 
 def curve_markdown(curve: Sequence[dict]) -> str:
-  """Deepest over shallowest prefill FLOPs at each context length (one line)."""
-  by_shape: dict[str, dict[int, float]] = {}
+  """Deepest over shallowest prefill FLOPs at each context length: the two shapes' TFLOPs and
+  their ratio, for each scale family with two shapes or more."""
+  families: dict[int, dict[str, dict[int, float]]] = {}
   layers = {}
   for r in curve:
+    by_shape = families.setdefault(r.get("family", 0), {})
     by_shape.setdefault(r["shape"], {})[r["seq_len"]] = r["prefill_flops_causal"]
     layers[r["shape"]] = r["n_layers"]
-  if len(by_shape) < 2:
-    return ""
-  lo = min(by_shape, key=lambda s: layers[s])
-  hi = max(by_shape, key=lambda s: layers[s])
-  ts = sorted(by_shape[lo])
-  head = "| T | " + " | ".join(f"{t // 1024}k" for t in ts) + " |"
-  sep = "|---|" + "---|" * len(ts)
-  row_lo = f"| {lo} TFLOPs | " + " | ".join(f"{by_shape[lo][t] / 1e12:.1f}" for t in ts) + " |"
-  row_hi = f"| {hi} TFLOPs | " + " | ".join(f"{by_shape[hi][t] / 1e12:.1f}" for t in ts) + " |"
-  ratio = f"| {hi} / {lo} | " + " | ".join(
-      f"{by_shape[hi][t] / by_shape[lo][t]:.2f}" for t in ts) + " |"
-  return "\n".join([head, sep, row_lo, row_hi, ratio])
+  lines = []
+  for _, by_shape in sorted(families.items()):
+    if len(by_shape) < 2:
+      continue
+    lo = min(by_shape, key=lambda s: layers[s])
+    hi = max(by_shape, key=lambda s: layers[s])
+    ts = sorted(by_shape[lo])
+    if not lines:
+      lines = ["| T | " + " | ".join(f"{t // 1024}k" for t in ts) + " |",
+               "|---|" + "---|" * len(ts)]
+    for shape in (lo, hi):
+      lines.append(f"| {shape} TFLOPs | " + " | ".join(f"{by_shape[shape][t] / 1e12:.1f}"
+                                                      for t in ts) + " |")
+    lines.append(f"| {hi} / {lo} | " + " | ".join(f"{by_shape[hi][t] / by_shape[lo][t]:.2f}"
+                                                  for t in ts) + " |")
+  return "\n".join(lines)
 
 
 def _finite(x) -> bool:

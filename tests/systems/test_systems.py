@@ -596,6 +596,23 @@ def test_cost_row_numbers_by_hand():
                             2 * 16384 + 4 * 64 * 2)
 
 
+def test_context_curve_compares_depth_within_each_scale_family(tmp_path):
+  """A multi-scale suite's curve: each family's deepest over its own shallowest shape. The plot
+  divided every shape by the sort's first (a 300M 16x1024 before the 200M 16x800, as strings)
+  and the table printed only the first family's ratio."""
+  from depthbench_jax.systems import table
+  curve = [{"design": "preln", "shape": s, "family": fam, "n_layers": L, "seq_len": t,
+            "prefill_flops_causal": f}
+           for s, fam, L, t, f in (("4x128", 0, 4, 2048, 1e12), ("16x64", 0, 16, 2048, 2e12),
+                                   ("4x256", 1, 4, 2048, 4e12), ("16x128", 1, 16, 2048, 6e12),
+                                   ("16x100", 2, 16, 2048, 5e12))]
+  lines = table.curve_markdown(curve).splitlines()
+  assert [line for line in lines if " / " in line] == ["| 16x64 / 4x128 | 2.00 |",
+                                                        "| 16x128 / 4x256 | 1.50 |"]
+  assert table._shallowest(curve) == {0: {2048: 1e12}, 1: {2048: 4e12}, 2: {2048: 5e12}}
+  assert os.path.exists(table.plot_context_curve(curve, str(tmp_path / "c.png")))
+
+
 def test_curve_table_reads_shallow_to_deep():
   from depthbench_jax.systems import table
   curve = [{"design": "preln", "shape": s, "n_layers": L, "seq_len": t, "prefill_flops_causal": f}
