@@ -13,6 +13,7 @@ these tests check the documented relation:
 Torch layout ``(b s) t d`` <-> ours ``[n, b, t, d]``.
 """
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -20,7 +21,7 @@ import pytest
 torch = pytest.importorskip("torch")
 hyper_connections = pytest.importorskip("hyper_connections")
 
-from residual_testkit import tiny_cfg, wiring_call  # noqa: E402
+from residual_testkit import init, tiny_cfg, wiring_call  # noqa: E402
 
 B, T, D, N = 2, 5, 8, 4
 
@@ -162,10 +163,20 @@ def test_mhc_reference_differs_where_documented():
   gap = np.abs(got - want).max()
   assert 1e-5 < gap < 5e-2, gap
   np.testing.assert_allclose(mixing.sum(-1), 1, atol=1e-6)     # ours: rows exact (Eq. 9)
-  # (3) Init: the package starts far from the identity, ours (6I - 3) close to it.
+  # (3) Init: the package starts far from the identity, ours (6I - 3) close to it: H_res's
+  # diagonal e^6 / (e^6 + 3) = 0.9926 against its 0.4754, our H_post = 2 sigmoid(0) = 1 against
+  # its 1.4621. Ours read from a freshly initialised model's first sublayer.
   fresh = hyper_connections.mHC(N, dim=D, layer_index=0)
   from hyper_connections.manifold_constrained_hyper_connections import sinkhorn_knopps
   theirs_res = sinkhorn_knopps(fresh.static_alpha[:, 1:].detach(), 20).numpy()
   np.testing.assert_allclose(np.diag(theirs_res), 0.4754, atol=1e-4)
   np.testing.assert_allclose(2 * torch.sigmoid(fresh.static_beta).detach().numpy(), 1.4621,
                              atol=1e-4)
+  cfg = tiny_cfg("mhc", d_model=D, n_heads=2, residual={"n_streams": N})
+  layer0 = jax.tree.map(lambda p: p[0], init(cfg)["layers"]["residual"])
+  _, sown = wiring_call(cfg, layer0, "write", h_equal, np.zeros((B, T, D), np.float32), 0,
+                        jnp.int32(0))
+  ours_res = np.asarray(sown["intermediates"]["mixing"][0])        # [B, T, n, n]
+  np.testing.assert_allclose(np.diagonal(ours_res, axis1=-2, axis2=-1), np.exp(6) / (np.exp(6) + 3),
+                             rtol=1e-5)
+  np.testing.assert_allclose(2 / (1 + np.exp(-np.asarray(layer0["mhc_attn"]["b_post"]))), 1.0)
