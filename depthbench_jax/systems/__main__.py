@@ -177,10 +177,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     suite = suite_configs(args.config, comma_list(args.designs), comma_list(args.shapes))
     module, entries = suite
     out = args.out or os.path.join("results", sweep.suite_name(module))
-    # What decides the file's rows and columns; checked before any compile.
+    # What decides the file's rows, columns and figures; checked before any compile. A rerun
+    # without --measured once dropped the table's measured device-hours without a word.
     options = {"designs": list(dict.fromkeys(d for d, _, _ in entries)),
                "shapes": list(dict.fromkeys(s for _, s, _ in entries)), "seq_len": args.seq_len,
-               "batch": args.batch, "dtype": args.dtype, "xla": args.xla == "true"}
+               "batch": args.batch, "dtype": args.dtype, "xla": args.xla == "true",
+               "mfu": mfu, "peak_flops": peak, "measured": comma_list(args.measured)}
     summary.check_replaceable(os.path.join(out, "systems.json"), options, args.overwrite)
     result = build(args.config, args.seq_len, with_xla=args.xla == "true", mfu=mfu,
                    peak_flops=peak, dtype=args.dtype, batch=args.batch,

@@ -271,10 +271,10 @@ def test_cli_flags_reach_every_row_and_bad_input_keeps_the_last_result(tmp_path,
 
 
 def test_cli_keeps_a_table_of_other_options_unless_overwrite(tmp_path, capsys):
-  """A one-shape check (or --xla=false) into the sweep's results dir silently replaced the
-  suite's systems.json, which the report then merged for that shape only; now it is one error
-  naming what differs, before any compile, the file kept; the same options or --overwrite
-  replace it."""
+  """A one-shape check (or --xla=false, another --mfu, a rerun without the table's --measured)
+  into the sweep's results dir silently replaced the suite's systems.json, which the report then
+  merged for that shape only; now it is one error naming what differs, before any compile, the
+  file kept; the same options or --overwrite replace it."""
   from depthbench_jax.systems import __main__ as cli
   out = tmp_path / "sys"
   argv = ["--config", os.path.join(ROOT, "configs", "smoke.py"), "--seq_len", "64",
@@ -284,6 +284,8 @@ def test_cli_keeps_a_table_of_other_options_unless_overwrite(tmp_path, capsys):
   assert json.loads(full)["options"]["shapes"] == ["4x128", "8x96"]
   capsys.readouterr()
   for narrower in (["--designs", "preln,hc", "--shapes", "4x128"], ["--designs", "preln"],
+                   ["--designs", "preln,hc", "--mfu", "0.3"],
+                   ["--designs", "preln,hc", "--measured", str(tmp_path / "results-x.json")],
                    ["--designs", "preln,hc", "--xla", "true"]):
     assert cli.main(argv + narrower) == 2
     err = capsys.readouterr().err.strip().splitlines()
