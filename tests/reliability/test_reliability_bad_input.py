@@ -515,3 +515,17 @@ def test_cli_value_of_the_wrong_type_in_the_config_file_names_the_line_and_type(
   assert f"{config}:5" in lines[0] and "c.lr = '3e-3'" in lines[0], lines[0]
   assert "allowed: a value of type float" in lines[0], lines[0]
   assert not os.path.exists(workdir)
+
+
+@pytest.mark.parametrize("value, verbose", [("", False), ("0", False), ("1", True),
+                                            ("yes", True)])
+def test_depthbench_verbose_0_keeps_info_logs_off(monkeypatch, value, verbose):
+  """README: INFO logs are off unless DEPTHBENCH_VERBOSE=1; any set value, "0" too, turned them
+  on."""
+  from absl import logging
+  from depthbench_jax import errors
+  monkeypatch.setenv("DEPTHBENCH_VERBOSE", value)
+  monkeypatch.setattr(logging, "set_verbosity", lambda level: calls.append(level))
+  calls = []
+  errors.quiet_logs()
+  assert calls == ([] if verbose else [logging.WARNING])
