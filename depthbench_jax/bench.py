@@ -2,7 +2,7 @@
 
 Everything is measured in one process on whatever device is present, and every ratio is taken
 between candidates timed *interleaved*: each round times one step of every candidate in turn
-(the order rotated by one each round), and a candidate's figure is its median over the rounds,
+(each round in another order, ``round_order``), and a candidate's figure is its median over the rounds,
 so load from other processes hits all of them alike; the interquartile range of the per-round
 ratios is reported beside each ratio. Measured:
 

@@ -3,7 +3,7 @@
 The paper counts prefill FLOPs and KV bytes. At a fixed parameter count a deep-narrow model also
 runs more, smaller steps one after another for every token it generates, which neither count
 shows. Here, for each design at each shape, everything is timed side by side in one process
-(``bench.interleaved``: each round calls every candidate once, the order rotated):
+(``bench.interleaved``: each round calls every candidate once, in ``bench.round_order``):
 
 * ``token``: one greedy decode step at batch B with ``context`` tokens in the per-layer KV
   cache (``model/decode.py``'s cached step, the cache donated and written in place): the new
