@@ -1,6 +1,7 @@
 """The sandbox kills runaway code and blocks writes outside its temp dir, sockets and forks."""
 
 import os
+import re
 import time
 
 from depthbench_jax.evals import datasets, sandbox, tasks
@@ -34,11 +35,20 @@ def test_network_and_processes_are_blocked():
 
 
 def test_reference_solutions_pass_and_wrong_ones_fail():
+  """A wrong solution is valid Python that returns None, so it fails on the tests' asserts: MBPP's
+  wrong completion was once an indented ``return None`` at column 0, an IndentationError that
+  failed whether or not the program ran the tests."""
   for name in ("humaneval", "mbpp"):
     for e in datasets.load_set(name, FIXTURES):
-      completion = e.answer if name == "humaneval" else e.answer
-      assert sandbox.run_program(tasks.code_program(name, e, completion)).passed, e.id
-      assert not sandbox.run_program(tasks.code_program(name, e, "    return None\n")).passed
+      assert sandbox.run_program(tasks.code_program(name, e, e.answer)).passed, e.id
+      if name == "humaneval":
+        wrong = "    return None\n"
+      else:
+        head = re.search(r"^def \w+\([^)]*\):", e.answer, re.M).group(0)
+        wrong = f"{head}\n    return None\n"
+        assert sandbox.run_program(wrong).passed, e.id   # valid Python on its own
+      r = sandbox.run_program(tasks.code_program(name, e, wrong))
+      assert not r.passed and "AssertionError" in r.output, (e.id, r.output[-500:])
 
 
 def test_a_sleeping_program_is_killed_at_the_wall_clock_timeout():
