@@ -303,7 +303,8 @@ def test_resume_on_two_processes_continues_a_one_process_runs_data_and_diagnoses
   process's state is the step). The in-loop diagnostics at step 20 read params sharded across
   the processes (no process could fetch the probes' outputs: the run crashed there) from the
   global batch's first rows (they read every P-th), so their loss is diagnose's on the step-20
-  checkpoint."""
+  checkpoint. Logged MFU divides by the peak of all 4 devices (no run had set a peak: the
+  formula never ran)."""
   from tensorboard.backend.event_processing import event_accumulator
   from tensorboard.util import tensor_util
   from depthbench_jax import diagnose
@@ -313,12 +314,22 @@ def test_resume_on_two_processes_continues_a_one_process_runs_data_and_diagnoses
   preempted_at_step_10(reference_run, workdir)
   flags = helpers.tiny_flags(**{"mesh.data": 1, "mesh.fsdp": 2, "mesh.tensor": 2,
                                 "diagnostics.every": 10, "grad_accum_steps": 2,
-                                "tensorboard": True})
+                                "tensorboard": True, "peak_flops_per_device": 1e9})
   for p in start_two_processes(workdir, flags, devices=2):
     _, err = p.communicate(timeout=300)
     assert p.returncode == 0, err[-3000:]
   assert helpers.summary(workdir)["steps"] == 20
   assert_losses_match(workdir, reference_run, rtol=2e-4)
+  from depthbench_jax.model.config import model_config_from
+  from depthbench_jax.systems.flops import train_flops_per_token
+  from depthbench_jax.train import summary
+  config = checkpoint.restore_run(workdir, 20)[0]
+  flops_per_step = (train_flops_per_token(model_config_from(config.model), config.data.seq_len)
+                    * config.data.global_batch_size * config.data.seq_len)
+  mfu, steps_per_s = (summary.read_metrics(workdir, k) for k in ("perf/mfu", "perf/steps_per_s"))
+  assert sorted(mfu) and sorted(mfu) == sorted(s for s in steps_per_s if s > 10)
+  for step, value in mfu.items():
+    assert value == pytest.approx(steps_per_s[step] * flops_per_step / (1e9 * 4), rel=1e-6)
   events = event_accumulator.EventAccumulator(os.path.join(workdir, "tensorboard"),
                                               size_guidance={"tensors": 0})
   events.Reload()
