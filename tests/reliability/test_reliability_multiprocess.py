@@ -19,9 +19,10 @@ EXIT_WITHIN_S = 60
 
 
 @pytest.mark.slow
-def test_one_process_dying_stops_the_other_with_a_clear_error(tmp_path, victim=1):
-  """Process 1 dies; process 0 (which also hosts the coordination service) must stop. The
-  mirror case (the coordinator dies) behaves the same way: pass ``victim=0``."""
+@pytest.mark.parametrize("victim", [1, 0])
+def test_one_process_dying_stops_the_other_with_a_clear_error(tmp_path, victim):
+  """Process 1 dies, and process 0 (which also hosts the coordination service) must stop; or the
+  coordinator dies, and process 1 must stop."""
   import portpicker
   workdir = str(tmp_path / "two")
   port = portpicker.pick_unused_port()
