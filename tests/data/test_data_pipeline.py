@@ -164,7 +164,9 @@ def test_val_batches_fixed_sharded_and_held_out(make_config):
   again = pipeline.make_val_batches(config, 0, 1)
   assert all(np.array_equal(x["tokens"], y["tokens"]) for x, y in zip(val, again))
   halves = [pipeline.make_val_batches(config, p, 2) for p in range(2)]
-  for b in range(3):
+  for b in range(3):   # Each process holds half the rows, none of the other's.
+    assert [h[b]["tokens"].shape for h in halves] == [(4, 65), (4, 65)]
+    assert not rows(halves[0][b]["tokens"]) & rows(halves[1][b]["tokens"])
     assert rows(halves[0][b]["tokens"]) | rows(halves[1][b]["tokens"]) == rows(val[b]["tokens"])
   # Held-out windows come from the val stream, not the train stream.
   val_stream = pipeline.token_stream(config, "val")
