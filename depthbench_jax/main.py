@@ -43,6 +43,8 @@ USAGE = ("python -m depthbench_jax.main --config=configs/FILE.py[:ARG] --workdir
 
 def parse_flags(argv: list[str]) -> list[str]:
   """absl flag parsing, with every failure turned into one ``error:`` line and exit 2."""
+  from depthbench_jax import sweep  # A suite file given by path from another directory imports
+  sweep.put_repo_on_path()          # ``configs``: "No module named 'configs'" without it.
   try:
     rest = flags.FLAGS(argv)
   except Exception as err:  # flags.Error, and config_flags' KeyError on an unknown field.

@@ -146,10 +146,16 @@ def apply_run(config: ml_collections.ConfigDict, run: dict[str, Any],
 # Listing runs and their state.
 # ---------------------------------------------------------------------------------------------
 
-def load_config_module(path: str):
-  """Imports a config file by path (repo root on sys.path so ``from configs import base`` works)."""
+def put_repo_on_path() -> None:
+  """The repo root on ``sys.path``, so a suite file's ``from configs import base`` works from
+  any working directory."""
   if REPO_ROOT not in sys.path:
     sys.path.insert(0, REPO_ROOT)
+
+
+def load_config_module(path: str):
+  """Imports a config file by path (``put_repo_on_path`` first)."""
+  put_repo_on_path()
   if not os.path.exists(path):
     raise ConfigError(f"config file {path!r} does not exist; allowed: a configs/*.py file")
   name = "depthbench_suite_" + os.path.splitext(os.path.basename(path))[0]

@@ -529,3 +529,19 @@ def test_depthbench_verbose_0_keeps_info_logs_off(monkeypatch, value, verbose):
   calls = []
   errors.quiet_logs()
   assert calls == ([] if verbose else [logging.WARNING])
+
+
+def test_main_loads_a_suite_file_given_by_path_from_another_directory(tmp_path):
+  """``main --config=/repo/configs/smoke.py:...`` run from elsewhere failed with "No module named
+  'configs'" (suite files import ``configs.base``; the other tools put the repo on sys.path).
+  Here the config loads and its first check answers: a bad field, named."""
+  env = helpers.subprocess_env()
+  env.pop("PYTHONPATH")   # The installed package only, as a user's shell has it.
+  proc = subprocess.run(
+      [sys.executable, "-m", "depthbench_jax.main",
+       f"--config={os.path.join(helpers.ROOT, 'configs', 'smoke.py')}:arch=hc,shape=4x128",
+       f"--workdir={tmp_path / 'run'}", "--config.model.n_heads=5"],
+      cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 2 and "No module named" not in proc.stderr, proc.stderr[-2000:]
+  assert "error: config.model.n_heads" in proc.stderr, proc.stderr[-2000:]
+  assert not (tmp_path / "run").exists()
