@@ -3,7 +3,7 @@
 Builds the mesh, the sharded state and the data iterator; resumes from the latest complete
 checkpoint; runs jitted train steps with periodic eval, metrics (TensorBoard via clu, plus
 ``metrics.jsonl``), a progress line with steps/s and ETA, checkpoints and ``summary.json``.
-SIGTERM saves a checkpoint and exits cleanly (status 'interrupted').
+SIGTERM (or a first Ctrl-C) saves a checkpoint and exits cleanly (status 'interrupted').
 
 Divergence. Every step's metrics stay on the device until the next step that logs, evaluates,
 runs diagnostics or checkpoints; there they are fetched in one transfer and the
@@ -68,10 +68,13 @@ def total_steps_of(config, params_total: int) -> int:
 class _Preemption:
   """SIGTERM -> save and stop, at a step every process agrees on.
 
-  One process: a Python handler sets a flag the loop reads between steps. Several (JAX's
-  multi-host runtime): JAX's preemption service (``multihost_utils.reached_preemption_sync_point``)
-  hears the SIGTERM of any process, and all processes reach the same sync step, so none is
-  left waiting in the next step's collective while the others save; no Python handler then (it
+  One process: a Python handler sets a flag the loop reads between steps; Ctrl-C (SIGINT) does
+  the same the first time (it was a KeyboardInterrupt traceback that lost the steps since the
+  last checkpoint), and a second Ctrl-C interrupts at once. A SIGINT ignored from the start (a
+  background job of ``run_sweep.sh``) stays ignored. Several processes (JAX's multi-host
+  runtime): JAX's preemption service (``multihost_utils.reached_preemption_sync_point``) hears
+  the SIGTERM of any process, and all processes reach the same sync step, so none is left
+  waiting in the next step's collective while the others save; no Python handler then (it
   would replace the service's).
   """
 
@@ -84,11 +87,17 @@ class _Preemption:
       return
     try:
       signal.signal(signal.SIGTERM, self._handle)
+      if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        signal.signal(signal.SIGINT, self._handle)
     except ValueError:  # Not the main thread (tests): no handler.
       pass
 
   def _handle(self, signum, frame):
-    logging.warning("SIGTERM: saving a checkpoint and exiting.")
+    if signum == signal.SIGINT:
+      signal.signal(signal.SIGINT, signal.default_int_handler)  # A second Ctrl-C: stop now.
+      logging.warning("Ctrl-C: saving a checkpoint and exiting (Ctrl-C again to stop at once).")
+    else:
+      logging.warning("SIGTERM: saving a checkpoint and exiting.")
     self.requested = True
 
   def reached(self, step: int) -> bool:

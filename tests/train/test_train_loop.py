@@ -136,12 +136,15 @@ def test_tensorboard_has_one_steps_per_s_curve_the_metrics_log_has(reference_run
                              [logged[s] for s in sorted(logged)], rtol=1e-5)
 
 
-@pytest.mark.parametrize("checkpoint_every", [100, 1])  # 1: the signal lands on a save step
-def test_sigterm_saves_and_exits_cleanly_then_resumes(reference_run, tmp_path, checkpoint_every):
+@pytest.mark.parametrize("checkpoint_every, signum", [   # 1: the signal lands on a save step
+    (100, signal.SIGTERM), (1, signal.SIGTERM),
+    (100, signal.SIGINT)],   # Ctrl-C: once a KeyboardInterrupt traceback, nothing saved
+    ids=["sigterm", "sigterm-on-a-save-step", "ctrl-c"])
+def test_sigterm_saves_and_exits_cleanly_then_resumes(reference_run, tmp_path, checkpoint_every,
+                                                      signum):
   workdir = str(tmp_path / "term")
-  proc = start_then_signal(workdir, checkpoint_every=checkpoint_every, step=5,
-                           signum=signal.SIGTERM)
-  assert proc.wait(timeout=120) == 0
+  proc = start_then_signal(workdir, checkpoint_every=checkpoint_every, step=5, signum=signum)
+  assert proc.wait(timeout=120) == 0, proc.stderr.read()[-3000:]
   ckpts = [d for d in os.listdir(os.path.join(workdir, "checkpoints")) if d.isdigit()]
   assert ckpts, "SIGTERM must leave a checkpoint"
   # The first session really stopped early (a SIGTERM ignored would finish all 20 steps, and
