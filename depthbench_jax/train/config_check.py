@@ -263,12 +263,37 @@ def validate_data(data, process_count: int, data_parallel: int, microbatches: in
            f"of {process_count} (keep config.mesh.tensor within one host)")
 
 
+def validate_name(config) -> None:
+  """A run named ``<design>_<L>x<d>_lr<lr>`` (a suite's config argument, ``sweep.run_name``)
+  must train that design, shape and LR: ``--config.model.n_layers=8`` or ``--config.lr=1e-3``
+  beside ``smoke.py:arch=preln,shape=4x128`` trained another model under the argument's name,
+  which the sweep's plan and the report then counted as the run the name says."""
+  from depthbench_jax import sweep  # Local: the sweep imports this module's users.
+  parsed = sweep.parse_run_name(str(config.name))
+  if parsed is None:
+    return
+  design, shape, lr = parsed
+  model = config.model
+  named = {"model.residual.name": (model.residual.name, design, "arch"),
+           "model.n_layers": (model.n_layers, shape.n_layers, "shape"),
+           "model.d_model": (model.d_model, shape.d_model, "shape"),
+           "lr": (sweep.format_lr(config.lr), sweep.format_lr(lr), "lr")}  # As the name has it.
+  for field, (value, says, key) in named.items():
+    if value != says:
+      value = config.lr if field == "lr" else value
+      raise ConfigError(
+          f"config.{field}={value!r}, but the run is named {config.name!r} ({key} from the "
+          f"config argument); allowed: {key}= in the --config argument, which names the run, "
+          f"or --config.name too")
+
+
 def validate_without_devices(config) -> ModelConfig:
   """The checks that need neither the devices nor the data (fields, model, recipe, guards, the
   data fields: a seq_len over max_seq_len too), as ``--dry_run`` plans a suite; returns the
   ``ModelConfig`` or raises the first ``ConfigError``."""
   validate_fields(config)
   model_cfg = model_config_from(config.model)
+  validate_name(config)
   validate_recipe(config)
   validate_guards(config)
   validate_data_fields(config.data, config.model)

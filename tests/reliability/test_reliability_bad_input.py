@@ -545,3 +545,29 @@ def test_main_loads_a_suite_file_given_by_path_from_another_directory(tmp_path):
   assert proc.returncode == 2 and "No module named" not in proc.stderr, proc.stderr[-2000:]
   assert "error: config.model.n_heads" in proc.stderr, proc.stderr[-2000:]
   assert not (tmp_path / "run").exists()
+
+
+def test_an_override_that_contradicts_the_run_name_is_refused():
+  """``smoke.py:arch=preln,shape=4x128`` with ``--config.model.n_layers=8`` (or another lr, or
+  design) trained another model under the name preln_4x128_lr3e-3, which the sweep's plan and
+  the report counted as that run. One error names the field and the argument key to use; a
+  config renamed too, or one whose name is not a run name (base.py), is free to change."""
+  from depthbench_jax import sweep
+  module = sweep.load_config_module(os.path.join(helpers.ROOT, "configs", "smoke.py"))
+  config_check.validate_name(sweep.config_of(module, "arch=preln,shape=4x128"))
+  for field, value, key in (("model.n_layers", 8, "shape"), ("model.d_model", 64, "shape"),
+                            ("lr", 1e-3, "lr"), ("model.residual.name", "hc", "arch")):
+    config = sweep.config_of(module, "arch=preln,shape=4x128")
+    node, leaf = config, field.split(".")
+    for part in leaf[:-1]:
+      node = node[part]
+    node[leaf[-1]] = value
+    with pytest.raises(ConfigError, match=rf"^config\.{field}={value!r}, but the run is named "
+                                          rf"'preln_4x128_lr3e-3' \({key} from the config "
+                                          rf"argument\); allowed: {key}= in the --config"):
+      config_check.validate_name(config)
+    config.name = "my_variant"
+    config_check.validate_name(config)
+  base = sweep.base_config()
+  base.lr = 1.0
+  config_check.validate_name(base)
