@@ -18,6 +18,7 @@ reached through finite, spike-free steps 1..s.
 from __future__ import annotations
 
 import functools
+import json
 import math
 import os
 import signal
@@ -143,6 +144,13 @@ def train_and_evaluate(config, workdir: str) -> dict:
     if os.path.exists(saved_config):
       config_check.check_resume(summary.read_json(saved_config), config, workdir)
     checkpoint.check_committed(workdir, resumed_step)
+  diverged = _diverged_summary(workdir, config)
+  if diverged is not None:  # The same rules would stop it again: its files stay as they are.
+    if process_index == 0:
+      print(f"{workdir}: diverged at step {diverged.get('diverged_step')} "
+            f"({diverged.get('diverged_reason')}); nothing to train: under other divergence.* "
+            f"or skip_nonfinite_steps settings it resumes from its last checkpoint", flush=True)
+    return diverged
   counts = count_params(model_cfg)
   steps = total_steps_of(config, counts["total"])
   if resumed_step == steps:
@@ -311,6 +319,29 @@ def train_and_evaluate(config, workdir: str) -> dict:
   if process_index == 0 and status != "interrupted":
     summary.write(workdir, result)
   return result
+
+
+GUARD_FIELDS = ("divergence.", "skip_nonfinite_steps", "debug.")
+
+
+def _diverged_summary(workdir: str, config) -> dict | None:
+  """The run's summary when it diverged under this config's recipe and divergence rules (and
+  debug faults), else None. Run again, it retrained from its last checkpoint (from step 1
+  without one, logging the same steps twice) to the same divergence, adding the time to
+  ``wall_time_s`` and device-hours; the sweep counts a diverged run as done."""
+  try:
+    done = summary.read_json(os.path.join(workdir, summary.SUMMARY))
+  except (OSError, ValueError):
+    return None
+  if not (isinstance(done, dict) and done.get("status") == "diverged"
+          and isinstance(done.get("config"), dict)):
+    return None
+  saved = config_check.flatten_fields(done["config"])
+  now = config_check.flatten_fields(json.loads(json.dumps(config.to_dict())))
+  if any(saved.get(k) != now.get(k) for k in saved.keys() | now.keys()
+         if k.startswith(GUARD_FIELDS)):
+    return None
+  return None if config_check.recipe_changes(done["config"], config) else done
 
 
 def _finished_summary(workdir: str, steps: int) -> dict | None:

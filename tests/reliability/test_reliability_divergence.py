@@ -51,6 +51,27 @@ def test_nan_step_marks_diverged_and_keeps_last_good_checkpoint(train_in_process
   assert sorted(losses) == [4, 8] and math.isfinite(losses[4]) and math.isnan(losses[8])
 
 
+def test_the_same_command_on_a_diverged_run_trains_nothing(train_in_process, tmp_path, capsys):
+  """Run again with the same rules it retrained from its last checkpoint to the same NaN,
+  adding the time to wall_time_s and device-hours. Now it says so and changes nothing; with
+  other divergence settings (here: skip the bad step) it resumes from step 6 and finishes."""
+  workdir = str(tmp_path / "again")
+  config = helpers.tiny_config(steps=12, checkpoint_every=3, eval_every=0,
+                               **{"debug.nan_at_step": 7})
+  train_in_process(config, workdir)
+  before = {name: open(os.path.join(workdir, name), "rb").read()
+            for name in ("summary.json", "metrics.jsonl")}
+  capsys.readouterr()
+  result = train_in_process(config, workdir)
+  assert result["status"] == "diverged" and result["diverged_step"] == 7
+  assert "diverged at step 7 (non-finite loss" in capsys.readouterr().out
+  assert all(open(os.path.join(workdir, name), "rb").read() == data
+             for name, data in before.items())
+  config.skip_nonfinite_steps = True
+  result = train_in_process(config, workdir)
+  assert result["status"] == "ok" and result["steps"] == 12 and result["skipped_steps"] == 1
+
+
 def test_skip_nonfinite_steps_rides_over_one_bad_step(train_in_process, tmp_path):
   workdir = str(tmp_path / "skip")
   config = helpers.tiny_config(steps=10, checkpoint_every=5, eval_every=0,
