@@ -128,7 +128,7 @@ def main(argv):
   del argv
   quiet_logs()
   from depthbench_jax.data import pipeline
-  from depthbench_jax.train import checkpoint, summary
+  from depthbench_jax.train import checkpoint, config_check, summary
 
   workdir = _WORKDIR.value
   out = _OUT.value or os.path.join(workdir, "diagnostics.json")
@@ -137,6 +137,10 @@ def main(argv):
     if _BATCH_SIZE.value is not None:
       overrides["batch_size"] = _BATCH_SIZE.value
     config, params, step = checkpoint.restore_run(workdir, _STEP.value)
+    if "batch_size" in overrides:
+      config_check.check_heldout_rows(
+          overrides["batch_size"], config,
+          "--batch_size" if _BATCH_SIZE.value is not None else "--set=batch_size")
     summary.check_replaceable(  # Before the probes run: a finished result is never lost.
         out, result_settings(diagnostics_options(config, overrides)), _OVERWRITE.value,
         lambda key: "--batch_size" if key == "batch_size" else f"--set={key}", step=step)

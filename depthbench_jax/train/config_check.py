@@ -159,6 +159,15 @@ def validate_guards(config) -> None:
   _require(isinstance(nan_at, int) and nan_at >= 0,
            f"config.debug.nan_at_step={nan_at!r}; allowed: an integer >= 0 (0 = off)")
   validate_diagnostics(config.diagnostics)
+  check_heldout_rows(config.diagnostics.batch_size, config, "config.diagnostics.batch_size")
+
+
+def check_heldout_rows(batch_size: int, config, name: str) -> None:
+  """The diagnostics read ``batch_size`` rows of one validation batch, which holds
+  ``config.data.global_batch_size``: more were cut silently and recorded as asked."""
+  rows = config.data.global_batch_size
+  _require(batch_size <= rows, f"{name}={batch_size}; allowed: 1..{rows} (the rows of a "
+                               f"validation batch, config.data.global_batch_size)")
 
 
 def validate_diagnostics(diag) -> None:

@@ -83,6 +83,9 @@ CASES = [
      "config.diagnostics.batch_size"),
     ("zero_diagnostics_rows", {"diagnostics.batch_size": 0}, 1, 1,
      "config.diagnostics.batch_size"),
+    ("more_diagnostics_rows_than_a_batch",   # once cut to the batch and recorded as asked
+     {"diagnostics.batch_size": 100, "diagnostics.every": 5}, 1, 1,
+     "config.diagnostics.batch_size"),
     # A misspelt field in a config file adds a field nothing reads: the run would silently
     # train with the default of the field meant.
     ("misspelt_field_in_file", {"data.seqlen": 64}, 1, 1, "config.data.seqlen"),
