@@ -60,10 +60,16 @@ def suite_configs(config_path: str, designs: Sequence[str] | None = None,
   unknown = [d for d in designs if d not in registry.names()]
   if unknown:  # Named as the flag, not as the suite file's ``arch=`` argument it becomes.
     raise ConfigError(f"--designs: unknown {unknown}; allowed: {', '.join(registry.names())}")
+  from depthbench_jax.model.config import model_config_from
   out = []
   for design in designs:
     for shape in shapes:
-      out.append((design, shape, sweep.config_of(module, f"arch={design},shape={shape}")))
+      config = sweep.config_of(module, f"arch={design},shape={shape}")
+      try:  # A shape the model refuses is named as the shape (head_dim=25 was all it said).
+        model_config_from(config.model)
+      except ConfigError as err:
+        raise ConfigError(f"--shapes: {shape} gives {err}") from None
+      out.append((design, shape, config))
   return module, out
 
 

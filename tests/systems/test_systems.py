@@ -1351,3 +1351,13 @@ def test_bench_plot_title_names_an_accelerator_by_its_device_not_its_host(monkey
   bench.write_plot(dict(result, backend="cpu", device="cpu"), str(tmp_path / "c.json"))
   assert titles[0].startswith("nvidia-h200 (NVIDIA H200), bfloat16")
   assert titles[1].startswith("cpu (Intel(R) Xeon(R) Processor), bfloat16")
+
+
+def test_cli_a_shape_the_model_refuses_is_named_as_the_shape(tmp_path, capsys):
+  """--shapes=3x100 (d=100 over the smoke suite's 4 heads) said only "config.model.head_dim=25",
+  a field the user never set."""
+  from depthbench_jax.systems import __main__ as cli
+  assert cli.main(["--config", os.path.join(ROOT, "configs", "smoke.py"), "--shapes", "3x100",
+                   "--xla", "false", "--out", str(tmp_path / "sys")]) == 2
+  assert capsys.readouterr().err.startswith("error: --shapes: 3x100 gives config.model.head_dim=25")
+  assert not (tmp_path / "sys").exists()
