@@ -574,3 +574,15 @@ def test_an_override_that_contradicts_the_run_name_is_refused():
   base = sweep.base_config()
   base.lr = 1.0
   config_check.validate_name(base)
+
+
+def test_a_workdir_that_is_a_file_is_one_error_line(tmp_path):
+  """Once a NotADirectoryError traceback from the checkpoint manager."""
+  path = tmp_path / "afile"
+  path.write_text("keep me")
+  proc = helpers.run_main(str(path), helpers.tiny_flags(), check=False, timeout=120)
+  assert proc.returncode == 2
+  lines = [l for l in proc.stderr.splitlines() if l.strip()]
+  assert lines[-1] == f"error: --workdir={path} is a file; allowed: a directory (a new one, or a " \
+                      "run's to resume)", proc.stderr[-2000:]
+  assert "Traceback" not in proc.stderr and path.read_text() == "keep me"
