@@ -788,9 +788,10 @@ def main(argv: Sequence[str] | None = None) -> int:
   path = result_path(args.out, device_name(), name, args.remat, bool(args.designs),
                      bool(args.shapes))
   try:
-    summary.check_replaceable(  # Before timing: a finished result is never lost.
-        path, {"designs": p.designs, "shapes": p.shapes}, args.overwrite,
-        recorded=lambda r: {k: r["preset"][k] for k in ("designs", "shapes")})
+    summary.check_replaceable(  # Before timing: a finished result is never lost (--no_hf
+        path, {"designs": p.designs, "shapes": p.shapes, "hf": p.hf},  # dropped ours/HF).
+        args.overwrite, recorded=lambda r: {k: r["preset"].get(k) for k in ("designs", "shapes",
+                                                                           "hf")})
   except ValueError as e:
     ap.error(str(e))
 

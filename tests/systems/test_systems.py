@@ -807,7 +807,8 @@ def test_bench_refuses_to_replace_a_result_of_other_designs(tmp_path, capsys, mo
   from depthbench_jax import bench
   helpers.stub_run(monkeypatch, bench, "run_bench")
   earlier = tmp_path / "results-cpu-quick-designs.json"
-  earlier.write_text(json.dumps({"preset": {"designs": ["preln", "hc"], "shapes": []}}))
+  earlier.write_text(json.dumps({"preset": {"designs": ["preln", "hc"], "shapes": [],
+                                            "hf": True}}))
   with pytest.raises(SystemExit):
     bench.main(["--preset=quick", "--designs=preln,mhc", "--out", str(tmp_path)])
   err = capsys.readouterr().err
@@ -815,6 +816,9 @@ def test_bench_refuses_to_replace_a_result_of_other_designs(tmp_path, capsys, mo
           f'designs=["preln", "hc"]') in err
   assert "--overwrite to replace it, or another --out" in err
   assert json.loads(earlier.read_text())["preset"]["designs"] == ["preln", "hc"]
+  with pytest.raises(SystemExit):   # Without HF: the result's ours/HF figures would be lost.
+    bench.main(["--preset=quick", "--designs=preln,hc", "--no_hf", "--out", str(tmp_path)])
+  assert f"--hf=false: {earlier} holds a result made with hf=true" in capsys.readouterr().err
   for flags in (["--designs=preln,hc", "--rounds=3"], ["--designs=preln,mhc", "--overwrite"]):
     with pytest.raises(helpers.RunReached):
       bench.main(["--preset=quick", *flags, "--out", str(tmp_path)])
