@@ -31,6 +31,7 @@ def get_config() -> ml_collections.ConfigDict:
   m.dtype = "float32"              # compute dtype; 'bfloat16' on accelerators.
   m.param_dtype = "float32"
   m.attention_kernel = "xla"       # 'fused' = cuDNN flash attention on GPU (bf16); 'xla' elsewhere.
+  m.stream_dtype = "compute"       # the residual state between layers: 'compute' | 'float32'.
   m.residual = ml_collections.ConfigDict({"name": "preln"})
 
   c.data = d = ml_collections.ConfigDict()

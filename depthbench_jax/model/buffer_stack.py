@@ -207,10 +207,12 @@ def _stack_bwd(branch, query, eps, policy, pin, shared, res, cotangents):
 
   def branch_vjp(p, saved_l, sub):
     # The VJP's structure, its params and shared leaves bound to this layer's; the rest from the
-    # forward (this trace's values of them, on a placeholder input, are dead code).
+    # forward (this trace's values of them, on a placeholder input, are dead code). With the
+    # dtype of the branch's output: the compute dtype, which an fp32 buffer
+    # (``model.stream_dtype='float32'``) does not share.
     placeholder = jnp.zeros(values.shape[1:], values.dtype)
-    _, leaves, tree, kept = _branch_vjp(branch, policy, shared, p, placeholder, sub)
-    return replay.rebind(tree, leaves, kept, saved_l[sub])
+    y, leaves, tree, kept = _branch_vjp(branch, policy, shared, p, placeholder, sub)
+    return replay.rebind(tree, leaves, kept, saved_l[sub]), y.dtype
 
   def layer(carry, xs):
     g_values, g_inv, g_logits, g_queries = carry
@@ -231,7 +233,8 @@ def _stack_bwd(branch, query, eps, policy, pin, shared, res, cotangents):
           g_values, jnp.zeros_like(g_values[0]), slot, 0)
       g_inv = jax.lax.dynamic_update_index_in_dim(g_inv, jnp.zeros_like(g_inv[0]), slot, 0)
       # The branch F(N(h)), replayed from its saved residuals.
-      g_p_branch, g_h = branch_vjp(p, saved_l, sub)(g_y.astype(y.dtype))
+      vjp, y_dtype = branch_vjp(p, saved_l, sub)
+      g_p_branch, g_h = vjp(g_y.astype(y_dtype))
       g_h = pin(g_h)
       # The depth read over slots 0..k of the final buffer.
       logits_k = jax.lax.dynamic_index_in_dim(logits, k, axis=3, keepdims=False)

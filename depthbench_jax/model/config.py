@@ -16,6 +16,10 @@ from depthbench_jax.errors import ConfigError
 REMAT_POLICIES = ("none", "nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable",
                   "everything_saveable")
 DTYPES = ("float32", "bfloat16")
+# The residual state between layers: 'compute' = ``dtype`` (bf16 in the suites, as MaxText);
+# 'float32' = an fp32 stream under bf16 compute (PyTorch autocast's, Megatron's
+# fp32_residual_connection), the control for the bf16 stream's rounding in deep shapes.
+STREAM_DTYPES = ("compute", "float32")
 
 
 def swiglu_ffn_dim(d_model: int, multiple_of: int) -> int:
@@ -47,6 +51,7 @@ class ModelConfig:
   param_dtype: str
   attention_kernel: str
   residual: ml_collections.FrozenConfigDict
+  stream_dtype: str = "compute"
 
   @property
   def design(self) -> str:
@@ -107,6 +112,9 @@ def model_config_from(model: ml_collections.ConfigDict) -> ModelConfig:
   _require(kernel in kernels,
            f"config.model.attention_kernel={kernel!r}; allowed: {', '.join(kernels)}")
   _require(model.max_seq_len > 0, f"config.model.max_seq_len={model.max_seq_len}; allowed: > 0")
+  stream = model.get("stream_dtype", "compute")  # Absent from configs saved before the field.
+  _require(stream in STREAM_DTYPES,
+           f"config.model.stream_dtype={stream!r}; allowed: {', '.join(STREAM_DTYPES)}")
   residual = model.residual
   name = residual.get("name")
   _require(name in registry.names(),
@@ -123,4 +131,4 @@ def model_config_from(model: ml_collections.ConfigDict) -> ModelConfig:
       init_std=float(model.init_std), scan_layers=bool(model.scan_layers),
       remat_policy=model.remat_policy, dtype=model.dtype, param_dtype=model.param_dtype,
       attention_kernel=kernel,
-      residual=ml_collections.FrozenConfigDict(residual))
+      residual=ml_collections.FrozenConfigDict(residual), stream_dtype=stream)

@@ -181,6 +181,8 @@ class Transformer(nn.Module):
     # fp32. In bf16 a row stagnates once its sum is ~500x an addend (on 131k Zipf-drawn tokens,
     # rows seen over 1000 times erred by a median 5-58%, worst 91%).
     x0 = jnp.take(embed.embedding, tokens, axis=0).astype(dtype)
+    if cfg.stream_dtype == "float32":  # The state the design builds from x0 is fp32 too.
+      x0 = x0.astype(jnp.float32)
     state = pin(io.init_state(pin(x0)))  # HC's streams lose the split without it.
     xs = {"layer": jnp.arange(cfg.n_layers, dtype=jnp.int32)}
     if gate is not None:

@@ -1,0 +1,60 @@
+"""``model.stream_dtype='float32'``: the residual state between layers in fp32 under bf16
+compute (PyTorch autocast's stream), the control for the bf16 stream's rounding in deep shapes.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from depthbench_jax.errors import ConfigError
+from depthbench_jax.model import buffer_stack
+from depthbench_jax.residual import registry
+from tests.helpers import assert_training_path_equals_plain_scan, model_loss, tiny_config
+from tests.model.test_buffer_stack import _cfg, _random_params
+
+FP32_STATE = ("deepnorm", "keel")       # fp32 whatever the stream setting (their own docstrings)
+FAST = ("preln", "attnres_full")
+
+
+def bf16_cfg(design, stream):
+  from depthbench_jax.model.config import model_config_from
+  config = tiny_config(**{"model.residual.name": design, "model.n_layers": 3,
+                          "model.dtype": "bfloat16", "model.stream_dtype": stream})
+  return model_config_from(config.model)
+
+
+@pytest.mark.parametrize("design", [d if d in FAST else pytest.param(d, marks=pytest.mark.slow)
+                                    for d in registry.names()])
+def test_every_design_carries_its_state_in_fp32_and_its_gradients_are_finite(design):
+  from depthbench_jax.model.transformer import Transformer
+  tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 12), 0, 257)
+  for stream, want in (("compute", jnp.float32 if design in FP32_STATE else jnp.bfloat16),
+                       ("float32", jnp.float32)):
+    cfg = bf16_cfg(design, stream)
+    params = jax.tree.map(jnp.asarray, __import__("flax").linen.unbox(
+        Transformer(cfg).init(jax.random.PRNGKey(0), tokens)["params"]))
+    _, layers = jax.jit(lambda p: Transformer(cfg).apply({"params": p}, tokens,
+                                                         return_layers=True))(params)
+    assert layers["hidden"].dtype == want, (stream, layers["hidden"].dtype)
+    grads = jax.jit(jax.grad(lambda p: model_loss(cfg, p, tokens)))(params)
+    assert all(bool(jnp.isfinite(g).all()) for g in jax.tree.leaves(grads)), stream
+
+
+def test_full_attnres_buffer_stack_equals_the_plain_scan_with_an_fp32_buffer(monkeypatch):
+  """Its backward cast each slot's cotangent to the buffer's dtype before the branch VJP, which
+  wants the branch's own (bf16): with an fp32 buffer it raised. Loss and gradients now equal
+  the plain scan's, to bf16's precision."""
+  cfg = dataclasses.replace(_cfg(3), dtype="bfloat16", stream_dtype="float32")
+  assert_training_path_equals_plain_scan(
+      cfg, _random_params(cfg), rtol=2e-2, atol=2e-3,
+      through=(monkeypatch, buffer_stack, "source_buffer_stack"))
+
+
+def test_stream_dtype_is_checked():
+  from depthbench_jax.model.config import model_config_from
+  config = tiny_config(**{"model.stream_dtype": "float16"})
+  with pytest.raises(ConfigError, match=r"^config.model.stream_dtype='float16'; allowed: "
+                                        r"compute, float32$"):
+    model_config_from(config.model)
