@@ -12,7 +12,6 @@ second code path. Permuted layer order is a pure transform of the stacked params
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import flax.linen as nn
