@@ -3,8 +3,9 @@
 x: aspect ratio on a log axis, reversed, so depth grows to the right (shallow-wide on the left,
 deep-narrow on the right, as the paper reads). y: final val loss. The line joins each shape's
 best-LR run (per scale family), broken at a shape another design ran where this one has no
-usable run; grey dots are the other LRs; diverged runs are red crosses on the lower edge, at
-their aspect ratio.
+usable run; grey dots are the other LRs; diverged runs (no val loss) are red crosses on the
+lower edge, below a dashed line under the losses, at their aspect ratio, each labelled with its
+LR: a position, not a value (``PLOT_CAPTION``, printed under the report's plots).
 """
 
 from __future__ import annotations
@@ -19,7 +20,13 @@ matplotlib.use("Agg")
 import matplotlib.ticker  # pylint: disable=g-import-not-at-top,wrong-import-position
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-from depthbench_jax.sweep import is_usable, shape_key  # pylint: disable=wrong-import-position
+from depthbench_jax.sweep import (format_lr, is_usable,  # pylint: disable=wrong-import-position
+                                  shape_key)
+
+PLOT_CAPTION = ("Each design's line joins its best-LR run at each shape (lowest final val loss); "
+                "grey dots are its other LRs; a red cross below the dashed line is a run that "
+                "diverged (labelled with its LR), at its aspect ratio: it has no val loss, so "
+                "its height means nothing.")
 
 
 def _best_curves(records: Sequence[dict], groups: dict, design: str) -> dict[int, list]:
@@ -88,9 +95,19 @@ def loss_vs_aspect(records: Sequence[dict], groups: dict, out_dir: str) -> list[
           ax.annotate(f"{L}L", (x, y), textcoords="offset points", xytext=(0, 5), fontsize=7,
                       ha="center")
     diverged = [r for r in mine if r.get("status") == "diverged"]
-    if diverged:
+    if diverged:  # In a band of their own below the losses, set off by a dashed line.
+      low, high = ax.get_ylim()
+      ticks = [t for t in ax.get_yticks() if low <= t <= high]   # none in the band
+      ax.set_ylim(low - 0.15 * (high - low), high)
+      ax.set_yticks(ticks)
+      ax.axhline(low, color="red", lw=0.6, ls="--", alpha=0.5)
       ax.scatter([r["aspect_ratio"] for r in diverged], [0.02] * len(diverged), marker="x",
-                 color="red", transform=ax.get_xaxis_transform(), label="diverged", zorder=4)
+                 color="red", transform=ax.get_xaxis_transform(),
+                 label="diverged (no val loss; below the line)", zorder=4)
+      for r in diverged:
+        ax.annotate(f"lr {format_lr(r['lr'])}" if r.get("lr") is not None else "diverged",
+                    (r["aspect_ratio"], 0.02), xycoords=ax.get_xaxis_transform(),
+                    textcoords="offset points", xytext=(4, 3), fontsize=7, color="red")
     _axes(ax, f"{design}: val loss vs aspect ratio", [r["aspect_ratio"] for r in mine])
     if ax.get_legend_handles_labels()[0]:
       ax.legend(fontsize=8)

@@ -558,7 +558,8 @@ def build_report(records: Sequence[dict], title: str = "DepthBench scorecard",
     parts += ["## Runs without a summary (training, interrupted or crashed; a sweep resumes "
               "them from their last checkpoint)", "", waiting, ""]
   if plot_files:
-    parts += ["## Loss vs aspect ratio", ""]
+    from depthbench_jax.report.plots import PLOT_CAPTION  # Local: matplotlib.
+    parts += ["## Loss vs aspect ratio", "", PLOT_CAPTION, ""]
     parts += [f"![{os.path.basename(p)}]({p})" for p in plot_files] + [""]
   for name, text in hook_sections(records, relative_to):
     parts += [f"## {name}", "", text, ""]

@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from depthbench_jax import report
+from depthbench_jax import report, sweep
 from depthbench_jax.report import __main__ as report_main
 from depthbench_jax.report import scorecard
 
@@ -52,6 +52,7 @@ def test_report_renders(tmp_path):
     png = out / "plots" / f"loss_vs_aspect_{design}.png"
     assert png.stat().st_size > 1000 and png.read_bytes()[:4] == b"\x89PNG"
     assert f"plots/loss_vs_aspect_{design}.png" in text
+  assert "its height means nothing" in text.split("## Loss vs aspect ratio")[1].split("![")[0]
   with open(out / "runs.csv") as f:
     rows = list(csv.DictReader(f))
   assert len(rows) == 15
@@ -304,7 +305,16 @@ def test_loss_vs_aspect_draws_the_best_lr_curve_other_lrs_and_diverged_runs(tmp_
   hc = saved["loss_vs_aspect_hc.png"]
   assert line(hc) == (ar, [2.729, 2.712, 2.699])
   assert dots(hc) == {"other LRs": [[pytest.approx(1024 / 24), 2.72]],
-                      "diverged": [[76.0, 0.02], [28.0, 0.02]]}
+                      "diverged (no val loss; below the line)": [[76.0, 0.02], [28.0, 0.02]]}
+  # Each cross names its LR and sits in a band of its own, below every loss and every tick: a
+  # cross alone, at the lowest height of the plot, read as the best val loss of its shape.
+  low = min(y for line in hc.lines[:1] for y in line.get_ydata())
+  assert all(t >= hc.get_ylim()[0] + 0.1 * (hc.get_ylim()[1] - hc.get_ylim()[0])
+             for t in hc.get_yticks()) and low > hc.get_ylim()[0]
+  lrs = {r["aspect_ratio"]: r["lr"] for r in records
+         if r["design"] == "hc" and r.get("status") == "diverged"}
+  assert sorted(t.get_text() for t in hc.texts if t.get_text().startswith("lr ")) == sorted(
+      f"lr {sweep.format_lr(lr)}" for lr in lrs.values())
   assert [l.get_label() for l in saved["loss_vs_aspect_all.png"].lines] == [
       "attnres_block", "hc", "preln"]
   # The loss axis names its unit (it said "final val loss"; the evals section says nats/token).
