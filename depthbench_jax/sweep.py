@@ -478,18 +478,19 @@ def launch(run: Run, config_path: str, main_cmd: Sequence[str], local_processes:
 def execute(config_path: str, runs: Sequence[Run], main_cmd: Sequence[str],
             local_processes: int = 0) -> dict[str, list[str]]:
   """Launches every unfinished run in order; never stops on a failure, stops on SIGTERM (the
-  running job gets it and saves; ``outcome['stopped']`` lists what is left). Returns the
-  outcome."""
+  running job gets it and saves; ``outcome['stopped']`` lists the started runs left unfinished,
+  ``outcome['not started']`` the others). Returns the outcome."""
   with _STOP:
     _STOP.requested = False
     return _execute(config_path, runs, main_cmd, local_processes)
 
 
 def _execute(config_path, runs, main_cmd, local_processes) -> dict[str, list[str]]:
-  outcome = {"skipped": [], "ok": [], "diverged": [], "failed": [], "stopped": []}
+  outcome = {"skipped": [], "ok": [], "diverged": [], "failed": [], "stopped": [],
+             "not started": []}
   from depthbench_jax.main import hosts_expected  # Local: defines main's flags.
   pod = local_processes <= 1 and hosts_expected() > 1
-  todo = []
+  todo, launched = [], set()
   for run in runs:
     (outcome["skipped"] if run_state(run.workdir) == "done" else todo).append(run)
   for i, run in enumerate(todo):
@@ -498,6 +499,7 @@ def _execute(config_path, runs, main_cmd, local_processes) -> dict[str, list[str
     print(f"[sweep] {i + 1}/{len(todo)} {run.name} ({run_state(run.workdir)}) -> {run.workdir}",
           flush=True)
     start = time.time()
+    launched.add(run.name)
     try:
       code = launch(run, config_path, main_cmd, local_processes)
     except OSError as e:  # e.g. main_cmd not found: record and go on.
@@ -539,7 +541,10 @@ def _execute(config_path, runs, main_cmd, local_processes) -> dict[str, list[str
     if _STOP.requested:
       break
   if _STOP.requested:  # The job cut short and those never started: the next sweep runs them.
-    outcome["stopped"] = [r.name for r in todo if run_state(r.workdir) != "done"]
+    left = [r for r in todo if run_state(r.workdir) != "done" and r.name not in outcome["failed"]]
+    for run in left:   # "stopped 5" once counted the 4 runs that had not started.
+      begun = run.name in launched or run_state(run.workdir) == "partial"
+      outcome["stopped" if begun else "not started"].append(run.name)
   print("[sweep] done: " + ", ".join(f"{k} {len(v)}" for k, v in outcome.items()), flush=True)
   for key in ("diverged", "failed"):
     if outcome[key]:
@@ -666,7 +671,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   except ConfigError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
-  if outcome["stopped"]:
+  if outcome["stopped"] or outcome["not started"]:
     return 128 + signal.SIGTERM   # as if killed by it: launch/run_sweep.sh skips the report
   return 0 if not outcome["failed"] else 1
 

@@ -297,7 +297,7 @@ def test_a_run_preempted_on_another_host_stops_this_hosts_sweep(tiny, monkeypatc
       "preln_4x128_lr1e-3", "preln_4x128_lr3e-3"]
   out = capsys.readouterr().out
   assert "preln_4x128_lr3e-3: a process of the run was preempted; the next sweep resumes" in out
-  assert "stopped 3" in out
+  assert "stopped 1, not started 2" in out
 
 
 def test_a_pod_run_whose_hosts_never_joined_stops_the_sweep(tiny, monkeypatch, capsys):
@@ -464,7 +464,8 @@ def test_sigterm_reaches_the_running_job_and_stops_the_sweep(tiny, tmp_path, via
   assert proc.returncode == 128 + signal.SIGTERM, out[-2000:]
   started = calls(tiny["log"])
   assert len(started) == 1 and os.path.exists(os.path.join(started[0]["workdir"], "saved"))
-  assert "stopped 4" in out and not os.path.exists(os.path.join(tiny["results"], "report.md"))
+  assert "stopped 1, not started 3" in out   # It said "stopped 4".
+  assert not os.path.exists(os.path.join(tiny["results"], "report.md"))
 
 
 def test_run_sweep_sh_reads_paths_from_the_callers_directory(tiny, tmp_path):
