@@ -2,9 +2,9 @@
 
 Everything is measured in one process on whatever device is present, and every ratio is taken
 between candidates timed *interleaved*: each round times one step of every candidate in turn
-(each round in another order, ``round_order``), and a candidate's figure is its median over the rounds,
-so load from other processes hits all of them alike; the interquartile range of the per-round
-ratios is reported beside each ratio. Measured:
+(each round in another order, ``round_order``), and a candidate's figure is its median over the
+rounds, so load from other processes hits all of them alike; the interquartile range of the
+per-round ratios is reported beside each ratio. Measured:
 
 * ``matmul_peak``: the FLOP/s of a square matmul in the bench dtype, timed as one more
   interleaved candidate (the same run's ceiling, under the same load).

@@ -26,10 +26,11 @@ def fail(message: str, code: int = 2) -> NoReturn:
 
 
 def quiet_logs() -> None:
-  """Unless ``DEPTHBENCH_VERBOSE`` is set (to anything but '' or '0'): absl logs at WARNING (orbax logs every save and
-  restore at INFO, a screenful per checkpoint read) and TensorFlow's oneDNN ops off (clu's
-  writers import TensorFlow, which computes nothing here but says at INFO, past
-  TF_CPP_MIN_LOG_LEVEL, that they are on; off, it says nothing). Call before TF is imported."""
+  """Unless ``DEPTHBENCH_VERBOSE`` is set (to anything but '' or '0'): absl logs at WARNING
+  (orbax logs every save and restore at INFO, a screenful per checkpoint read) and TensorFlow's
+  oneDNN ops off (clu's writers import TensorFlow, which computes nothing here but says at INFO,
+  past TF_CPP_MIN_LOG_LEVEL, that they are on; off, it says nothing). Call before TF is
+  imported."""
   if os.environ.get("DEPTHBENCH_VERBOSE", "") not in ("", "0"):
     return
   from absl import logging  # pylint: disable=g-import-not-at-top

@@ -120,8 +120,8 @@ def build(config_path: str, seq_len: int, *, designs=None, shapes=None, with_xla
   assign_families(rows)  # Shapes from several scales (--shapes): one depth summary per scale.
   lengths = table.context_lengths()
   curve_design = "preln" if "preln" in cfgs else next(iter(cfgs))
-  curve = table.context_curve(cfgs[curve_design], lengths, dtype,
-                              {r["shape"]: r["family"] for r in rows if r["design"] == curve_design})
+  families = {r["shape"]: r["family"] for r in rows if r["design"] == curve_design}
+  curve = table.context_curve(cfgs[curve_design], lengths, dtype, families)
   measured_rows, skipped = measured.match(rows, timed, peak_flops=peak_flops)
   for line in skipped:
     log(f"  --measured: left out {line}")
