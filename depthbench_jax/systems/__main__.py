@@ -15,9 +15,10 @@ columns) and prints the tables.
 ``--xla=false`` skips the compiles (analytic columns only, a second or two). ``--measured`` takes
 bench result JSONs (``python -m depthbench_jax.bench``) and adds what the bench timed of the same
 models: tokens/s, step over Pre-LN and device-hours measured beside the analytic ones
-(``systems/measured.py``). A ``systems.json`` made with other designs, shapes, prefill setting
-or ``--xla`` (its ``options``) is not replaced without ``--overwrite``: a one-shape check would
-otherwise drop the suite's table, or ``--xla=false`` its compiled counts.
+(``systems/measured.py``). A ``systems.json`` made with other designs, shapes, prefill setting,
+``--xla``, ``--mfu``, ``--peak_flops`` or ``--measured`` (its ``options``) is not replaced
+without ``--overwrite``: a one-shape check would otherwise drop the suite's table,
+``--xla=false`` its compiled counts, a rerun without ``--measured`` its measured rows.
 """
 
 from __future__ import annotations
@@ -87,10 +88,11 @@ def check_numbers(*, seq_len: int, batch: int, mfu: float, peak_flops: float) ->
 def build(config_path: str, seq_len: int, *, designs=None, shapes=None, with_xla: bool = True,
           mfu: float | None = None, peak_flops: float | None = None, dtype: str = "bfloat16",
           batch: int = 1, measured_paths: Sequence[str] = (), log=print,
-          suite: tuple | None = None) -> dict:
+          suite: tuple | None = None, timed: list | None = None) -> dict:
   """The table's rows, context curve and measured rows. ``suite``: ``suite_configs``'s
   ``(module, entries)`` when the caller has built them (the CLI does, to check the file it
-  would replace), else built here from ``config_path``, ``designs`` and ``shapes``."""
+  would replace), else built here from ``config_path``, ``designs`` and ``shapes``; ``timed``:
+  ``measured.bench_rows(measured_paths)`` likewise."""
   from depthbench_jax import sweep
   from depthbench_jax.model.config import model_config_from
   from depthbench_jax.shapes import budget_params
@@ -99,7 +101,8 @@ def build(config_path: str, seq_len: int, *, designs=None, shapes=None, with_xla
   peak_flops = sweep.DEFAULT_PEAK_FLOPS if peak_flops is None else peak_flops
   check_numbers(seq_len=seq_len, batch=batch, mfu=mfu, peak_flops=peak_flops)
   module, entries = suite or suite_configs(config_path, designs, shapes)
-  timed = measured.bench_rows(measured_paths)  # Read first: a wrong path fails before compiles.
+  if timed is None:  # Read first: a wrong path fails before compiles.
+    timed = measured.bench_rows(measured_paths)
   rows, cfgs = [], {}
   for design, shape, config in entries:
     config.model.max_seq_len = max(config.model.max_seq_len, seq_len)
@@ -189,11 +192,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                "shapes": list(dict.fromkeys(s for _, s, _ in entries)), "seq_len": args.seq_len,
                "batch": args.batch, "dtype": args.dtype, "xla": args.xla == "true",
                "mfu": mfu, "peak_flops": peak, "measured": comma_list(args.measured)}
+    from depthbench_jax.systems import measured
+    timed = measured.bench_rows(options["measured"] or ())  # A bad file: its own error first.
     summary.check_replaceable(os.path.join(out, "systems.json"), options, args.overwrite)
     result = build(args.config, args.seq_len, with_xla=args.xla == "true", mfu=mfu,
                    peak_flops=peak, dtype=args.dtype, batch=args.batch,
-                   measured_paths=comma_list(args.measured) or (),
-                   log=lambda s: print(s, file=sys.stderr, flush=True), suite=suite)
+                   measured_paths=options["measured"] or (),
+                   log=lambda s: print(s, file=sys.stderr, flush=True), suite=suite, timed=timed)
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2

@@ -277,6 +277,7 @@ def test_cli_keeps_a_table_of_other_options_unless_overwrite(tmp_path, capsys):
   merged for that shape only; now it is one error naming what differs, before any compile, the
   file kept; the same options or --overwrite replace it."""
   from depthbench_jax.systems import __main__ as cli
+  from tests.systems.test_measured import bench_json
   out = tmp_path / "sys"
   argv = ["--config", os.path.join(ROOT, "configs", "smoke.py"), "--seq_len", "64",
           "--shapes", "4x128,8x96", "--xla", "false", "--out", str(out)]
@@ -286,7 +287,8 @@ def test_cli_keeps_a_table_of_other_options_unless_overwrite(tmp_path, capsys):
   capsys.readouterr()
   for narrower in (["--designs", "preln,hc", "--shapes", "4x128"], ["--designs", "preln"],
                    ["--designs", "preln,hc", "--mfu", "0.3"],
-                   ["--designs", "preln,hc", "--measured", str(tmp_path / "results-x.json")],
+                   ["--designs", "preln,hc", "--measured",
+                    bench_json(tmp_path / "results-x.json", [("preln", 1e6, 100.0, 1.0)])],
                    ["--designs", "preln,hc", "--xla", "true"]):
     assert cli.main(argv + narrower) == 2
     err = capsys.readouterr().err.strip().splitlines()
