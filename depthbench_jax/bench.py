@@ -790,8 +790,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   try:
     summary.check_replaceable(  # Before timing: a finished result is never lost (--no_hf
         path, {"designs": p.designs, "shapes": p.shapes, "hf": p.hf},  # dropped ours/HF).
-        args.overwrite, recorded=lambda r: {k: r["preset"].get(k) for k in ("designs", "shapes",
-                                                                           "hf")})
+        args.overwrite, recorded=lambda r: {"designs": r["preset"]["designs"],
+                                            "shapes": r["preset"]["shapes"],
+                                            "hf": r["preset"].get("hf", p.hf)})  # Older: no hf.
   except ValueError as e:
     ap.error(str(e))
 
