@@ -40,11 +40,18 @@ def assert_losses_match(workdir, reference_run, rtol):
 
 
 def start_then_signal(workdir, checkpoint_every, step, signum):
-  """Starts the tiny run in ``workdir`` and sends ``signum`` once step ``step`` is logged."""
-  proc = subprocess.Popen(
-      helpers.main_command(workdir, helpers.tiny_flags(checkpoint_every=checkpoint_every)),
-      cwd=helpers.ROOT, env=helpers.subprocess_env(), text=True,
-      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+  """Starts the tiny run in ``workdir`` and sends ``signum`` once step ``step`` is logged. The
+  run gets SIGINT's default disposition, as a terminal's foreground job has it: a suite started
+  in the background (``cmd &``) ignores SIGINT, and so would the run, by design. (A Python
+  handler here becomes SIG_DFL across exec; only SIG_IGN is inherited.)"""
+  previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+  try:
+    proc = subprocess.Popen(
+        helpers.main_command(workdir, helpers.tiny_flags(checkpoint_every=checkpoint_every)),
+        cwd=helpers.ROOT, env=helpers.subprocess_env(), text=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+  finally:
+    signal.signal(signal.SIGINT, previous)
   helpers.wait_for_step(workdir, step, proc)
   proc.send_signal(signum)
   return proc
