@@ -4,6 +4,7 @@ compute (PyTorch autocast's stream), the control for the bf16 stream's rounding 
 
 import dataclasses
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import pytest
@@ -33,8 +34,7 @@ def test_every_design_carries_its_state_in_fp32_and_its_gradients_are_finite(des
   for stream, want in (("compute", jnp.float32 if design in FP32_STATE else jnp.bfloat16),
                        ("float32", jnp.float32)):
     cfg = bf16_cfg(design, stream)
-    params = jax.tree.map(jnp.asarray, __import__("flax").linen.unbox(
-        Transformer(cfg).init(jax.random.PRNGKey(0), tokens)["params"]))
+    params = nn.unbox(Transformer(cfg).init(jax.random.PRNGKey(0), tokens)["params"])
     _, layers = jax.jit(lambda p: Transformer(cfg).apply({"params": p}, tokens,
                                                          return_layers=True))(params)
     assert layers["hidden"].dtype == want, (stream, layers["hidden"].dtype)
