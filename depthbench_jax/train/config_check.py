@@ -335,6 +335,11 @@ RESUMABLE_FIELDS = ("name", "log_every", "tensorboard", "eval_every", "eval_batc
                     "grad_accum_steps", "model.remat_policy")
 
 
+def as_json(config) -> dict:
+  """``config`` as config.json holds it: plain JSON values (tuples as lists)."""
+  return json.loads(json.dumps(config.to_dict()))
+
+
 def flatten_fields(tree: dict, prefix: str = "") -> dict:
   """``{'model.d_model': 512, ...}``: a nested config dict as dotted field names (the names the
   ``--config.`` flags and every config error use)."""
@@ -368,7 +373,7 @@ def recipe_changes(saved: dict, config) -> list[tuple[str, object, object]]:
   that differs, design options with their defaults (other fields on one side only are not
   compared)."""
   old = flatten_fields(_with_design_defaults(saved))
-  new = flatten_fields(_with_design_defaults(json.loads(json.dumps(config.to_dict()))))
+  new = flatten_fields(_with_design_defaults(as_json(config)))
   return [(f, old[f], new[f]) for f in sorted(old.keys() & new.keys())
           if old[f] != new[f] and not _resumable(f)]
 

@@ -18,7 +18,6 @@ reached through finite, spike-free steps 1..s.
 from __future__ import annotations
 
 import functools
-import json
 import math
 import os
 import signal
@@ -329,15 +328,11 @@ def _diverged_summary(workdir: str, config) -> dict | None:
   debug faults), else None. Run again, it retrained from its last checkpoint (from step 1
   without one, logging the same steps twice) to the same divergence, adding the time to
   ``wall_time_s`` and device-hours; the sweep counts a diverged run as done."""
-  try:
-    done = summary.read_json(os.path.join(workdir, summary.SUMMARY))
-  except (OSError, ValueError):
-    return None
-  if not (isinstance(done, dict) and done.get("status") == "diverged"
-          and isinstance(done.get("config"), dict)):
+  done = _saved_summary(workdir)
+  if not (done and done.get("status") == "diverged" and isinstance(done.get("config"), dict)):
     return None
   saved = config_check.flatten_fields(done["config"])
-  now = config_check.flatten_fields(json.loads(json.dumps(config.to_dict())))
+  now = config_check.flatten_fields(config_check.as_json(config))
   if any(saved.get(k) != now.get(k) for k in saved.keys() | now.keys()
          if k.startswith(GUARD_FIELDS)):
     return None
@@ -348,12 +343,18 @@ def _finished_summary(workdir: str, steps: int) -> dict | None:
   """The run's summary when it finished all ``steps`` (status ok), else None. Run again, it
   would restore its last checkpoint, evaluate again and rewrite summary.json with the restart's
   seconds added to wall_time_s."""
+  done = _saved_summary(workdir)
+  return done if done and done.get("status") == "ok" and done.get("steps") == steps else None
+
+
+def _saved_summary(workdir: str) -> dict | None:
+  """``summary.json`` as a dict; None when there is none yet, or it is torn (the final
+  evaluation writes it again)."""
   try:
     done = summary.read_json(os.path.join(workdir, summary.SUMMARY))
-  except (OSError, ValueError):  # None yet, or torn: the final evaluation writes it again.
+  except (OSError, ValueError):
     return None
-  ok = isinstance(done, dict) and done.get("status") == "ok" and done.get("steps") == steps
-  return done if ok else None
+  return done if isinstance(done, dict) else None
 
 
 def _progress_line(step, steps, scalars, val_loss, eta) -> str:
