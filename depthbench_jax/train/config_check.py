@@ -277,7 +277,7 @@ def validate_name(config) -> None:
   must train that design, shape and LR: ``--config.model.n_layers=8`` or ``--config.lr=1e-3``
   beside ``smoke.py:arch=preln,shape=4x128`` trained another model under the argument's name,
   which the sweep's plan and the report then counted as the run the name says."""
-  from depthbench_jax import sweep  # Local: the sweep imports this module's users.
+  from depthbench_jax import sweep  # Local, as the sweep's own import of this module is.
   parsed = sweep.parse_run_name(str(config.name))
   if parsed is None:
     return
