@@ -54,6 +54,23 @@ def test_gpu_profile_script_benches_and_profiles_in_miniature(tmp_path):
   assert "residual.maps/hc_attn" in hc_profile
 
 
+@pytest.mark.slow
+def test_gpu_bench_script_checks_cudnn_then_benches_in_miniature(tmp_path):
+  """The main device run: the cuDNN check (which fails on a CPU, so the bench falls back to the
+  blocked XLA attention and says so), then the bench, whose JSON, plot and log come back."""
+  run_script("gpu_bench.sh", tmp_path, BENCH_PRESET="quick",
+             CUDNN_CHECK_ARGS="--batch=1 --seq_len=64 --heads=2 --rounds=1")
+  assert sorted(os.listdir(tmp_path)) == ["bench.log", "cudnn_check.jsonl",
+                                          "results-cpu-quick.json", "results-cpu-quick.png"]
+  checks = [json.loads(line) for line in (tmp_path / "cudnn_check.jsonl").read_text().splitlines()]
+  assert checks and all("error" in c for c in checks)
+  with open(tmp_path / "results-cpu-quick.json") as f:
+    result = json.load(f)
+  assert result["preset"]["attention_kernel"] == "xla"
+  assert [row["design"] for row in result["train"]] == ["preln", "hc"]
+  assert "| verdict | value | target |" in (tmp_path / "bench.log").read_text()
+
+
 @pytest.mark.parametrize("script", ["gpu_profile.sh", "gpu_remat_profile.sh"])
 def test_a_device_script_whose_bench_fails_exits_nonzero(tmp_path, script):
   """They run every section whatever an earlier one did, and exited with the last one's status
