@@ -112,17 +112,22 @@ def gradient_hlo():
 
 @pytest.mark.slow  # its fixture compiles 11 gradients in one program: ~30 s on 2 cores
 def test_fsdp_gradient_holds_no_whole_batch_array(gradient_hlo):
-  """Each device's rows are 6 of the 12: a [.., 12, 128, ..] array is the whole batch (before
-  the fixes: Full AttnRes's buffer f32[5,12,128,32] sharded on d, Block's f32[5,12,128,64],
-  HC's projection cotangent f32[4,12,128,6] with the streams merged into the tokens)."""
+  """Each device's rows are 6 of the 12: an array with a 12 before a 128, anywhere in its shape
+  (attention runs heads-major: [12,2,1,128,32]), the 12 x 128 tokens merged (1536), or the 4
+  streams merged into the rows (48, then 128) is the whole batch (before the fixes: Full
+  AttnRes's buffer f32[5,12,128,32] sharded on d, Block's f32[5,12,128,64], HC's projection
+  cotangent f32[4,12,128,6] with the streams merged into the tokens). The first pattern once
+  needed the 12 and the 128 side by side, so a whole-batch attention array passed."""
   from depthbench_jax.residual import registry
   hlo = gradient_hlo
   missing = [d for d in (*registry.names(), "attnres_full_17_slots") if f"/{d}/" not in hlo]
   assert not missing, f"designs not in the compiled program: {missing}"
   assert re.search(r"\[(?:\d+,)*6,128[,\]]", hlo), "the rows' arrays are not in the HLO"
+  assert re.search(r"\[6,2,1,128,32\]", hlo), "the rows' heads-major attention is not in it"
+  whole_batch = re.compile(r"\w+\[(?:\d+,)*(?:12,(?:\d+,)*128|1536|48,(?:\d+,)*128)(?:,\d+)*\]")
   whole = {}
   for line in hlo.splitlines():
-    shapes = re.findall(r"\w+\[(?:\d+,)*12,128(?:,\d+)*\]", line)
+    shapes = whole_batch.findall(line)
     if shapes:
       scope = re.search(r'op_name="[^/"]*/(\w+)/', line)
       whole.setdefault(scope.group(1) if scope else "?", set()).update(shapes)
