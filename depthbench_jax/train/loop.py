@@ -79,18 +79,25 @@ class _Preemption:
   """
 
   def __init__(self):
-    self.requested = False
+    self.requested, self._previous = False, {}
     # JAX starts the service in jax.distributed.initialize unless its config turns it off.
     self._multihost = (jax.process_count() > 1 and jax.distributed.is_initialized()
                        and jax.config.jax_enable_preemption_service)
     if self._multihost:
       return
     try:
-      signal.signal(signal.SIGTERM, self._handle)
+      self._previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._handle)
       if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
-        signal.signal(signal.SIGINT, self._handle)
+        self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._handle)
     except ValueError:  # Not the main thread (tests): no handler.
       pass
+
+  def restore(self) -> None:
+    """The handlers from before, once the steps are over: a caller training in-process (tests,
+    a notebook) gets its own Ctrl-C back."""
+    for signum, handler in self._previous.items():
+      signal.signal(signum, handler)
+    self._previous = {}
 
   def _handle(self, signum, frame):
     if signum == signal.SIGINT:
@@ -299,6 +306,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
         status = "interrupted"
         break
 
+  preempt.restore()
   manager.wait_until_finished()
   writer.flush()
   if step == start_step and start_step > 0:  # Resumed at its last step: no step logged here.

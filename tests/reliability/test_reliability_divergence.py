@@ -23,11 +23,17 @@ from tests import helpers
 
 @pytest.fixture
 def train_in_process():
-  """``train_and_evaluate`` here (no process start-up); restores the SIGTERM handler after."""
+  """``train_and_evaluate`` here (no process start-up); pytest's signal handlers are its own
+  again after each run (the trainer restores them; checked)."""
   from depthbench_jax.train.loop import train_and_evaluate
-  handler = signal.getsignal(signal.SIGTERM)
-  yield train_and_evaluate
-  signal.signal(signal.SIGTERM, handler)
+  handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+  def train(*args, **kwargs):
+    result = train_and_evaluate(*args, **kwargs)
+    assert {s: signal.getsignal(s) for s in handlers} == handlers
+    return result
+  yield train
+  for signum, handler in handlers.items():
+    signal.signal(signum, handler)
 
 
 def test_nan_step_marks_diverged_and_keeps_last_good_checkpoint(train_in_process, tmp_path):
