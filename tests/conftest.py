@@ -1,5 +1,8 @@
 import os
+import signal
 import sys
+
+import pytest
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -39,3 +42,18 @@ def pytest_collection_modifyitems(config, items):
   ends, instead of one worker finishing a long test while the other idles."""
   del config
   items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+@pytest.fixture
+def train_in_process():
+  """``train_and_evaluate`` here (no process start-up); pytest's signal handlers are its own
+  again after each run (the trainer restores them; checked)."""
+  from depthbench_jax.train.loop import train_and_evaluate
+  handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+  def train(*args, **kwargs):
+    result = train_and_evaluate(*args, **kwargs)
+    assert {s: signal.getsignal(s) for s in handlers} == handlers
+    return result
+  yield train
+  for signum, handler in handlers.items():
+    signal.signal(signum, handler)

@@ -10,7 +10,6 @@ import json
 import math
 import os
 import shutil
-import signal
 
 import jax
 import numpy as np
@@ -19,21 +18,6 @@ import pytest
 from depthbench_jax.errors import ConfigError
 from depthbench_jax.train import checkpoint, summary
 from tests import helpers
-
-
-@pytest.fixture
-def train_in_process():
-  """``train_and_evaluate`` here (no process start-up); pytest's signal handlers are its own
-  again after each run (the trainer restores them; checked)."""
-  from depthbench_jax.train.loop import train_and_evaluate
-  handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
-  def train(*args, **kwargs):
-    result = train_and_evaluate(*args, **kwargs)
-    assert {s: signal.getsignal(s) for s in handlers} == handlers
-    return result
-  yield train
-  for signum, handler in handlers.items():
-    signal.signal(signum, handler)
 
 
 def test_nan_step_marks_diverged_and_keeps_last_good_checkpoint(train_in_process, tmp_path):
