@@ -12,6 +12,7 @@ import jax
 import numpy as np
 import pytest
 
+from depthbench_jax.train import summary as summary_lib
 from tests import helpers
 
 
@@ -395,3 +396,20 @@ def test_peak_flops_by_device_kind_and_override(monkeypatch):
     assert loop.peak_flops_per_device(config) == want, kind
   config.peak_flops_per_device = 1e12
   assert loop.peak_flops_per_device(config) == 1e12
+
+
+def test_periodic_evals_read_eval_batches_and_the_final_one_reads_all(train_in_process,
+                                                                       tmp_path):
+  """``eval_batches=1`` of 3 validation batches: the step-2 val loss reads one, the final val
+  loss (which picks the best LR) all three, so it equals a run evaluating all three every time;
+  no test had set the two apart, so a final loss over ``eval_batches`` passed."""
+  runs = {}
+  for eval_batches in (1, 0):   # 0: all
+    config = helpers.tiny_config(steps=4, eval_every=2, checkpoint_every=4,
+                                 eval_batches=eval_batches, **{"data.val_batches": 3})
+    workdir = str(tmp_path / f"eval{eval_batches}")
+    train_in_process(config, workdir)
+    runs[eval_batches] = (summary_lib.read_metrics(workdir, "val/loss"), helpers.summary(workdir))
+  (one, one_summary), (every, every_summary) = runs[1], runs[0]
+  assert one[2] != every[2]                                  # step 2: 1 batch against 3
+  assert one[4] == every[4] == one_summary["final_val_loss"] == every_summary["final_val_loss"]
