@@ -78,7 +78,8 @@ def _trend(slope: float | None | str, points: Sequence[tuple[int, float]] = ()) 
   a slope alone reads as flat or one way)."""
   if slope is None or isinstance(slope, str):
     return slope or "-"
-  steps = [b - a for (_, a), (_, b) in zip(sorted(points), sorted(points)[1:])]
+  ordered = sorted(points)
+  steps = [b - a for (_, a), (_, b) in zip(ordered, ordered[1:])]
   if len(steps) >= 2 and max(steps) > FLAT_TOL and min(steps) < -FLAT_TOL:
     word = "non-monotonic"
   else:
