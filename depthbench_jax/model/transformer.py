@@ -121,6 +121,19 @@ def _block_class(cfg: ModelConfig, decode: bool = False) -> type[nn.Module]:
   return nn.remat(Block, policy=_POLICIES[cfg.remat_policy], prevent_cse=not cfg.scan_layers)
 
 
+def embedding_rows(table: Array, tokens: Array, cfg: ModelConfig) -> Array:
+  """``x0 [B,T,d] = table[tokens]`` in the stream's dtype: the compute dtype, or with
+  ``model.stream_dtype='float32'`` fp32 straight from the table, never rounded through the
+  compute dtype (PyTorch autocast's embedding output: its weight's dtype).
+
+  Looked up in the table's own dtype, then cast: the same values as ``embed(tokens)``, but its
+  gradient, a scatter-add of every occurrence of a token into its row, then sums in fp32. In
+  bf16 a row stagnates once its sum is ~500x an addend (on 131k Zipf-drawn tokens, rows seen
+  over 1000 times erred by a median 5-58%, worst 91%)."""
+  stream = jnp.float32 if cfg.stream_dtype == "float32" else dtype_of(cfg.dtype)
+  return jnp.take(table, tokens, axis=0).astype(stream)
+
+
 def batch_sharded(tree: Any, mesh, batch: int, seq: int) -> Any:
   """Every array of ``tree`` with a ``[.., B, T, ..]`` pair of axes (``x [B,T,d]``, HC's
   streams ``[B,T,n,d]``, AttnRes's slots ``[S,B,T,d]``, logits, microbatches ``[k,B/k,T]``)
@@ -175,13 +188,7 @@ class Transformer(nn.Module):
                      embedding_init=normal_init(cfg.init_std, "vocab", "embed"), name="embed")
     io = design.io(cfg, name="residual_io")
     pin = lambda tree: batch_sharded(tree, self.mesh, batch, seq)
-    # Looked up in the table's own dtype, then cast: the same values as ``embed(tokens)``, but
-    # its gradient, a scatter-add of every occurrence of a token into its row, then sums in
-    # fp32. In bf16 a row stagnates once its sum is ~500x an addend (on 131k Zipf-drawn tokens,
-    # rows seen over 1000 times erred by a median 5-58%, worst 91%).
-    x0 = jnp.take(embed.embedding, tokens, axis=0).astype(dtype)
-    if cfg.stream_dtype == "float32":  # The state the design builds from x0 is fp32 too.
-      x0 = x0.astype(jnp.float32)
+    x0 = embedding_rows(embed.embedding, tokens, cfg)
     state = pin(io.init_state(pin(x0)))  # HC's streams lose the split without it.
     xs = {"layer": jnp.arange(cfg.n_layers, dtype=jnp.int32)}
     if gate is not None:
