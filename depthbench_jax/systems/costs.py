@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from depthbench_jax.model.layers import dtype_of
-from depthbench_jax.model.transformer import count_params
+from depthbench_jax.model.transformer import count_params, embedding_rows
 from depthbench_jax.residual import registry
 from depthbench_jax.systems import flops
 
@@ -39,10 +39,13 @@ def kv_cache_elements_per_token(cfg) -> int:
 
 
 def residual_state_bytes(cfg, seq_len: int, batch: int = 1, dtype: str = "bfloat16") -> int:
-  """Bytes of the design's residual state for B sequences of T (``io.init_state``, abstract)."""
+  """Bytes of the design's residual state for B sequences of T (``io.init_state``, abstract, on
+  the model's own ``x0``: fp32 under ``model.stream_dtype='float32'``)."""
   design = registry.get(cfg.design)
-  x0 = jax.ShapeDtypeStruct((batch, seq_len, cfg.d_model), dtype_of(dtype))
   icfg = dataclasses.replace(cfg, dtype=dtype)
+  x0 = jax.eval_shape(lambda table, tokens: embedding_rows(table, tokens, icfg),
+                      jax.ShapeDtypeStruct((1, cfg.d_model), dtype_of(dtype)),
+                      jax.ShapeDtypeStruct((batch, seq_len), jnp.int32))
   # init_state needs no params of its own; StateIO.setup's norm gain is created lazily.
   state = jax.eval_shape(
       lambda x: design.io(icfg).init_with_output(jax.random.PRNGKey(0), x,

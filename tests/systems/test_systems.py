@@ -198,6 +198,9 @@ def test_kv_cache_and_state_bytes():
   slots = 2 * L + 1
   assert costs.residual_state_bytes(model_cfg("attnres_full"), t) == (
       slots * t * d * 2 + slots * t * 4 + slots * 4 + 4)
+  # The fp32-stream control carries its state in fp32 (it was counted at the compute dtype).
+  fp32_stream = dataclasses.replace(model_cfg("hc"), stream_dtype="float32")
+  assert costs.residual_state_bytes(fp32_stream, t) == 4 * t * d * 4
 
 
 def test_paper_figures_at_4096():
