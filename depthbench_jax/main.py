@@ -137,6 +137,21 @@ def slurm_tasks() -> int:
   return int(os.environ.get("SLURM_NTASKS") or 1)
 
 
+def slurm_local_device_ids() -> list[int] | None:
+  """``local_device_ids`` for ``jax.distributed.initialize``: ``[]`` in a SLURM step of one task
+  per node, else None (JAX's own choice).
+
+  JAX's SLURM detection assumes one process per GPU and, given None, shows each process only GPU
+  ``SLURM_LOCALID`` (jax/_src/clusters/cluster.py, ``auto_detect_unset_distributed_params``): at
+  README's ``--ntasks-per-node=1 --gpus-per-node=8`` every host trained on GPU 0 alone (4 of
+  32). Given ``[]`` it keeps ``[]`` and restricts nothing, so the one task per node drives every
+  GPU the step gives it. Several tasks on a node keep JAX's one GPU each."""
+  if not all(name in os.environ for name in SLURM_STEP_VARIABLES):
+    return None
+  nodes = os.environ.get("SLURM_STEP_NUM_NODES") or os.environ.get("SLURM_NNODES")
+  return [] if nodes and int(nodes) == slurm_tasks() else None
+
+
 def hosts_expected() -> int:
   """How many processes this run's cluster will have, from the environment alone (before
   ``jax.distributed`` starts): ``JAX_NUM_PROCESSES``, else the SLURM job's tasks, else 1. The
@@ -189,15 +204,14 @@ def initialize_distributed(coordinator: str | None, num_processes: int | None,
   import jax
   coordinator, num_processes, process_id = distributed_settings(coordinator, num_processes,
                                                                 process_id)
-  if coordinator and num_processes and num_processes > 1:
+  # Under SLURM jax reads from the step what the flags or variables leave out.
+  if (coordinator and num_processes and num_processes > 1) or slurm_tasks() > 1:
     # CPU collectives over gloo (the GPU backend ignores this and uses NCCL). Must be set
     # before the backend starts, so it cannot depend on jax.default_backend().
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
-                               process_id=process_id, **_timeouts())
-  elif slurm_tasks() > 1:  # jax reads from SLURM what the flags or variables leave out.
-    jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
-                               process_id=process_id, **_timeouts())
+                               process_id=process_id, local_device_ids=slurm_local_device_ids(),
+                               **_timeouts())
 
 
 def check_same_run(config, workdir: str) -> None:

@@ -318,6 +318,43 @@ def test_cli_resume_with_a_changed_lr_exits_and_keeps_the_run(tmp_path):
   assert helpers.snapshot(workdir) == before
 
 
+def test_one_slurm_task_per_node_drives_every_gpu_of_its_node(monkeypatch):
+  """README's ``srun --nodes=4 --ntasks-per-node=1 --gpus-per-node=8``: JAX's SLURM detection,
+  given ``local_device_ids=None``, shows each process GPU ``SLURM_LOCALID`` only, so the pod
+  trained on 4 GPUs of 32. One task per node now passes ``[]``, which JAX keeps (no GPU
+  restriction, checked against JAX's own detection); 8 tasks per node keep JAX's one GPU each.
+  Under SLURM the CPU collectives are gloo too, as for the explicit variables."""
+  import jax
+  from jax._src import clusters
+  from depthbench_jax import main
+  calls, updates = [], []
+  monkeypatch.setattr(jax.distributed, "initialize", lambda **kw: calls.append(kw))
+  monkeypatch.setattr(jax.config, "update", lambda *a: updates.append(a))
+  for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID",
+               "SLURM_NNODES", *SLURM_STEP_VARIABLES):
+    monkeypatch.delenv(name, raising=False)
+  slurm_step(monkeypatch, ntasks=4, procid=2)
+  monkeypatch.setenv("SLURM_LOCALID", "0")
+  monkeypatch.setenv("SLURM_STEP_NUM_NODES", "4")
+  main.initialize_distributed(None, None, None)
+  assert calls[-1]["local_device_ids"] == []
+  assert ("jax_cpu_collectives_implementation", "gloo") in updates
+  detect = clusters.ClusterEnv.auto_detect_unset_distributed_params
+  assert detect(None, None, None, [], None, 300) == ("node0:" + str(9 % 2**12 + 61440), 4, 2, [])
+  assert detect(None, None, None, None, None, 300)[3] == [0]   # what None gave: GPU 0 alone
+  monkeypatch.setenv("SLURM_NTASKS", "32")                     # --ntasks-per-node=8
+  monkeypatch.setenv("SLURM_LOCALID", "5")
+  main.initialize_distributed(None, None, None)
+  assert calls[-1]["local_device_ids"] is None
+  assert detect(None, None, None, None, None, 300)[3] == [5]
+  monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "node0:12345")  # the explicit variables in srun
+  monkeypatch.setenv("JAX_NUM_PROCESSES", "4")
+  monkeypatch.setenv("JAX_PROCESS_ID", "2")
+  monkeypatch.setenv("SLURM_NTASKS", "4")
+  main.initialize_distributed(None, None, None)
+  assert calls[-1]["local_device_ids"] == [] and calls[-1]["num_processes"] == 4
+
+
 def test_distributed_start_only_for_several_processes_and_an_explicit_process_id_wins(
     monkeypatch):
   """jax.distributed starts for a coordinator with more than one process, or a SLURM job of more
@@ -329,14 +366,16 @@ def test_distributed_start_only_for_several_processes_and_an_explicit_process_id
   monkeypatch.setattr(jax.distributed, "initialize", lambda **kw: calls.append(kw))
   monkeypatch.setattr(jax.config, "update", lambda *a: None)
   for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_INIT_TIMEOUT_S",
-               "JAX_HEARTBEAT_TIMEOUT_S", *SLURM_STEP_VARIABLES):
+               "JAX_HEARTBEAT_TIMEOUT_S", "SLURM_STEP_NUM_NODES", "SLURM_NNODES",
+               *SLURM_STEP_VARIABLES):
     monkeypatch.delenv(name, raising=False)
   monkeypatch.setenv("JAX_PROCESS_ID", "1")
   main.initialize_distributed("host:1234", 1, 0)
   assert calls == []
   main.initialize_distributed("host:1234", 2, 0)
   assert calls == [{"coordinator_address": "host:1234", "num_processes": 2, "process_id": 0,
-                    "initialization_timeout": 300, "heartbeat_timeout_seconds": 100}]
+                    "local_device_ids": None, "initialization_timeout": 300,
+                    "heartbeat_timeout_seconds": 100}]
   monkeypatch.setenv("JAX_HEARTBEAT_TIMEOUT_S", "7")
   assert main._timeouts()["heartbeat_timeout_seconds"] == 7
   monkeypatch.delenv("JAX_PROCESS_ID")  # Alone, it is refused (the next test).
@@ -349,8 +388,8 @@ def test_distributed_start_only_for_several_processes_and_an_explicit_process_id
   # Under SLURM the flags given still reach jax (they were dropped); SLURM fills in the rest.
   main.initialize_distributed("node7:23456", None, 1)
   assert calls[-1] == {"coordinator_address": "node7:23456", "num_processes": None,
-                       "process_id": 1, "initialization_timeout": 300,
-                       "heartbeat_timeout_seconds": 7}
+                       "process_id": 1, "local_device_ids": None,
+                       "initialization_timeout": 300, "heartbeat_timeout_seconds": 7}
   for value in ("5m", "0"):  # once a bare ValueError traceback, or 0 s
     monkeypatch.setenv("JAX_INIT_TIMEOUT_S", value)
     with pytest.raises(ConfigError, match=r"^JAX_INIT_TIMEOUT_S=.*; allowed: a whole number "
