@@ -47,3 +47,25 @@ def test_one_process_dying_stops_the_other_with_a_clear_error(tmp_path, victim):
     for p in procs:
       if p.poll() is None:
         p.kill()
+
+
+@pytest.mark.parametrize("process_id", [0, 1])
+def test_a_host_that_never_joins_aborts_the_others_as_the_sweep_expects(tmp_path, process_id):
+  """The sweep stops a pod's sweep on exit ``-SIGABRT`` (``sweep.py``: "the processes did not all
+  join"), which its own tests fake with ``os.abort()``. Here the real thing: a process whose peer
+  never starts (as the coordinator, or waiting for one) is aborted by JAX once
+  ``JAX_INIT_TIMEOUT_S`` is over, not left to raise into a traceback and exit 1 (after which
+  every later run would wait as long again)."""
+  import os
+  import portpicker
+  import resource
+  port = portpicker.pick_unused_port()
+  proc = subprocess.run(
+      helpers.main_command(str(tmp_path / "run"), helpers.tiny_flags()), cwd=helpers.ROOT,
+      env=helpers.subprocess_env(JAX_COORDINATOR_ADDRESS=f"localhost:{port}",
+                                 JAX_NUM_PROCESSES=2, JAX_PROCESS_ID=process_id,
+                                 JAX_INIT_TIMEOUT_S=2),
+      preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, 0)),
+      capture_output=True, text=True, timeout=120)
+  assert proc.returncode == -signal.SIGABRT, proc.stderr[-3000:]
+  assert not os.path.exists(tmp_path / "run" / "checkpoints")
