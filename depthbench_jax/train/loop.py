@@ -179,6 +179,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   os.makedirs(workdir, exist_ok=True)
   if process_index == 0:
     summary.write_config(workdir, config)
+    summary.set_aside_earlier(workdir)
 
   mesh = sharding.make_mesh(config.mesh)
   jitted = jitted_steps(config, model_cfg, mesh, steps)

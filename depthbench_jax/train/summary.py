@@ -19,6 +19,7 @@ from depthbench_jax.errors import ConfigError
 SUMMARY = "summary.json"
 CONFIG = "config.json"
 METRICS = "metrics.jsonl"
+STATUS = "status.json"
 CHECKPOINTS = "checkpoints"
 
 
@@ -159,9 +160,20 @@ def write(workdir: str, result: dict) -> None:
   atomic_write_json(os.path.join(workdir, SUMMARY), result)
 
 
+def set_aside_earlier(workdir: str) -> None:
+  """Moves an earlier session's ``summary.json`` and ``status.json`` to ``*.previous.json``
+  before a session trains on (a diverged run resumed under other divergence rules): the sweep
+  counts a run with a final summary as done, so a session stopped before writing its own left
+  the run 'diverged at step X', skipped for good while its checkpoints went past X."""
+  for name in (SUMMARY, STATUS):
+    path = os.path.join(workdir, name)
+    if os.path.exists(path):
+      os.replace(path, path[:-len(".json")] + ".previous.json")
+
+
 def write_status(workdir: str, status: str, step: int, reason: str) -> None:
   """Records a divergence as it happens (the final summary repeats it)."""
-  atomic_write_json(os.path.join(workdir, "status.json"),
+  atomic_write_json(os.path.join(workdir, STATUS),
                     {"status": status, "step": step, "reason": reason})
 
 

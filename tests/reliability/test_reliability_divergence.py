@@ -62,6 +62,31 @@ def test_the_same_command_on_a_diverged_run_trains_nothing(train_in_process, tmp
   assert result["status"] == "ok" and result["steps"] == 12 and result["skipped_steps"] == 1
 
 
+def test_a_diverged_run_resumed_and_interrupted_is_not_left_done(train_in_process, tmp_path,
+                                                                 monkeypatch):
+  """Resumed under other divergence rules and stopped at step 9 (a SIGTERM), the run kept its
+  old summary 'diverged at step 7', which the sweep counts as done: skipped for good with a
+  checkpoint at 9. The earlier summary and status now move aside when training starts, and the
+  sweep sees a run to resume."""
+  from depthbench_jax import sweep
+  from depthbench_jax.train import loop
+  workdir = str(tmp_path / "resumed")
+  config = helpers.tiny_config(steps=12, checkpoint_every=3, eval_every=0,
+                               **{"debug.nan_at_step": 7})
+  train_in_process(config, workdir)
+  diverged = helpers.summary(workdir)
+  config.skip_nonfinite_steps = True
+  with monkeypatch.context() as m:
+    m.setattr(loop._Preemption, "reached", lambda self, step: step == 9)
+    assert train_in_process(config, workdir)["status"] == "interrupted"
+  assert summary.checkpoint_steps(workdir)[-1] == 9
+  assert sweep.run_state(workdir) == "partial"
+  assert summary.read_json(os.path.join(workdir, "summary.previous.json")) == diverged
+  assert os.path.exists(os.path.join(workdir, "status.previous.json"))
+  assert train_in_process(config, workdir)["status"] == "ok"
+  assert sweep.run_state(workdir) == "done"
+
+
 def test_skip_nonfinite_steps_rides_over_one_bad_step(train_in_process, tmp_path):
   workdir = str(tmp_path / "skip")
   config = helpers.tiny_config(steps=10, checkpoint_every=5, eval_every=0,
