@@ -324,7 +324,9 @@ def _with_marks(value: str, marks: str) -> str:
   return f"{value} {marks}" if marks and value != "–" else value
 
 
-def scorecard_markdown(rows: Sequence[dict]) -> str:
+def scorecard_markdown(rows: Sequence[dict], marks: str | None = None) -> str:
+  """The scorecard tables, then the key to ``marks`` (every mark the report shows: the LR
+  table's too; default: the rows' own)."""
   out = []
   for family in sorted({r["family"] for r in rows}):
     fam = [r for r in rows if r["family"] == family]
@@ -352,7 +354,8 @@ def scorecard_markdown(rows: Sequence[dict]) -> str:
                      + ", ".join(f"{L}x{d} (AR {d / L:.1f})" for L, d in r["missing_shapes"])
                      for r in lacking) + ".")
       out.append("")
-  marks = "".join(r["marks_lo"] + r["marks_hi"] + r["best_marks"] for r in rows)
+  if marks is None:
+    marks = "".join(r["marks_lo"] + r["marks_hi"] + r["best_marks"] for r in rows)
   if "†" in marks:
     out.append("† best LR at an edge of the grid tried: the optimum may lie outside it.")
   if "‡" in marks:
@@ -541,7 +544,7 @@ def build_report(records: Sequence[dict], title: str = "DepthBench scorecard",
            + f"{len(unfinished)} without a summary. "
            "Every shape at its design's best LR (lowest final val loss; diverged runs "
            "excluded)." + code_versions_note(records), "", "## Val loss and depth trend", "",
-           scorecard_markdown(rows), "",
+           scorecard_markdown(rows, "".join(lr_marks(k, groups, gaps) for k in groups)), "",
            "Depth trend: the deeper reference depth against the shallower one at each "
            f"design's best LR (ties within {TREND_TOL}: flat); 'peak in the middle' when an "
            "in-between depth beats both.", ""]

@@ -379,6 +379,19 @@ def test_an_edge_lr_at_a_reference_depth_is_flagged_though_the_best_shape_is_not
   assert "† best LR at an edge of the grid tried" in text
 
 
+def test_a_mark_only_the_lr_table_shows_is_explained_too(tmp_path):
+  """Best LRs inside the grid at both reference depths and the best shape, the grid's bottom LR
+  at 56 layers: the LR table showed ``**2.800** †`` and no line of the report said what † was
+  (the key read the scorecard's cells only)."""
+  _grid(tmp_path, "preln", {(16, 1216): (2.80, 2.759, 2.77, 2.79),
+                            (32, 896): (2.85, 2.782, 2.80, 2.81),
+                            (56, 704): (2.800, 2.82, 2.84, 2.86)})
+  text = scorecard.build_report(scorecard.collect_runs(str(tmp_path)))
+  assert "†" not in _scorecard_row(text, "preln")
+  assert "| preln | 56x704 | 12.6 | **2.800** † |" in text
+  assert "† best LR at an edge of the grid tried: the optimum may lie outside it." in text
+
+
 def test_a_best_lr_from_an_incomplete_grid_says_which_lrs_it_lacks(tmp_path):
   """Full AttnRes at 24L: lr 1e-3 still training (config.json, metrics, a checkpoint) and the
   best picked from the other three with nothing in the scorecard or the LR table saying so (the
