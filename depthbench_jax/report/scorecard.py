@@ -25,7 +25,7 @@ import os
 import statistics
 from typing import Any, Iterable, Sequence
 
-from depthbench_jax import revision
+from depthbench_jax import recipe, revision
 from depthbench_jax.sweep import (format_lr, is_usable, parse_run_name, read_summary, record_lr,
                                   select_best_lr, shape_key)
 
@@ -144,21 +144,24 @@ def grid_gaps(records: Sequence[dict], unfinished: Sequence[dict] = (),
   """``{(design, L, d): {'pending': [lr], 'missing': [lr], 'not_started': [lr]}}`` for every
   shape whose grid is incomplete (``pending``: LRs started there without a summary yet).
 
-  Without ``plan``, inferred from disk: a design's grid is every LR it ran at any shape (a suite
-  sweeps one grid per design), ``missing``: LRs of that grid with no folder there at all. With
+  Without ``plan``, inferred from disk: a design's grid is every LR it ran at any shape of its
+  suite (``record['suite']``, ``assign_families``'s recipe; a suite sweeps one grid per
+  design), ``missing``: LRs of that grid with no folder there at all. With
   ``plan`` (``report.plan.load_plan``: the suite's runs and their states) the grid is what the
   suite plans: ``not_started``: planned LRs with no folder yet, and ``missing`` is empty (an LR
   the suite does not plan at a shape is no gap), so shapes no run has reached appear too."""
-  grid: dict[str, set[float]] = {}
+  grid: dict[tuple[int, str], set[float]] = {}
   tried: dict[tuple[str, int, int], set[float]] = {}
   waiting: dict[tuple[str, int, int], set[float]] = {}
   unstarted: dict[tuple[str, int, int], set[float]] = {}
+  suite = {shape_key(r)[1:]: r.get("suite", 0) for r in records}
+  grid_of = lambda key: grid.setdefault((suite.get(key[1:], 0), key[0]), set())
   for r in records:
-    grid.setdefault(r["design"], set()).add(r["lr"])
+    grid_of(shape_key(r)).add(r["lr"])
     tried.setdefault(shape_key(r), set()).add(r["lr"])
   for u in unfinished:
     if u.get("key") is not None and u.get("lr") is not None:
-      grid.setdefault(u["key"][0], set()).add(u["lr"])
+      grid_of(u["key"]).add(u["lr"])
       waiting.setdefault(u["key"], set()).add(u["lr"])
   for p in plan or ():
     if p["state"] in ("started", "not started"):
@@ -168,7 +171,7 @@ def grid_gaps(records: Sequence[dict], unfinished: Sequence[dict] = (),
     done = tried.get(key, set())
     pending = sorted(waiting.get(key, set()) - done)
     not_started = sorted(unstarted.get(key, set()) - done - set(pending))
-    missing = [] if plan is not None else sorted(grid[key[0]] - done - set(pending))
+    missing = [] if plan is not None else sorted(grid_of(key) - done - set(pending))
     if pending or missing or not_started:
       gaps[key] = {"pending": pending, "missing": missing, "not_started": not_started}
   return gaps
@@ -191,27 +194,66 @@ def unfinished_markdown(rows: Sequence[dict]) -> str | None:
 # ---------------------------------------------------------------------------------------------
 
 def assign_families(records: Sequence[dict], gap: float = FAMILY_GAP) -> None:
-  """Sets ``record['family']``: 0 unless some depth has several widths (multi-scale), then the
-  scale family by parameter count: shapes sorted by their smallest ``params_total`` over the
-  runs (the backbone's, where Pre-LN ran), a new family wherever a shape has more than ``gap``
-  times the parameters of its family's first, or a depth its family already has (a family is
-  one iso-parameter sweep: one shape per depth). An iso-parameter family spans a few percent,
-  the multi-scale suite's families 1.5x, so a shape whose runs are missing shifts no other
-  shape. The depth rule keeps suites reported together apart where the gap alone does not:
-  the 400M suite (402-415M) and the multi-scale 500M family (482-485M) chained into one, and
-  its 32x992 replaced 32x896 in the 32-layer column."""
+  """Sets ``record['family']`` (and ``record['suite']``, its recipe's index): 0 unless some
+  depth has several widths (multi-scale), then the scale family by parameter count: shapes
+  sorted by their smallest ``params_total`` over the runs (the backbone's, where Pre-LN ran), a
+  new family wherever a shape has more than ``gap`` times the parameters of its family's first,
+  or a depth its family already has (a family is one iso-parameter sweep: one shape per depth).
+  An iso-parameter family spans a few percent, the multi-scale suite's families 1.5x, so a
+  shape whose runs are missing shifts no other shape. The depth rule keeps suites reported
+  together apart where the gap alone does not: the 400M suite (402-415M) and the multi-scale
+  500M family (482-485M) chained into one, and its 32x992 replaced 32x896 in the 32-layer
+  column.
+
+  Suites reported together are told apart by recipe first (``recipe_suites``): the smoke
+  sweep (bytes, seq 128) beside the 400M suite, one width per depth, was one family, whose
+  best shape was a smoke run. Then each suite's families, numbered on."""
+  offset = 0
+  for index, suite in enumerate(recipe_suites(records)):
+    _size_families(suite, gap, offset)
+    offset = 1 + max(r["family"] for r in suite)
+    for r in suite:
+      r["suite"] = index
+
+
+def recipe_suites(records: Sequence[dict]) -> list[list[dict]]:
+  """``records`` split by recipe (``recipe.shared_differences`` of their summaries' configs;
+  a record without one joins the first), in order of first appearance; two recipes that share
+  a shape stay together (one best-LR comparison, whose mixed runs ``select_best_lr`` flags)."""
+  suites: list[list[dict]] = []
+  for r in records:
+    config = r.get("config") if isinstance(r.get("config"), dict) else {}
+    home = next((s for s in suites if not any(
+        recipe.shared_differences(config, o["config"]) for o in s
+        if isinstance(o.get("config"), dict))), None)
+    if home is None:
+      suites.append([r])
+    else:
+      home.append(r)
+  merged: list[list[dict]] = []
+  for suite in suites:
+    shapes = {(r["n_layers"], r["d_model"]) for r in suite}
+    overlap = [m for m in merged if shapes & {(r["n_layers"], r["d_model"]) for r in m}]
+    for m in overlap:
+      merged.remove(m)
+    merged.append([r for m in overlap for r in m] + suite)
+  return merged
+
+
+def _size_families(records: Sequence[dict], gap: float, offset: int) -> None:
+  """``assign_families`` within one recipe: families ``offset``, ``offset + 1``, ..."""
   widths: dict[int, set[int]] = {}
   for r in records:
     widths.setdefault(r["n_layers"], set()).add(r["d_model"])
   if all(len(w) == 1 for w in widths.values()):
     for r in records:
-      r["family"] = 0
+      r["family"] = offset
     return
   size: dict[tuple[int, int], float] = {}
   for r in records:
     key = (r["n_layers"], r["d_model"])
     size[key] = min(size.get(key, math.inf), float(r.get("params_total") or _backbone_estimate(r)))
-  family, first, index, depths = {}, None, -1, set()
+  family, first, index, depths = {}, None, offset - 1, set()
   for key in sorted(size, key=size.get):
     if first is None or size[key] > gap * first or key[0] in depths:
       index, first, depths = index + 1, size[key], set()
@@ -252,12 +294,14 @@ def reference_depths(records: Sequence[dict]) -> tuple[int, int]:
 def lr_marks(key: tuple[str, int, int], groups: dict, gaps: dict | None = None) -> str:
   """The caveats on one (design, shape)'s best LR: ``†`` at an edge of the grid tried (the
   optimum may lie outside it), ``‡`` the only LR tried, ``§`` picked from an incomplete grid
-  (``grid_gaps``: LRs still training, not started or never run there)."""
+  (``grid_gaps``: LRs still training, not started or never run there), ``¶`` picked among runs
+  of different recipes (``select_best_lr``'s ``mixed_recipe``)."""
   group = groups.get(key)
   if group is None or group["best"] is None:
     return ""
   marks = "†" if group["lr_at_edge"] else "‡" if group["lr_untuned"] else ""
-  return marks + ("§" if gaps and key in gaps else "")
+  return (marks + ("§" if gaps and key in gaps else "")
+          + ("¶" if group.get("mixed_recipe") else ""))
 
 
 def scorecard_rows(records: Sequence[dict], groups: dict | None = None,
@@ -366,7 +410,28 @@ def scorecard_markdown(rows: Sequence[dict], marks: str | None = None) -> str:
   if "§" in marks:
     out.append("§ best of an incomplete LR grid: some of the design's LRs are still training, "
                "not started or were not run at that shape (see the LR table).")
+  if "¶" in marks:
+    out.append("¶ best of runs trained under different recipes: not one comparison (see "
+               "'Runs of different recipes at one shape').")
   return "\n".join(out)
+
+
+def mixed_recipe_markdown(groups: dict) -> str | None:
+  """One line per (design, shape) whose runs differ in a recipe field, with the values: a copy
+  of a run in another folder trained longer, or a suite edited after some runs finished."""
+  lines = []
+  for (design, L, d), group in sorted(groups.items()):
+    if group.get("mixed_recipe"):
+      fields = "; ".join(f"{field}: {', '.join(repr(v) for v in values)}"
+                         for field, values in group["mixed_recipe"].items())
+      names = ", ".join(r.get("name", "?") for r in group["runs"])
+      lines.append(f"- {design} {L}x{d}: {fields} ({names})")
+  if not lines:
+    return None
+  return ("Each shape's best LR is picked among all its runs; these shapes' runs differ in what "
+          "a step computes or how long they train, so their best LR and loss mix two recipes. "
+          "Report each recipe from its own results folder, or move the other runs out.\n\n"
+          + "\n".join(lines))
 
 
 def recipe_differences(records: Iterable[dict]) -> list[str]:
@@ -558,6 +623,9 @@ def build_report(records: Sequence[dict], title: str = "DepthBench scorecard",
   if paper:
     parts += ["## Against the paper (400M)", "", paper, ""]
   parts += ["## Val loss by LR", "", lr_table(records, groups, gaps), ""]
+  mixed = mixed_recipe_markdown(groups)
+  if mixed:
+    parts += ["## Runs of different recipes at one shape", "", mixed, ""]
   excluded = excluded_markdown(groups)
   if excluded:
     parts += ["## Diverged and unfinished runs (excluded from best-LR selection)", "",

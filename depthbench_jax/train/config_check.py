@@ -15,6 +15,7 @@ import ml_collections
 
 from depthbench_jax.errors import ConfigError
 from depthbench_jax.model.config import ModelConfig, model_config_from
+from depthbench_jax.recipe import RESUMABLE_FIELDS, flatten_fields, is_resumable
 from depthbench_jax.train import sharding
 
 DATA_SOURCES = ("embedded", "parquet", "tfds")
@@ -321,39 +322,9 @@ def validate(config, device_count: int, process_count: int | None = None) -> Mod
   return model_cfg
 
 
-# Fields a resumed run may change: how it is logged, evaluated, checkpointed, diagnosed, guarded,
-# laid out on devices or in microbatches, what its backward recomputes (model.remat_policy: the
-# same values for less memory), and how many processes read its data
-# (data.worker_count: the same batches, `data/pipeline.TrainIterator`), not what a step
-# computes. Any other field must equal the value the run's checkpoints were trained with
-# (``check_resume``). A prefix names a whole group.
-RESUMABLE_FIELDS = ("name", "log_every", "tensorboard", "eval_every", "eval_batches",
-                    "checkpoint_every", "keep_checkpoints", "async_checkpointing",
-                    "peak_flops_per_device", "diagnostics.", "divergence.",
-                    "skip_nonfinite_steps", "debug.", "mesh.", "evals.", "data.cache_dir",
-                    "data.worker_count", "iso_target_params", "iso_count", "iso_tolerance",
-                    "grad_accum_steps", "model.remat_policy")
-
-
 def as_json(config) -> dict:
   """``config`` as config.json holds it: plain JSON values (tuples as lists)."""
   return json.loads(json.dumps(config.to_dict()))
-
-
-def flatten_fields(tree: dict, prefix: str = "") -> dict:
-  """``{'model.d_model': 512, ...}``: a nested config dict as dotted field names (the names the
-  ``--config.`` flags and every config error use)."""
-  out = {}
-  for key, value in tree.items():
-    if isinstance(value, dict):
-      out.update(flatten_fields(value, f"{prefix}{key}."))
-    else:
-      out[f"{prefix}{key}"] = value
-  return out
-
-
-def _resumable(field: str) -> bool:
-  return any(field == f or (f.endswith(".") and field.startswith(f)) for f in RESUMABLE_FIELDS)
 
 
 def _with_design_defaults(tree: dict) -> dict:
@@ -375,7 +346,7 @@ def recipe_changes(saved: dict, config) -> list[tuple[str, object, object]]:
   old = flatten_fields(_with_design_defaults(saved))
   new = flatten_fields(_with_design_defaults(as_json(config)))
   return [(f, old[f], new[f]) for f in sorted(old.keys() & new.keys())
-          if old[f] != new[f] and not _resumable(f)]
+          if old[f] != new[f] and not is_resumable(f)]
 
 
 def describe_changes(changed: list[tuple[str, object, object]]) -> tuple[str, str]:

@@ -230,6 +230,52 @@ def test_a_family_holds_one_shape_per_depth():
   assert [r["family"] for r in four] == [0] * 7 and [r["family"] for r in five] == [1] * 3
 
 
+def test_suites_of_other_recipes_reported_together_are_other_families(tmp_path):
+  """The smoke sweep (bytes, seq 128, 120 steps) and the 400M suite under one results folder,
+  one width per depth: one family, whose best Pre-LN shape was the smoke run's 4x128 (a loss
+  per byte beside losses per GPT-2 token). Their recipes now tell them apart."""
+  smoke = {"data": {"tokenizer": "byte", "seq_len": 128}, "steps": 120, "lr": 3e-3,
+           "model": {"n_layers": 4, "d_model": 128}}
+  paper = {"data": {"tokenizer": "gpt2", "seq_len": 2048}, "steps": -1, "lr": 1e-3,
+           "model": {"n_layers": 16, "d_model": 1216}}
+  _finished(tmp_path / "smoke", "preln", 4, 128, 3e-3, 2.62, config=smoke)
+  _finished(tmp_path / "smoke", "preln", 8, 96, 3e-3, 2.65, config=smoke)
+  (tmp_path / "suite_400m").mkdir()
+  _finished(tmp_path / "suite_400m", "preln", 16, 1216, 1e-3, 2.759, config=paper)
+  _finished(tmp_path / "suite_400m", "preln", 32, 896, 1e-3, 2.782, config=paper)
+  records = scorecard.collect_runs(str(tmp_path))
+  scorecard.assign_families(records)
+  family = {(r["n_layers"], r["d_model"]): r["family"] for r in records}
+  assert family[(4, 128)] == family[(8, 96)] != family[(16, 1216)] == family[(32, 896)]
+  text = scorecard.build_report(records)
+  assert ("| preln | 2.759 ‡ | 2.782 ‡ | worse when deeper | 16x1216 (76.0) | 2.759 | 1e-3 ‡ |"
+          in text)
+  assert "§" not in text   # no LR of one suite counts as missing from the other's grid
+
+
+def test_runs_of_two_recipes_at_one_shape_are_flagged(tmp_path):
+  """README's one-run example (``configs/smoke.py:arch=hc,shape=8x96 --config.steps=200`` into
+  results/try) and the smoke sweep's run of the same name (120 steps), reported together: the
+  200-step run won HC's best LR, beside Pre-LN's 120-step loss, marked only '(2 runs)'. Now
+  the cell says ¶, and a section names the field, its values and the runs."""
+  short = {"steps": 120, "warmup_steps": 12, "model": {"n_layers": 8, "d_model": 96}}
+  (tmp_path / "smoke").mkdir()
+  (tmp_path / "try").mkdir()
+  _finished(tmp_path / "smoke", "hc", 8, 96, 3e-3, 2.70, config=short)
+  _finished(tmp_path / "try", "hc", 8, 96, 3e-3, 2.55, config={**short, "steps": 200})
+  _finished(tmp_path / "smoke", "preln", 8, 96, 3e-3, 2.72,
+            config={**short, "lr": 3e-3, "seed": 1, "data": {"path": "/elsewhere"}})
+  _finished(tmp_path / "smoke", "preln", 8, 96, 1e-3, 2.74, config={**short, "lr": 1e-3})
+  groups = scorecard.select_best_lr(scorecard.collect_runs(str(tmp_path)))
+  assert groups[("hc", 8, 96)]["mixed_recipe"] == {"steps": [120, 200]}
+  assert groups[("preln", 8, 96)]["mixed_recipe"] == {}   # LR, seed, data path: a run's own
+  text = scorecard.build_report(scorecard.collect_runs(str(tmp_path)))
+  assert "| hc | 8x96 | 12.0 |" in text and "**2.550** ‡¶ (2 runs)" in text
+  assert "¶ best of runs trained under different recipes" in text
+  assert ("- hc 8x96: steps: 120, 200 (hc_8x96_lr0.003, hc_8x96_lr0.003)" in
+          text.split("## Runs of different recipes at one shape")[1])
+
+
 def test_lr_untuned_counts_learning_rates_not_runs():
   run = lambda loss, folder: {"name": "base", "design": "preln", "n_layers": 4, "d_model": 64,
                               "lr": 1e-3, "aspect_ratio": 16.0, "status": "ok",

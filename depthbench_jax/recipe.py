@@ -1,0 +1,56 @@
+"""What a run's recipe is, as field names of its config (no jax: the report reads it too).
+
+A config's fields fall in three kinds: ``RESUMABLE_FIELDS``, which a resumed run may change
+(they do not change what a step computes); ``RUN_FIELDS``, which a suite sets per run (its
+design, shape, LR, name); and the rest, the recipe, which every run of one suite shares.
+"""
+
+from __future__ import annotations
+
+# Fields a resumed run may change: how it is logged, evaluated, checkpointed, diagnosed, guarded,
+# laid out on devices or in microbatches, what its backward recomputes (model.remat_policy: the
+# same values for less memory), and how many processes read its data
+# (data.worker_count: the same batches, `data/pipeline.TrainIterator`), not what a step
+# computes. Any other field must equal the value the run's checkpoints were trained with
+# (``config_check.check_resume``). A prefix names a whole group.
+RESUMABLE_FIELDS = ("name", "log_every", "tensorboard", "eval_every", "eval_batches",
+                    "checkpoint_every", "keep_checkpoints", "async_checkpointing",
+                    "peak_flops_per_device", "diagnostics.", "divergence.",
+                    "skip_nonfinite_steps", "debug.", "mesh.", "evals.", "data.cache_dir",
+                    "data.worker_count", "iso_target_params", "iso_count", "iso_tolerance",
+                    "grad_accum_steps", "model.remat_policy")
+
+# What a suite sets per run (``sweep.apply_run``: the design with its options, the shape with
+# what it derives, the LR), the seeds (another seed is the same recipe), and ``data.path`` (the
+# same shards are spelled differently on another host; the checkpoints fingerprint the data).
+RUN_FIELDS = ("lr", "model.residual.", "model.n_layers", "model.d_model", "model.head_dim",
+              "model.ffn_dim", "seed", "data.seed", "data.path")
+
+
+def flatten_fields(tree: dict, prefix: str = "") -> dict:
+  """``{'model.d_model': 512, ...}``: a nested config dict as dotted field names (the names the
+  ``--config.`` flags and every config error use)."""
+  out = {}
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      out.update(flatten_fields(value, f"{prefix}{key}."))
+    else:
+      out[f"{prefix}{key}"] = value
+  return out
+
+
+def _named(field: str, names: tuple[str, ...]) -> bool:
+  return any(field == f or (f.endswith(".") and field.startswith(f)) for f in names)
+
+
+def is_resumable(field: str) -> bool:
+  return _named(field, RESUMABLE_FIELDS)
+
+
+def shared_differences(a: dict, b: dict) -> dict[str, tuple]:
+  """``{field: (a's value, b's value)}`` for the recipe fields (neither resumable nor a run's
+  own) two runs' saved configs both hold and set differently: two runs a best-LR comparison
+  may not set side by side. A field on one side only (an older config) is not compared."""
+  fa, fb = flatten_fields(a), flatten_fields(b)
+  return {f: (fa[f], fb[f]) for f in sorted(fa.keys() & fb.keys())
+          if fa[f] != fb[f] and not is_resumable(f) and not _named(f, RUN_FIELDS)}
