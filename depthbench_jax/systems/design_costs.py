@@ -13,8 +13,11 @@ what the math needs: sublayer ``k`` of Full AttnRes reads ``k + 1`` sources, MoD
 reads ``2 l`` depth slots. ``causal=False`` counts what the scanned layer stack computes: every
 slot of the preallocated buffer, masked or not (what XLA's ``cost_analysis`` sees of the systems
 table's scanned compile). The unrolled layer loop knows each layer's index and reads only the
-written slots, rounded up to 8 (``residual.base.static_prefix``), so its compile counts close to
-the causal term (``tests/systems/test_systems.py``).
+written slots, rounded up to 8 (``residual.base.static_prefix``), so for Full AttnRes and MoDA,
+whose buffers hold ``2 L + 1`` and ``2 L`` slots, its compile counts close to the causal term
+(``tests/systems/test_systems.py``). Block AttnRes's buffer holds ``n_blocks + 1`` (9 by
+default): rounded to 8, every read but the first block's covers 8 or all 9 slots, near the
+whole buffer's count.
 
 * ``matmul_params`` (MoDA only: its FFN depth-KV projections ``2 d K hd`` per layer): parameters
   that multiply every token once, like the backbone's; 2 FLOPs each.
