@@ -15,7 +15,8 @@ class ConfigError(ValueError):
 
 
 # main.py's exit status when the processes of one run were given other runs (hosts out of step,
-# ``main.check_same_run``): the sweep stops there, since every later run would differ too.
+# ``main.check_same_run``) or do not share its results dir (``main.check_results_shared``): the
+# sweep stops there, since every later run would fail alike.
 HOSTS_DIFFER = 4
 
 

@@ -23,6 +23,7 @@ import os
 import re
 import sys
 import traceback
+import uuid
 
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -245,6 +246,39 @@ def check_same_run(config, workdir: str) -> None:
         f"run_sweep.sh on every host)")
 
 
+def check_results_shared(workdir: str) -> None:
+  """Every process sees the folder of the run's workdir (the results dir) as one: process 0
+  writes a file there, every process looks for it (after an all-gather, so after the write),
+  and all refuse alike with one ``ConfigError`` when some did not see it.
+
+  A node-local results dir (a per-host clone's ``results/<suite>``) trained every run to its
+  end, then process 0's summary was on host 0's disk alone: the other hosts' sweeps read "saved
+  and stopped without a summary" as a preemption elsewhere and stopped, host 0's went on alone
+  and waited JAX_INIT_TIMEOUT_S for them at its next run."""
+  import jax
+  if jax.process_count() == 1:
+    return
+  folder = os.path.dirname(os.path.abspath(workdir))
+  marker = ""
+  if jax.process_index() == 0:
+    os.makedirs(folder, exist_ok=True)
+    marker = os.path.join(folder, f".hosts-see-this-{uuid.uuid4().hex}")
+    open(marker, "w").close()
+  try:
+    marker = gather_text(marker)[0]
+    seen = gather_text("1" if os.path.exists(marker) else "0")  # process 0 waits for all
+  finally:
+    if jax.process_index() == 0:
+      os.remove(marker)
+  blind = [i for i, s in enumerate(seen) if s != "1"]
+  if blind:
+    raise ConfigError(
+        f"--workdir={workdir}: process {blind[0]} of {len(seen)} does not see the file process 0 "
+        f"wrote in {os.path.dirname(marker)} ({len(blind)} process"
+        f"{'es' if len(blind) > 1 else ''} in all); "
+        f"allowed: a results dir on a filesystem every host sees (README: Multi-host GPU pods)")
+
+
 def gather_text(text: str) -> list[str]:
   """Every process's ``text``, in process order: two all-gathers over JAX's own collectives
   (``multihost_utils.process_allgather``), of the UTF-8 lengths, then of the bytes padded to
@@ -294,6 +328,7 @@ def main(argv):
   from depthbench_jax.train import config_check
   try:
     check_same_run(config, _WORKDIR.value)
+    check_results_shared(_WORKDIR.value)
   except ConfigError as err:
     fail(str(err), HOSTS_DIFFER)
   try:

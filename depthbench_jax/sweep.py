@@ -520,8 +520,9 @@ def _execute(config_path, runs, main_cmd, local_processes) -> dict[str, list[str
       break
     if code == HOSTS_DIFFER:  # Every later run would differ too: all hosts stop, to restart.
       outcome["failed"].append(run.name)
-      print(f"[sweep] {run.name}: the hosts were given different runs; stopping. Restart "
-            f"run_sweep.sh on every host", flush=True)
+      print(f"[sweep] {run.name}: the hosts were given different runs, or do not share the "
+            f"results dir (the error: line above says which); stopping. Restart run_sweep.sh "
+            f"on every host", flush=True)
       break
     if code == -signal.SIGABRT and pod:  # JAX's coordination service gave up on a host.
       outcome["failed"].append(run.name)

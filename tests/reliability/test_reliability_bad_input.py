@@ -496,6 +496,39 @@ def test_processes_of_one_run_refuse_other_configs_or_workdirs(monkeypatch, tmp_
     post(1, four)
 
 
+def test_processes_that_do_not_share_the_results_dir_refuse_alike(monkeypatch, tmp_path):
+  """A node-local --results_dir trained each run to its end with the summary on host 0 alone;
+  the other hosts' sweeps took that for a preemption. Every process now looks for a file
+  process 0 wrote there and all refuse, naming the process that did not see it; the file is
+  gone afterwards. Faked in one process: process 1's view of the folder is another tmp dir
+  (two real processes sharing one: test_train_loop's two-process runs pass this check)."""
+  import jax
+  from depthbench_jax import main
+  host0, host1 = tmp_path / "host0" / "results", tmp_path / "host1" / "results"
+  host1.mkdir(parents=True)
+  view = {}   # what process 0 posted, replayed to process 1 (its marker path, then "1")
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+
+  def as_process(process, workdir, replies):
+    monkeypatch.setattr(jax, "process_index", lambda: process)
+    posted = iter(replies)
+    def gather_text(text):
+      view.setdefault(process, []).append(text)
+      return [next(posted) if process else text, text if process else next(posted)]
+    monkeypatch.setattr(main, "gather_text", gather_text)
+    main.check_results_shared(workdir)
+
+  as_process(0, str(host0 / "run"), ["", "1"])             # process 1 saw it: nothing raised
+  marker = view[0][0]
+  assert os.path.dirname(marker) == str(host0) and not os.path.exists(marker)
+  with pytest.raises(ConfigError, match=r"process 1 of 2 does not see the file process 0 wrote "
+                                        r"in .*host0/results .*; allowed: a results dir on a "
+                                        r"filesystem every host sees"):
+    as_process(1, str(host1 / "run"), [marker, "1"])      # host 1's disk: no such file
+  assert view[1] == ["", "0"]
+  assert os.listdir(host0) == [] and os.listdir(host1) == []
+
+
 def test_flag_error_keeps_the_config_errors_own_last_line():
   """config_flags wraps a get_config ConfigError (a chained one names it twice): the message is
   the innermost error's text, the last one."""
