@@ -137,10 +137,12 @@ def main(argv):
     if _BATCH_SIZE.value is not None:
       overrides["batch_size"] = _BATCH_SIZE.value
     config, params, step = checkpoint.restore_run(workdir, _STEP.value)
-    if "batch_size" in overrides:
-      config_check.check_heldout_rows(
-          overrides["batch_size"], config,
-          "--batch_size" if _BATCH_SIZE.value is not None else "--set=batch_size")
+    # The run's own config.diagnostics.batch_size is checked here too: training checks it only
+    # when it diagnoses (diagnostics.every > 0).
+    config_check.check_heldout_rows(
+        overrides.get("batch_size", config.diagnostics.batch_size), config,
+        "--batch_size" if _BATCH_SIZE.value is not None else "--set=batch_size"
+        if "batch_size" in overrides else "config.diagnostics.batch_size")
     summary.check_replaceable(  # Before the probes run: a finished result is never lost.
         out, result_settings(diagnostics_options(config, overrides)), _OVERWRITE.value,
         lambda key: "--batch_size" if key == "batch_size" else f"--set={key}", step=step)

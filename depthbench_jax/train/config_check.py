@@ -160,7 +160,8 @@ def validate_guards(config) -> None:
   _require(isinstance(nan_at, int) and nan_at >= 0,
            f"config.debug.nan_at_step={nan_at!r}; allowed: an integer >= 0 (0 = off)")
   validate_diagnostics(config.diagnostics)
-  check_heldout_rows(config.diagnostics.batch_size, config, "config.diagnostics.batch_size")
+  if every:  # Off, its rows are the post-hoc diagnose's to check (a 1-row batch trains).
+    check_heldout_rows(config.diagnostics.batch_size, config, "config.diagnostics.batch_size")
 
 
 def check_heldout_rows(batch_size: int, config, name: str) -> None:

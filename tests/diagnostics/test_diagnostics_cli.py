@@ -183,18 +183,20 @@ def test_cli_out_writes_elsewhere_and_leaves_the_diagnostics_and_plots(tmp_path)
   assert not os.path.exists(os.path.join(workdir, "plots"))
 
 
-@pytest.mark.parametrize("flag, named", [("--batch_size=100", "--batch_size=100"),
-                                         ("--set=batch_size=9", "--set=batch_size=9")])
-def test_cli_more_rows_than_a_validation_batch_holds_is_refused(tmp_path, flag, named):
+@pytest.mark.parametrize("flag, named, batch", [
+    ("--batch_size=100", "--batch_size=100", 8), ("--set=batch_size=9", "--set=batch_size=9", 8),
+    # A run trained with diagnostics off (not checked then) and the default 2 rows.
+    ("--step=5", "config.diagnostics.batch_size=2", 1)])
+def test_cli_more_rows_than_a_validation_batch_holds_is_refused(tmp_path, flag, named, batch):
   """--batch_size=100 on a run whose validation batch holds 8 rows diagnosed 8 and recorded 100,
   so a rerun with --batch_size=8 (the same numbers) was refused as other settings."""
   from tests.helpers import saved_run
   workdir = str(tmp_path / "run")
-  saved_run(workdir)
+  saved_run(workdir, **{"data.global_batch_size": batch})
   files = sorted(os.listdir(workdir))
   proc = _diagnose(workdir, flag)
   assert proc.returncode == 2, proc.stderr[-2000:]
   lines = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
-  assert lines == [f"error: {named}; allowed: 1..8 (the rows of a validation batch, "
+  assert lines == [f"error: {named}; allowed: 1..{batch} (the rows of a validation batch, "
                    "config.data.global_batch_size)"], proc.stderr[-2000:]
   assert sorted(os.listdir(workdir)) == files

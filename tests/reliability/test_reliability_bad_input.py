@@ -61,7 +61,7 @@ CASES = [
     ("unknown_data_source", {"data.source": "hdf5"}, 1, 1, "config.data.source"),
     ("tfds_without_name", {"data.source": "tfds"}, 1, 1, "config.data.tfds_name"),
     ("unknown_tokenizer", {"data.tokenizer": "sentencepiece"}, 1, 1, "config.data.tokenizer"),
-    ("non_iso_shape", {"iso_target_params": 1e6}, 1, 1, "config.iso_target_params"),
+    ("non_iso_shape", {"iso_target_params": 1e6}, 1, 1, "config.model shape"),
     ("unknown_iso_count", {"iso_target_params": 1e6, "iso_count": "embedding"}, 1, 1,
      "config.iso_count"),
     ("negative_spike_factor", {"divergence.spike_factor": -1.0}, 1, 1,
@@ -101,11 +101,22 @@ def test_at_least_twenty_cases():
 @pytest.mark.parametrize("overrides, devices, processes, field", [c[1:] for c in CASES],
                          ids=[c[0] for c in CASES])
 def test_bad_config_is_one_line_naming_field_and_allowed(overrides, devices, processes, field):
+  """Each message starts with its field: ``field in message`` let a batch of 0 pass through
+  the diagnostics' row check ('config.diagnostics.batch_size=2; allowed: 1..0')."""
   config = helpers.tiny_config(**overrides)
   with pytest.raises(ConfigError) as err:
     config_check.validate(config, devices, processes)
   message = str(err.value)
-  assert "\n" not in message and field in message and "allowed" in message, message
+  assert "\n" not in message and message.startswith(field) and "allowed" in message, message
+
+
+def test_diagnostics_rows_are_checked_only_when_training_diagnoses():
+  """A one-row batch with diagnostics off (the default) was refused for the diagnostics' default
+  of 2 rows; with diagnostics on, it still is."""
+  config_check.validate(helpers.tiny_config(**{"data.global_batch_size": 1}), 1, 1)
+  with pytest.raises(ConfigError, match=r"^config.diagnostics.batch_size=2; allowed: 1..1 "):
+    config_check.validate(helpers.tiny_config(**{"data.global_batch_size": 1,
+                                                 "diagnostics.every": 5}), 1, 1)
 
 
 @pytest.mark.parametrize("warmup, ok", [(1.5, False), (0.02, True), (2000.0, True)])
