@@ -73,11 +73,13 @@ c = tiny_config(**{"model.d_model": 64, "model.ffn_dim": 128, "data.seq_len": 12
                    "data.global_batch_size": 12, "mesh.data": 1, "mesh.fsdp": 2})
 mesh = sharding.make_mesh(c.mesh)
 models, params, shardings = {}, {}, {}
-# Every design as jitted_steps builds it; and Full AttnRes at 8 layers, whose 17-slot
-# depth reads run over the buffer in chunks (base.slot_pieces).
-for key, design, n_layers in [(d, d, c.model.n_layers) for d in registry.names()] + [
-    ("attnres_full_17_slots", "attnres_full", 8)]:
-  c.model.residual, c.model.n_layers = {"name": design}, n_layers
+# Every design as jitted_steps builds it; Full AttnRes at 8 layers, whose 17-slot depth reads
+# run over the buffer in chunks (base.slot_pieces); Block AttnRes at 5 layers in 4 blocks (at
+# 2 layers each sublayer is its own block: no block open across layers, no partial sum read).
+for key, design, n_layers, own in [(d, d, c.model.n_layers, {}) for d in registry.names()] + [
+    ("attnres_full_17_slots", "attnres_full", 8, {}),
+    ("attnres_block_partial_sums", "attnres_block", 5, {"n_blocks": 4})]:
+  c.model.residual, c.model.n_layers = {"name": design, **own}, n_layers
   models[key] = model = Transformer(model_config_from(c.model), mesh=mesh)
   boxed = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, 128), jnp.int32)))
   params[key] = nn.unbox(boxed["params"])
@@ -110,7 +112,7 @@ def gradient_hlo():
   return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.slow  # its fixture compiles 11 gradients in one program: ~30 s on 2 cores
+@pytest.mark.slow  # its fixture compiles 12 gradients in one program: ~30 s on 2 cores
 def test_fsdp_gradient_holds_no_whole_batch_array(gradient_hlo):
   """Each device's rows are 6 of the 12: an array with a 12 before a 128, anywhere in its shape
   (attention runs heads-major: [12,2,1,128,32]), the 12 x 128 tokens merged (1536), or the 4
@@ -120,7 +122,8 @@ def test_fsdp_gradient_holds_no_whole_batch_array(gradient_hlo):
   needed the 12 and the 128 side by side, so a whole-batch attention array passed."""
   from depthbench_jax.residual import registry
   hlo = gradient_hlo
-  missing = [d for d in (*registry.names(), "attnres_full_17_slots") if f"/{d}/" not in hlo]
+  missing = [d for d in (*registry.names(), "attnres_full_17_slots",
+                         "attnres_block_partial_sums") if f"/{d}/" not in hlo]
   assert not missing, f"designs not in the compiled program: {missing}"
   assert re.search(r"\[(?:\d+,)*6,128[,\]]", hlo), "the rows' arrays are not in the HLO"
   assert re.search(r"\[6,2,1,128,32\]", hlo), "the rows' heads-major attention is not in it"

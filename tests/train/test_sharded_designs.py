@@ -30,9 +30,12 @@ from depthbench_jax.train.step import lm_loss
 from tests.helpers import tiny_config
 
 out = {}
+# Block AttnRes at tiny_config's 2 layers has a block per sublayer (Full AttnRes); at 5 layers
+# in 4 blocks of 3 sublayers a block is open across layers and its partial sum is a source.
+OWN = {"attnres_block": {"model.n_layers": 5, "model.residual.n_blocks": 4}}
 for design in sys.argv[1].split(","):
   c = tiny_config(**{"model.residual.name": design, "mesh.data": 2, "mesh.fsdp": 2,
-                     "mesh.tensor": 2})
+                     "mesh.tensor": 2, **OWN.get(design, {})})
   model = Transformer(model_config_from(c.model))
   tokens = jax.random.randint(jax.random.PRNGKey(1), (8, 33), 0, 257, jnp.int32)
   boxed = model.init(jax.random.PRNGKey(0), tokens[:, :-1])["params"]
