@@ -214,6 +214,15 @@ def losses(workdir: str) -> dict[int, float]:
   return read_metrics(workdir, "train/loss")
 
 
+def session_first_step(stdout: str) -> int | None:
+  """The first step a session trained, from its ``step N/M: ... with the jit compile`` line;
+  None when it trained none. A resumed session's N is its checkpoint's step + 1: what tells a
+  resume from a retrain, whose losses a deterministic run repeats exactly."""
+  import re
+  found = re.search(r"^step (\d+)/\d+: [\d.]+s with the jit compile", stdout, re.M)
+  return int(found.group(1)) if found else None
+
+
 def summary(workdir: str) -> dict:
   with open(os.path.join(workdir, "summary.json")) as f:
     return json.load(f)

@@ -60,10 +60,11 @@ def test_the_same_command_on_a_diverged_run_trains_nothing(train_in_process, tmp
   config.skip_nonfinite_steps = True
   result = train_in_process(config, workdir)
   assert result["status"] == "ok" and result["steps"] == 12 and result["skipped_steps"] == 1
+  assert helpers.session_first_step(capsys.readouterr().out) == 7   # resumed from step 6
 
 
 def test_a_diverged_run_resumed_and_interrupted_is_not_left_done(train_in_process, tmp_path,
-                                                                 monkeypatch):
+                                                                 monkeypatch, capsys):
   """Resumed under other divergence rules and stopped at step 9 (a SIGTERM), the run kept its
   old summary 'diverged at step 7', which the sweep counts as done: skipped for good with a
   checkpoint at 9. The earlier summary and status now move aside when training starts, and the
@@ -76,14 +77,17 @@ def test_a_diverged_run_resumed_and_interrupted_is_not_left_done(train_in_proces
   train_in_process(config, workdir)
   diverged = helpers.summary(workdir)
   config.skip_nonfinite_steps = True
+  capsys.readouterr()
   with monkeypatch.context() as m:
     m.setattr(loop._Preemption, "reached", lambda self, step: step == 9)
     assert train_in_process(config, workdir)["status"] == "interrupted"
+  assert helpers.session_first_step(capsys.readouterr().out) == 7   # resumed from step 6
   assert summary.checkpoint_steps(workdir)[-1] == 9
   assert sweep.run_state(workdir) == "partial"
   assert summary.read_json(os.path.join(workdir, "summary.previous.json")) == diverged
   assert os.path.exists(os.path.join(workdir, "status.previous.json"))
   assert train_in_process(config, workdir)["status"] == "ok"
+  assert helpers.session_first_step(capsys.readouterr().out) == 10
   assert sweep.run_state(workdir) == "done"
 
 
@@ -133,7 +137,7 @@ def test_a_resumed_run_keeps_its_skipped_steps_wall_time_and_best_loss(train_in_
 
 
 def test_a_run_killed_after_its_last_checkpoint_keeps_its_final_train_loss(train_in_process,
-                                                                           tmp_path):
+                                                                           tmp_path, capsys):
   # Killed after the final step's save but before summary.json (e.g. in the final eval): the
   # next session restores step 10 and trains no step, and its summary still has the loss
   # logged at step 10 (metrics.jsonl), not None.
@@ -142,7 +146,9 @@ def test_a_run_killed_after_its_last_checkpoint_keeps_its_final_train_loss(train
   train_in_process(config, workdir)
   first = helpers.summary(workdir)
   os.remove(os.path.join(workdir, "summary.json"))
+  capsys.readouterr()
   train_in_process(config, workdir)
+  assert helpers.session_first_step(capsys.readouterr().out) is None   # no step trained
   s = helpers.summary(workdir)
   assert s["steps"] == 10 and s["final_train_loss"] is not None
   assert s["final_train_loss"] == first["final_train_loss"]

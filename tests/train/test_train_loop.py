@@ -161,6 +161,8 @@ def test_sigterm_saves_and_exits_cleanly_then_resumes(reference_run, tmp_path, c
   assert not os.path.exists(os.path.join(workdir, "summary.json"))
   proc = helpers.run_main(workdir, helpers.tiny_flags(checkpoint_every=checkpoint_every),
                           PYTHONPROFILEIMPORTTIME=1)
+  # Resumed (a retrain from step 1 repeats the same losses exactly).
+  assert helpers.session_first_step(proc.stdout) == max(map(int, ckpts)) + 1, proc.stdout
   # README: the same config twice on one device is bitwise the same run, resumed or not (and
   # with TensorBoard or not: the reference writes it, these sessions do not, nor import
   # TensorFlow for it).
@@ -266,7 +268,7 @@ def start_two_processes(workdir, flags, devices=1, flags_of_1=None):
       cwd=helpers.ROOT,
       env=helpers.subprocess_env(devices, JAX_COORDINATOR_ADDRESS=f"localhost:{port}",
                                  JAX_NUM_PROCESSES=2, JAX_PROCESS_ID=i),
-      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for i in range(2)]
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
 
 
 def test_two_processes_given_other_configs_both_refuse_before_writing(tmp_path):
@@ -298,9 +300,12 @@ def test_two_processes_gloo_survive_a_sigterm_to_one_and_match_one(reference_run
     assert p.returncode == 0, err[-3000:]
   ckpts = [int(d) for d in os.listdir(os.path.join(workdir, "checkpoints")) if d.isdigit()]
   assert ckpts and max(ckpts) < 20 and not os.path.exists(os.path.join(workdir, "summary.json"))
+  outs = []
   for p in start():
-    _, err = p.communicate(timeout=300)
+    out, err = p.communicate(timeout=300)
     assert p.returncode == 0, err[-3000:]
+    outs.append(out)
+  assert helpers.session_first_step(outs[0]) == max(ckpts) + 1, outs[0]   # resumed
   assert_losses_match(workdir, reference_run, rtol=2e-4)
 
 
