@@ -538,13 +538,18 @@ def test_a_value_of_the_wrong_type_in_the_suite_file_is_one_error_line(tmp_path,
 
 def test_every_design_hyperparameter_can_be_overridden_by_flag(monkeypatch):
   """``--config.model.residual.<field>=`` for each field of each design's defaults (KEEL's
-  ``alpha`` defaults to None = 2L, which config_flags refused to override at all)."""
+  ``alpha`` defaults to None = 2L, which config_flags refused to override at all), each to a
+  value other than its default (the default itself would pass with the flag ignored; every
+  bool default is True, so ``False`` is what a ``bool('False')`` parser would get wrong)."""
   from absl import flags
   from ml_collections import config_flags
   from depthbench_jax.residual import registry
+  other = {type(None): lambda v: 8.0, bool: lambda v: not v, int: lambda v: v + 1,
+           str: lambda v: v + "_other"}
   for design in registry.names():
     for field, default in registry.get(design).defaults.items():
-      value = 8.0 if default is None else default
+      value = other[type(default)](default)
+      assert value != default
       flag_values = flags.FlagValues()
       config_flags.DEFINE_config_file("config", None, flag_values=flag_values)
       argv = ["prog", f"--config={SMOKE}:arch={design}",
