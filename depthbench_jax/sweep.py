@@ -43,7 +43,6 @@ from typing import Any, Iterable, Sequence
 
 import ml_collections
 
-from depthbench_jax import recipe
 from depthbench_jax.errors import HOSTS_DIFFER, ConfigError
 from depthbench_jax.shapes import FFNRule, Shape, parse_shape, shaped_model
 from depthbench_jax.train.summary import SUMMARY, checkpoint_steps
@@ -581,15 +580,13 @@ def record_lr(record: dict) -> float:
 
 def select_best_lr(records: Iterable[dict]) -> dict[tuple[str, int, int], dict]:
   """``{(design, L, d): {'best': record | None, 'runs': [...], 'excluded': [...],
-  'lr_at_edge': bool, 'lr_untuned': bool, 'mixed_recipe': {field: [values]}}}``: the lowest
-  final val loss among usable runs.
+  'lr_at_edge': bool, 'lr_untuned': bool}}``: the lowest final val loss among usable runs.
 
   Diverged, unfinished or non-finite runs are excluded (listed, never chosen); a group with
   none usable has ``best=None``. ``lr_at_edge`` flags a best LR at either end of the grid
-  tried (the optimum may lie outside it), ``lr_untuned`` a shape tried at one LR only,
-  ``mixed_recipe`` the recipe fields (``recipe.shared_differences``) its runs set differently:
-  a copy in another folder trained longer, or a suite edited after some runs finished, whose
-  runs the best-LR choice then set side by side.
+  tried (the optimum may lie outside it), ``lr_untuned`` a shape tried at one LR only. The
+  runs are taken as one recipe's (the report sets other recipes' aside first:
+  ``report.scorecard.set_aside_other_recipes``).
   """
   groups: dict[tuple[str, int, int], dict] = {}
   for record in records:
@@ -605,21 +602,7 @@ def select_best_lr(records: Iterable[dict]) -> dict[tuple[str, int, int], dict]:
     group["lr_at_edge"] = bool(group["best"] is not None and len(lrs) > 1
                                and record_lr(group["best"]) in (lrs[0], lrs[-1]))
     group["lr_untuned"] = bool(group["best"] is not None and len(lrs) == 1)  # one LR tried
-    group["mixed_recipe"] = _mixed_recipe(group["runs"])
   return groups
-
-
-def _mixed_recipe(runs: Sequence[dict]) -> dict[str, list]:
-  """``{field: [its values, in the runs' order]}`` where some two of ``runs`` (their summaries'
-  configs) differ in a recipe field."""
-  configs = [r["config"] for r in runs if isinstance(r.get("config"), dict)]
-  values: dict[str, list] = {}
-  for i, a in enumerate(configs):
-    for b in configs[i + 1:]:
-      for field, pair in recipe.shared_differences(a, b).items():
-        seen = values.setdefault(field, [])
-        seen += [v for v in pair if v not in seen]
-  return values
 
 
 def best_lr_runs(records: Sequence[dict]) -> list[dict]:

@@ -205,39 +205,75 @@ def assign_families(records: Sequence[dict], gap: float = FAMILY_GAP) -> None:
   500M family (482-485M) chained into one, and its 32x992 replaced 32x896 in the 32-layer
   column.
 
-  Suites reported together are told apart by recipe first (``recipe_suites``): the smoke
+  Suites reported together are told apart by recipe first (``recipe_clusters``): the smoke
   sweep (bytes, seq 128) beside the 400M suite, one width per depth, was one family, whose
-  best shape was a smoke run. Then each suite's families, numbered on."""
+  best shape was a smoke run. Then each recipe's families, numbered on."""
   offset = 0
-  for index, suite in enumerate(recipe_suites(records)):
-    _size_families(suite, gap, offset)
-    offset = 1 + max(r["family"] for r in suite)
-    for r in suite:
+  for index, cluster in enumerate(recipe_clusters(records)):
+    _size_families(cluster, gap, offset)
+    offset = 1 + max(r["family"] for r in cluster)
+    for r in cluster:
       r["suite"] = index
 
 
-def recipe_suites(records: Sequence[dict]) -> list[list[dict]]:
-  """``records`` split by recipe (``recipe.shared_differences`` of their summaries' configs;
-  a record without one joins the first), in order of first appearance; two recipes that share
-  a shape stay together (one best-LR comparison, whose mixed runs ``select_best_lr`` flags)."""
-  suites: list[list[dict]] = []
+def recipe_clusters(records: Sequence[dict]) -> list[list[dict]]:
+  """``records`` by recipe (``recipe.shared_differences`` of their summaries' configs), in
+  order of first appearance; a record without a config joins the first."""
+  clusters: list[list[dict]] = []
   for r in records:
     config = r.get("config") if isinstance(r.get("config"), dict) else {}
-    home = next((s for s in suites if not any(
-        recipe.shared_differences(config, o["config"]) for o in s
+    home = next((c for c in clusters if not any(
+        recipe.shared_differences(config, o["config"]) for o in c
         if isinstance(o.get("config"), dict))), None)
     if home is None:
-      suites.append([r])
+      clusters.append([r])
     else:
       home.append(r)
-  merged: list[list[dict]] = []
-  for suite in suites:
-    shapes = {(r["n_layers"], r["d_model"]) for r in suite}
-    overlap = [m for m in merged if shapes & {(r["n_layers"], r["d_model"]) for r in m}]
-    for m in overlap:
-      merged.remove(m)
-    merged.append([r for m in overlap for r in m] + suite)
-  return merged
+  return clusters
+
+
+def set_aside_other_recipes(records: Sequence[dict], planned: Iterable[str] = ()
+                            ) -> tuple[list[dict], list[tuple[dict, dict]]]:
+  """``(kept, [(record, {field: (its value, the kept runs' value)})])``: where runs of two
+  recipes share a shape, one recipe is reported and the other's runs are set aside, named.
+
+  Each shape's best LR is picked among its runs, so a copy of a run trained longer in another
+  folder (README's one-run example beside the smoke sweep) won it and flipped the ranking, and
+  a suite edited after some runs finished mixed two schedules in one trend. Kept: the recipe
+  with the most ``planned`` workdirs (``--config``'s suite as it is now), then the most runs,
+  then the first found. Recipes at other shapes stay (other families: ``assign_families``)."""
+  planned = {os.path.abspath(p) for p in planned}
+  shapes = lambda c: {(r["n_layers"], r["d_model"]) for r in c}
+  linked: list[list[list[dict]]] = []   # clusters joined by a shared shape
+  for cluster in recipe_clusters(records):
+    touching = [g for g in linked if any(shapes(c) & shapes(cluster) for c in g)]
+    for g in touching:
+      linked.remove(g)
+    linked.append([c for g in touching for c in g] + [cluster])
+  kept_ids, aside = set(), []
+  for group in linked:
+    main = max(group, key=lambda c: (
+        sum(os.path.abspath(r.get("workdir", "")) in planned for r in c), len(c)))
+    kept_ids |= {id(r) for r in main}
+    reference = next((r["config"] for r in main if isinstance(r.get("config"), dict)), {})
+    aside += [(r, recipe.shared_differences(r.get("config") or {}, reference))
+              for c in group if c is not main for r in c]
+  return [r for r in records if id(r) in kept_ids], aside
+
+
+def set_aside_markdown(aside: Sequence[tuple[dict, dict]], relative_to: str | None) -> str:
+  """One line per run set aside: its folder, and each field with its value and the reported
+  runs' (names repeat across folders)."""
+  lines = []
+  for r, differ in aside:
+    where = r.get("workdir", r.get("name", "?"))
+    where = os.path.relpath(where, relative_to) if relative_to and os.path.isabs(where) else where
+    fields = ", ".join(f"{f}={a!r} (reported: {b!r})" for f, (a, b) in differ.items())
+    lines.append(f"- `{where}`: {fields}")
+  return ("Runs of another recipe at shapes the reported runs also have: one best-LR "
+          "comparison cannot hold both (each shape's best LR, the trends and the plots would "
+          "mix them). Report them from their own folder, or move the others out.\n\n"
+          + "\n".join(lines))
 
 
 def _size_families(records: Sequence[dict], gap: float, offset: int) -> None:
@@ -294,14 +330,12 @@ def reference_depths(records: Sequence[dict]) -> tuple[int, int]:
 def lr_marks(key: tuple[str, int, int], groups: dict, gaps: dict | None = None) -> str:
   """The caveats on one (design, shape)'s best LR: ``†`` at an edge of the grid tried (the
   optimum may lie outside it), ``‡`` the only LR tried, ``§`` picked from an incomplete grid
-  (``grid_gaps``: LRs still training, not started or never run there), ``¶`` picked among runs
-  of different recipes (``select_best_lr``'s ``mixed_recipe``)."""
+  (``grid_gaps``: LRs still training, not started or never run there)."""
   group = groups.get(key)
   if group is None or group["best"] is None:
     return ""
   marks = "†" if group["lr_at_edge"] else "‡" if group["lr_untuned"] else ""
-  return (marks + ("§" if gaps and key in gaps else "")
-          + ("¶" if group.get("mixed_recipe") else ""))
+  return marks + ("§" if gaps and key in gaps else "")
 
 
 def scorecard_rows(records: Sequence[dict], groups: dict | None = None,
@@ -410,28 +444,7 @@ def scorecard_markdown(rows: Sequence[dict], marks: str | None = None) -> str:
   if "§" in marks:
     out.append("§ best of an incomplete LR grid: some of the design's LRs are still training, "
                "not started or were not run at that shape (see the LR table).")
-  if "¶" in marks:
-    out.append("¶ best of runs trained under different recipes: not one comparison (see "
-               "'Runs of different recipes at one shape').")
   return "\n".join(out)
-
-
-def mixed_recipe_markdown(groups: dict) -> str | None:
-  """One line per (design, shape) whose runs differ in a recipe field, with the values: a copy
-  of a run in another folder trained longer, or a suite edited after some runs finished."""
-  lines = []
-  for (design, L, d), group in sorted(groups.items()):
-    if group.get("mixed_recipe"):
-      fields = "; ".join(f"{field}: {', '.join(repr(v) for v in values)}"
-                         for field, values in group["mixed_recipe"].items())
-      names = ", ".join(r.get("name", "?") for r in group["runs"])
-      lines.append(f"- {design} {L}x{d}: {fields} ({names})")
-  if not lines:
-    return None
-  return ("Each shape's best LR is picked among all its runs; these shapes' runs differ in what "
-          "a step computes or how long they train, so their best LR and loss mix two recipes. "
-          "Report each recipe from its own results folder, or move the other runs out.\n\n"
-          + "\n".join(lines))
 
 
 def recipe_differences(records: Iterable[dict]) -> list[str]:
@@ -596,10 +609,11 @@ def hook_sections(records: Sequence[dict],
 def build_report(records: Sequence[dict], title: str = "DepthBench scorecard",
                  plot_files: Sequence[str] = (), unfinished: Sequence[dict] = (),
                  relative_to: str | None = None, plan: Sequence[dict] | None = None,
-                 progress: str | None = None) -> str:
+                 progress: str | None = None, set_aside: Sequence[tuple] = ()) -> str:
   """report.md's text; ``relative_to``: the folder it goes to (links to run files are relative
   to it; else absolute). ``plan``: the suite's planned runs (``report.plan.load_plan``), whose
-  grid the LR table and ``§`` then read; ``progress``: its markdown, put under the title."""
+  grid the LR table and ``§`` then read; ``progress``: its markdown, put under the title;
+  ``set_aside``: runs of another recipe (``set_aside_other_recipes``), listed, not compared."""
   records = list(records)
   assign_families(records)
   groups = select_best_lr(records)
@@ -623,9 +637,9 @@ def build_report(records: Sequence[dict], title: str = "DepthBench scorecard",
   if paper:
     parts += ["## Against the paper (400M)", "", paper, ""]
   parts += ["## Val loss by LR", "", lr_table(records, groups, gaps), ""]
-  mixed = mixed_recipe_markdown(groups)
-  if mixed:
-    parts += ["## Runs of different recipes at one shape", "", mixed, ""]
+  if set_aside:
+    parts += [f"## Set aside: {len(set_aside)} run{'s' if len(set_aside) > 1 else ''} of "
+              f"another recipe", "", set_aside_markdown(set_aside, relative_to), ""]
   excluded = excluded_markdown(groups)
   if excluded:
     parts += ["## Diverged and unfinished runs (excluded from best-LR selection)", "",
@@ -695,6 +709,9 @@ def write_report(results_dir: str, out_dir: str | None = None, plots: bool = Tru
     atomic_write_text(report_path, f"{head}{len(unfinished)} runs started; no run has "
                       f"finished yet.{table}\n")
     return [report_path]
+  every = records
+  records, aside = set_aside_other_recipes(
+      records, [p["workdir"] for p in plan] if plan is not None else ())
   assign_families(records)
   groups = select_best_lr(records)
   plot_files = []
@@ -706,7 +723,8 @@ def write_report(results_dir: str, out_dir: str | None = None, plots: bool = Tru
   # report leaves the previous report.md whole.
   atomic_write_text(report_path, build_report(records, title=title, plot_files=rel,
                                               unfinished=unfinished, relative_to=out_dir,
-                                              plan=plan, progress=progress))
+                                              plan=plan, progress=progress,
+                                              set_aside=aside))
   csv_path = os.path.join(out_dir, "runs.csv")
-  write_csv(records, csv_path, groups)
+  write_csv(every, csv_path, groups)   # the runs set aside too: none is the best LR
   return [report_path, csv_path] + plot_files

@@ -253,11 +253,12 @@ def test_suites_of_other_recipes_reported_together_are_other_families(tmp_path):
   assert "§" not in text   # no LR of one suite counts as missing from the other's grid
 
 
-def test_runs_of_two_recipes_at_one_shape_are_flagged(tmp_path):
+def test_a_copy_of_another_recipe_at_a_shape_is_set_aside_and_named(tmp_path):
   """README's one-run example (``configs/smoke.py:arch=hc,shape=8x96 --config.steps=200`` into
-  results/try) and the smoke sweep's run of the same name (120 steps), reported together: the
-  200-step run won HC's best LR, beside Pre-LN's 120-step loss, marked only '(2 runs)'. Now
-  the cell says ¶, and a section names the field, its values and the runs."""
+  results/try) beside the smoke sweep's run of the same name (120 steps): the 200-step run won
+  HC's best LR and beat Pre-LN's 120-step loss, marked only '(2 runs)'. The recipe with more
+  runs is reported; the copy is set aside, named by its folder with the field it differs in.
+  LR, seed and data path are a run's own: no recipe."""
   short = {"steps": 120, "warmup_steps": 12, "model": {"n_layers": 8, "d_model": 96}}
   (tmp_path / "smoke").mkdir()
   (tmp_path / "try").mkdir()
@@ -266,14 +267,32 @@ def test_runs_of_two_recipes_at_one_shape_are_flagged(tmp_path):
   _finished(tmp_path / "smoke", "preln", 8, 96, 3e-3, 2.72,
             config={**short, "lr": 3e-3, "seed": 1, "data": {"path": "/elsewhere"}})
   _finished(tmp_path / "smoke", "preln", 8, 96, 1e-3, 2.74, config={**short, "lr": 1e-3})
-  groups = scorecard.select_best_lr(scorecard.collect_runs(str(tmp_path)))
-  assert groups[("hc", 8, 96)]["mixed_recipe"] == {"steps": [120, 200]}
-  assert groups[("preln", 8, 96)]["mixed_recipe"] == {}   # LR, seed, data path: a run's own
-  text = scorecard.build_report(scorecard.collect_runs(str(tmp_path)))
-  assert "| hc | 8x96 | 12.0 |" in text and "**2.550** ‡¶ (2 runs)" in text
-  assert "¶ best of runs trained under different recipes" in text
-  assert ("- hc 8x96: steps: 120, 200 (hc_8x96_lr0.003, hc_8x96_lr0.003)" in
-          text.split("## Runs of different recipes at one shape")[1])
+  kept, aside = scorecard.set_aside_other_recipes(scorecard.collect_runs(str(tmp_path)))
+  assert len(kept) == 3 and [(r["workdir"], d) for r, d in aside] == [
+      (str(tmp_path / "try" / "hc_8x96_lr0.003"), {"steps": (200, 120)})]
+  scorecard.write_report(str(tmp_path), plots=False)
+  text = (tmp_path / "report.md").read_text()
+  assert _scorecard_row(text, "hc").startswith("| hc | 2.700 ‡ |")
+  assert "(2 runs)" not in text
+  assert ("## Set aside: 1 run of another recipe" in text
+          and "- `try/hc_8x96_lr0.003`: steps=200 (reported: 120)" in text)
+  with open(tmp_path / "runs.csv") as f:
+    rows = list(csv.DictReader(f))
+  assert len(rows) == 4 and [r["best_lr"] for r in rows if "try" in r["workdir"]] == ["False"]
+
+
+def test_the_suites_planned_recipe_is_the_one_reported(tmp_path):
+  """A suite edited after some runs finished (here: steps 120 -> 60, new folders): more runs of
+  the old recipe are on disk, but with ``--config`` the one the suite plans now is reported."""
+  old = {"steps": 120}
+  for lr in (1e-3, 3e-3, 1e-2):
+    _finished(tmp_path, "preln", 8, 96, lr, 2.70 + lr, config=old)
+  new = _finished(tmp_path, "preln", 8, 96, 2e-3, 2.80, config={"steps": 60}, name="x")
+  kept, aside = scorecard.set_aside_other_recipes(scorecard.collect_runs(str(tmp_path)),
+                                                  planned=[str(new)])
+  assert [r["workdir"] for r in kept] == [str(new)] and len(aside) == 3
+  kept, aside = scorecard.set_aside_other_recipes(scorecard.collect_runs(str(tmp_path)))
+  assert len(kept) == 3 and [r["workdir"] for r, _ in aside] == [str(new)]
 
 
 def test_lr_untuned_counts_learning_rates_not_runs():
@@ -390,10 +409,10 @@ def test_loss_vs_aspect_all_draws_no_two_lines_alike_with_eleven_designs(tmp_pat
   assert len(styles) == 12, [(l.get_label(), l.get_color(), l.get_linestyle()) for l in lines]
 
 
-def _finished(root, design, L, d, lr, loss, status="ok", **extra):
+def _finished(root, design, L, d, lr, loss, status="ok", name=None, **extra):
   """A run folder with a hand-written summary.json (no training)."""
   import json
-  name = f"{design}_{L}x{d}_lr{lr:g}"
+  name = name or f"{design}_{L}x{d}_lr{lr:g}"
   os.makedirs(root / name)
   (root / name / "summary.json").write_text(json.dumps(dict(
       name=name, design=design, n_layers=L, d_model=d, aspect_ratio=d / L, lr=lr,
