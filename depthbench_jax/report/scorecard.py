@@ -53,7 +53,7 @@ TREND_TOL = 0.005
 FAMILY_GAP = 1.2   # a scale family's shapes lie within this factor of its smallest's parameters
 CSV_FIELDS = ("name", "design", "n_layers", "d_model", "aspect_ratio", "lr", "params_total",
               "params_non_embedding", "steps", "tokens", "final_train_loss", "final_val_loss",
-              "status", "diverged_step", "diverged_reason", "max_grad_norm",
+              "status", "diverged_step", "diverged_reason", "skipped_steps", "max_grad_norm",
               "max_grad_norm_step", "wall_time_s", "device_hours",
               "devices", "device_kind", "best_lr", "family",
               "commit", "workdir")
@@ -622,10 +622,15 @@ def build_report(records: Sequence[dict], title: str = "DepthBench scorecard",
   n_div = sum(r.get("status") == "diverged" for r in records)
   # Finished 'ok' with a NaN/inf val loss: excluded like a diverged run, so counted beside it.
   n_bad = sum(r.get("status") == "ok" and not is_usable(r) for r in records)
+  # Trained on with skip_nonfinite_steps (a diverged run resumed so): compared, but named.
+  skipped = sorted(f"{r['name']} ({r['skipped_steps']})" for r in records
+                   if isinstance(r.get("skipped_steps"), int) and r["skipped_steps"] > 0)
   parts = [f"# {title}", ""] + ([progress, ""] if progress else []) + [
            f"{len(records)} runs, {len({r['design'] for r in records})} designs, "
            f"{len({(r['n_layers'], r['d_model']) for r in records})} shapes; {n_div} diverged; "
            + (f"{n_bad} with a non-finite final val loss; " if n_bad else "")
+           + (f"{len(skipped)} skipped non-finite steps ({', '.join(skipped)}); "
+              if skipped else "")
            + f"{len(unfinished)} without a summary. "
            "Every shape at its design's best LR (lowest final val loss; diverged runs "
            "excluded)." + code_versions_note(records), "", "## Val loss and depth trend", "",

@@ -281,6 +281,18 @@ def test_a_copy_of_another_recipe_at_a_shape_is_set_aside_and_named(tmp_path):
   assert len(rows) == 4 and [r["best_lr"] for r in rows if "try" in r["workdir"]] == ["False"]
 
 
+def test_runs_that_skipped_non_finite_steps_are_named(tmp_path):
+  """A diverged run resumed under skip_nonfinite_steps finished 'ok' a skipped batch apart from
+  its clean copy, and report.md said '0 diverged' with no word of it (runs.csv had no column)."""
+  _finished(tmp_path, "preln", 4, 128, 3e-3, 3.006, skipped_steps=1)
+  _finished(tmp_path, "preln", 8, 96, 3e-3, 2.987, skipped_steps=0)
+  scorecard.write_report(str(tmp_path), plots=False)
+  text = (tmp_path / "report.md").read_text()
+  assert "0 diverged; 1 skipped non-finite steps (preln_4x128_lr0.003 (1)); " in text
+  with open(tmp_path / "runs.csv") as f:
+    assert sorted(r["skipped_steps"] for r in csv.DictReader(f)) == ["0", "1"]
+
+
 def test_the_suites_planned_recipe_is_the_one_reported(tmp_path):
   """A suite edited after some runs finished (here: steps 120 -> 60, new folders): more runs of
   the old recipe are on disk, but with ``--config`` the one the suite plans now is reported."""
