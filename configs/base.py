@@ -51,7 +51,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.tokens_per_param = 20.0
   c.budget_design = ""             # '' = budget from the run's own params; 'preln' = from Pre-LN's.
   c.lr = 3e-3
-  c.warmup_steps = 10              # int steps; a float in (0, 1) = fraction of steps.
+  # int steps; a float in (0, 1) = fraction of steps. Untyped, so a flag may give either.
+  c.warmup_steps = ml_collections.FieldReference(10, field_type=object)
   c.min_lr_ratio = 0.1
   c.b1 = 0.9
   c.b2 = 0.95

@@ -75,8 +75,7 @@ def paper_config(model: ml_collections.ConfigDict,
   c.steps = -1                            # tokens_per_param * params_total / tokens per step.
   c.tokens_per_param = 20.0
   c.budget_design = "preln"               # N = Pre-LN's at the shape: same tokens for every design.
-  del c["warmup_steps"]                   # base types it int; a fraction of the steps here.
-  c.warmup_steps = 0.02
+  c.warmup_steps = 0.02                   # a fraction of the steps
   c.min_lr_ratio = 0.1
   c.b1, c.b2 = 0.9, 0.95
   c.weight_decay = 0.1

@@ -559,6 +559,24 @@ def test_every_design_hyperparameter_can_be_overridden_by_flag(monkeypatch):
       assert flag_values.config.model.residual[field] == value, (design, field)
 
 
+@pytest.mark.parametrize("suite", ["smoke.py", "suite_400m.py"])
+def test_warmup_steps_by_flag_is_steps_or_a_fraction_in_every_suite(monkeypatch, suite):
+  """base.py documents a fraction in (0, 1), but typed the field int, so on the smoke suite
+  ``--config.warmup_steps=0.1`` was 'invalid literal for int()'; suite_400m retyped it float."""
+  from absl import flags
+  from ml_collections import config_flags
+  from depthbench_jax.train.optimizer import warmup_steps_of
+  for value, steps in ((0.1, 10), (20, 20)):
+    flag_values = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", None, flag_values=flag_values)
+    argv = ["prog", f"--config={os.path.join(REPO, 'configs', suite)}:arch=preln",
+            f"--config.warmup_steps={value}"]
+    monkeypatch.setattr(sys, "argv", argv)
+    flag_values(argv)
+    assert type(flag_values.config.warmup_steps) is type(value)
+    assert warmup_steps_of(flag_values.config, total_steps=100) == steps
+
+
 def test_a_suite_runs_optional_model_fields_can_be_overridden_by_flag(monkeypatch):
   """base.py types n_kv_heads, head_dim and ffn_dim (None = derived) so that a flag can set
   them; a suite's shaped model kept their None but lost the type, and config_flags refused
