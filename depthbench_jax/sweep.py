@@ -648,6 +648,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     check_device_hours_inputs(args.mfu, args.peak_flops)
     module = load_config_module(args.config)
     results_dir = args.results_dir or os.path.join("results", suite_name(module))
+    if os.path.exists(results_dir) and not os.path.isdir(results_dir):
+      raise ConfigError(f"--results_dir={results_dir} is a file; allowed: a directory (a new "
+                        f"one, or a sweep's to resume)")
     if args.print_results_dir:
       print(results_dir)
       return 0

@@ -390,6 +390,18 @@ def test_local_processes_that_is_not_a_number_is_one_error_line(tiny, monkeypatc
   assert sweep.main([tiny["config"], "--local_processes=-2", "--dry_run"]) == 2
 
 
+def test_a_results_dir_that_is_a_file_is_one_error_line(tiny, tmp_path, capsys):
+  """It was a NotADirectoryError traceback from the plan's checkpoint listing; the file stays."""
+  path = tmp_path / "summary.json"
+  path.write_text("{}")
+  for extra in (["--dry_run"], ["--main_cmd", " ".join(tiny["main_cmd"])]):
+    assert sweep.main([tiny["config"], "--results_dir", str(path)] + extra) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: --results_dir={path} is a file; allowed: a directory (a new one, "
+                   f"or a sweep's to resume)"], err
+  assert path.read_text() == "{}"
+
+
 def _rec(design, L, d, lr, loss, status="ok"):
   return {"name": f"{design}_{L}x{d}_lr{lr}", "design": design, "n_layers": L, "d_model": d,
           "lr": lr, "final_val_loss": loss, "status": status}
