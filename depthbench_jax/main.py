@@ -115,8 +115,11 @@ def _override_problem(config_arg: str, name: str, value: str, text: str) -> str 
     if depth == len(keys) - 1:
       if f"--{name}=" not in text and f"-{name}=" not in text:
         return None
-      kind = node.get_type(key).__name__ if hasattr(node, "get_type") else "any"
       detail = re.sub(r"^flag [^:]*: ", "", text.strip().splitlines()[-1])
+      if "before a value for --config was specified" in detail:  # the order, not the value
+        return (f"given before --config={config_arg}; allowed: --config=FILE first, then its "
+                f"--config.FIELD overrides")
+      kind = node.get_type(key).__name__ if hasattr(node, "get_type") else "any"
       return f"{detail}; allowed: a value of type {kind}"
     node = node[key]
   return None

@@ -550,6 +550,23 @@ def test_flag_error_keeps_the_config_errors_own_last_line():
       "config argument arch='x'; allowed: preln, hc")
 
 
+def test_an_override_before_its_config_file_names_the_order(monkeypatch):
+  """``--config.tensorboard=False --config=...``: config_flags refuses the order, and the line
+  read 'allowed: a value of type bool' of a valid bool."""
+  from absl import flags
+  from ml_collections import config_flags
+  from depthbench_jax import main
+  flag_values = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", None, flag_values=flag_values)
+  argv = ["prog", "--config.tensorboard=False", "--config=configs/smoke.py:arch=hc"]
+  monkeypatch.setattr(sys, "argv", argv)
+  with pytest.raises(Exception) as err:
+    flag_values(argv)
+  assert main.flag_error_message(err.value, argv) == (
+      "flag --config.tensorboard=False: given before --config=configs/smoke.py:arch=hc; allowed: "
+      "--config=FILE first, then its --config.FIELD overrides")
+
+
 def test_restore_run_names_what_the_run_dir_lacks_before_orbax_opens_it(tmp_path):
   """Not a run, a run without a complete checkpoint, and a --step it never saved: each one
   ConfigError naming the flag and what is there (once a FileNotFoundError or orbax's own)."""
