@@ -310,6 +310,9 @@ def train_and_evaluate(config, workdir: str) -> dict:
   preempt.restore()
   manager.wait_until_finished()
   writer.flush()
+  if status == "interrupted" and process_index == 0:
+    print(f"{workdir}: saved at step {step} of {steps}; the same command resumes it",
+          flush=True)
   if step == start_step and start_step > 0:  # Resumed at its last step: no step logged here.
     last_train_loss = summary.read_metrics(workdir).get(step)
   if status == "ok" and val_loss is None:

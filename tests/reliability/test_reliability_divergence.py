@@ -81,7 +81,9 @@ def test_a_diverged_run_resumed_and_interrupted_is_not_left_done(train_in_proces
   with monkeypatch.context() as m:
     m.setattr(loop._Preemption, "reached", lambda self, step: step == 9)
     assert train_in_process(config, workdir)["status"] == "interrupted"
-  assert helpers.session_first_step(capsys.readouterr().out) == 7   # resumed from step 6
+  out = capsys.readouterr().out
+  assert helpers.session_first_step(out) == 7   # resumed from step 6
+  assert f"{workdir}: saved at step 9 of 12; the same command resumes it" in out
   assert summary.checkpoint_steps(workdir)[-1] == 9
   assert sweep.run_state(workdir) == "partial"
   assert summary.read_json(os.path.join(workdir, "summary.previous.json")) == diverged
