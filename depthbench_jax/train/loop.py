@@ -235,7 +235,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   preempt = _Preemption()
   metrics_log = summary.MetricsLog(workdir, enabled=process_index == 0)
 
-  status, last_train_loss, val_loss = "ok", None, None
+  status, last_train_loss, val_loss, val_step = "ok", None, None, None
   clock = StepClock(start_step)
   logging.info("Training %s: %d params (%d non-embedding), %d steps, %d tokens/step in %d "
                "microbatch(es), mesh %s", model_cfg.design, counts["total"],
@@ -284,6 +284,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
           if eval_now:
             val_loss = evaluate(state.params, val_batches if step == steps else eval_batches,
                                 eval_fn, batch_sharding)
+            val_step = step
             writer.write_scalars(step, {"val/loss": val_loss})
             metrics_log.append(step, {"val/loss": val_loss})
           if diag_now:
@@ -295,8 +296,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
                                       **guard.progress(),
                                       "train_data": train_data})
       if log_now and process_index == 0:  # After the eval: an eval step shows its own val loss.
-        print(_progress_line(step, steps, scalars, val_loss, clock.eta_s(step, steps)),
-              flush=True)
+        print(_progress_line(step, steps, scalars, val_loss, clock.eta_s(step, steps),
+                             val_step), flush=True)
       if reason:
         status = "diverged"
         if process_index == 0:
@@ -369,12 +370,13 @@ def _saved_summary(workdir: str) -> dict | None:
   return done if isinstance(done, dict) else None
 
 
-def _progress_line(step, steps, scalars, val_loss, eta) -> str:
-  """``step 40/200 (20%) | loss 7.12 | val 7.30 | 3.1 steps/s | 6.3k tok/s | ETA 52s``."""
+def _progress_line(step, steps, scalars, val_loss, eta, val_step=None) -> str:
+  """``step 40/200 (20%) | loss 7.12 | val 7.30 | 3.1 steps/s | 6.3k tok/s | ETA 52s``; a val
+  loss from an earlier step says which (``val 7.41 (step 30)``)."""
   rate = scalars["perf/steps_per_s"]
   parts = [f"step {step}/{steps} ({100 * step / steps:.0f}%)", f"loss {scalars['train/loss']:.4f}"]
   if val_loss is not None:
-    parts.append(f"val {val_loss:.4f}")
+    parts.append(f"val {val_loss:.4f}" + (f" (step {val_step})" if val_step != step else ""))
   parts += [f"gnorm {scalars['train/grad_norm']:.2f}", f"{rate:.2f} steps/s",
             f"{scalars['perf/tokens_per_s'] / 1e3:.1f}k tok/s"]
   if "perf/mfu" in scalars:

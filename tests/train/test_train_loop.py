@@ -79,12 +79,14 @@ def test_loss_decreases_and_summary_is_complete(reference_run):
 
 def test_progress_line_of_an_eval_step_shows_that_steps_val_loss(reference_run):
   """Steps 10 and 20 evaluate; their lines showed the previous eval's val loss (none at step
-  10, step 10's at the end, where summary.json has step 20's)."""
+  10, step 10's at the end, where summary.json has step 20's). A line between evals names the
+  step its val loss is from."""
   from depthbench_jax.train.summary import read_metrics
   with open(reference_run + ".stdout") as f:
     lines = {l.split()[1]: l for l in f if l.startswith("step ") and "|" in l}
   val = read_metrics(reference_run, "val/loss")
   assert f"| val {val[10]:.4f} |" in lines["10/20"], lines["10/20"]
+  assert f"| val {val[10]:.4f} (step 10) |" in lines["15/20"], lines["15/20"]  # not its own
   assert f"| val {helpers.summary(reference_run)['final_val_loss']:.4f} |" in lines["20/20"], (
       lines["20/20"])
 
