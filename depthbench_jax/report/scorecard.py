@@ -217,19 +217,19 @@ def assign_families(records: Sequence[dict], gap: float = FAMILY_GAP) -> None:
 
 
 def recipe_clusters(records: Sequence[dict]) -> list[list[dict]]:
-  """``records`` by recipe (``recipe.shared_differences`` of their summaries' configs), in
-  order of first appearance; a record without a config joins the first."""
-  clusters: list[list[dict]] = []
+  """``records`` by recipe (``recipe.shared_differences`` of their summaries' configs against
+  each cluster's first), in order of first appearance; a record without a config joins the
+  first cluster."""
+  clusters: list[tuple[dict, list[dict]]] = []   # (the first member's config, members)
   for r in records:
     config = r.get("config") if isinstance(r.get("config"), dict) else {}
-    home = next((c for c in clusters if not any(
-        recipe.shared_differences(config, o["config"]) for o in c
-        if isinstance(o.get("config"), dict))), None)
+    home = next((members for first, members in clusters
+                 if not recipe.shared_differences(config, first)), None)
     if home is None:
-      clusters.append([r])
+      clusters.append((config, [r]))
     else:
       home.append(r)
-  return clusters
+  return [members for _, members in clusters]
 
 
 def set_aside_other_recipes(records: Sequence[dict], planned: Iterable[str] = ()
@@ -270,9 +270,9 @@ def set_aside_markdown(aside: Sequence[tuple[dict, dict]], relative_to: str | No
     where = os.path.relpath(where, relative_to) if relative_to and os.path.isabs(where) else where
     fields = ", ".join(f"{f}={a!r} (reported: {b!r})" for f, (a, b) in differ.items())
     lines.append(f"- `{where}`: {fields}")
-  return ("Runs of another recipe at shapes the reported runs also have: one best-LR "
-          "comparison cannot hold both (each shape's best LR, the trends and the plots would "
-          "mix them). Report them from their own folder, or move the others out.\n\n"
+  return ("Runs of another recipe than the reported runs where the two share a shape (with "
+          "that recipe's runs at other shapes: one best-LR choice, trend or plot line cannot "
+          "mix recipes). Report them from their own folder, or move the others out.\n\n"
           + "\n".join(lines))
 
 
