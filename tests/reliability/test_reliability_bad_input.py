@@ -344,8 +344,7 @@ def test_one_slurm_task_per_node_drives_every_gpu_of_its_node(monkeypatch):
   for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID",
                "SLURM_NNODES", *SLURM_STEP_VARIABLES):
     monkeypatch.delenv(name, raising=False)
-  slurm_step(monkeypatch, ntasks=4, procid=2)
-  monkeypatch.setenv("SLURM_LOCALID", "0")
+  slurm_step(monkeypatch, ntasks=4, procid=2)   # SLURM_LOCALID=0
   monkeypatch.setenv("SLURM_STEP_NUM_NODES", "4")
   main.initialize_distributed(None, None, None)
   assert calls[-1]["local_device_ids"] == []

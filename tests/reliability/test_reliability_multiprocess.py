@@ -7,6 +7,8 @@ The survivor's next collective fails (gloo: connection reset); ``main.py`` print
 would wait for the dead peer. ``JAX_HEARTBEAT_TIMEOUT_S`` bounds any other wait.
 """
 
+import os
+import resource
 import signal
 import subprocess
 import time
@@ -56,9 +58,7 @@ def test_a_host_that_never_joins_aborts_the_others_as_the_sweep_expects(tmp_path
   never starts (as the coordinator, or waiting for one) is aborted by JAX once
   ``JAX_INIT_TIMEOUT_S`` is over, not left to raise into a traceback and exit 1 (after which
   every later run would wait as long again)."""
-  import os
   import portpicker
-  import resource
   port = portpicker.pick_unused_port()
   proc = subprocess.run(
       helpers.main_command(str(tmp_path / "run"), helpers.tiny_flags()), cwd=helpers.ROOT,
