@@ -70,6 +70,7 @@ def cost_row(cfg, *, seq_len: int, train_seq_len: int, tokens_per_param: float,
       "d_model": cfg.d_model, "aspect_ratio": cfg.d_model / cfg.n_layers,
       "params_total": counts["total"], "params_non_embedding": counts["non_embedding"],
       "param_bytes": counts["total"] * DTYPE_BYTES[dtype],
+      "remat_policy": cfg.remat_policy,   # what training recomputes: the bench may time another
       "seq_len": seq_len,
       "prefill_flops_causal": flops.prefill_flops(cfg, seq_len, causal=True),
       "prefill_flops_computed": flops.prefill_flops(cfg, seq_len, causal=False),

@@ -72,6 +72,7 @@ def match(cost_rows: Iterable[dict], measured: Iterable[dict], *, peak_flops: fl
         "mfu_at_peak": row["train_flops_per_token"] * m["tokens_per_s"] / peak_flops,
         "device_hours_measured": row["train_tokens"] / m["tokens_per_s"] / 3600.0,
         "device_hours_analytic": row["device_hours"], "mfu_assumed": row["mfu"],
+        "remat_policy": m.get("remat_policy"), "trained_remat_policy": row.get("remat_policy"),
     })
   rows.sort(key=lambda r: (r["device"], r["n_layers"], r["step_over_preln"]))
   return rows, skipped
@@ -116,6 +117,14 @@ def markdown(rows: Sequence[dict], skipped: Sequence[str] = ()) -> str:
     parts += ["", "Measured by " + "; ".join(
         f"`{s}` (code {c}, batch {b} x {t}, {d})" for s, c, b, t, d in sources)
         + ": one device, no communication."]
+    remat = sorted({(r.get("remat_policy"), r.get("trained_remat_policy")) for r in rows
+                    if r.get("remat_policy") and r.get("trained_remat_policy")
+                    and r["remat_policy"] != r["trained_remat_policy"]}, key=str)
+    if remat:
+      parts += ["", "Timed under another remat policy than the runs train with ("
+                + ", ".join(f"bench {b}, runs {t}" for b, t in remat) + "): the runs recompute "
+                "what the bench saved, so their steps are longer and their peaks lower than "
+                "these (benchmarks/README.md's remat tables)."]
     ranked = ranking(rows)
     if ranked:
       parts += [""] + [f"- {line}" for line in ranked]
