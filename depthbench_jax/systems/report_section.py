@@ -104,7 +104,7 @@ def systems_table(runs: Iterable[dict], relative_to: str | None = None) -> str |
   for r in records:
     groups.setdefault((r["design"], f"{r['n_layers']}x{r['d_model']}"), []).append(r)
   xla_rows, timed, other_settings = _systems_rows(records)
-  rows, left_out = [], []
+  rows, left_out, other_model = [], [], {}
   for (design, shape), rs in sorted(groups.items(),
                                     key=lambda kv: (kv[0][0], int(kv[0][1].split("x")[0]))):
     try:
@@ -122,7 +122,10 @@ def systems_table(runs: Iterable[dict], relative_to: str | None = None) -> str |
         peak_flops=sweep.DEFAULT_PEAK_FLOPS, mfu=sweep.DEFAULT_MFU,
         budget_params=_budget_params(rs[0]))
     extra = xla_rows.get((design, shape))
-    if extra:
+    if extra and extra.get("params_total", row["params_total"]) != row["params_total"]:
+      # Another model at this (design, shape): a run's own option (n_streams=2, n_kv_heads).
+      other_model[(design, shape)] = (extra["params_total"], row["params_total"])
+    elif extra:
       row.update({k: extra[k] for k in ("xla_flops", "peak_bytes", "backend") if k in extra})
     walls = [r.get("wall_time_s") for r in rs if r.get("wall_time_s")]
     row["wall_s"] = sum(walls) if walls else None
@@ -140,10 +143,15 @@ def systems_table(runs: Iterable[dict], relative_to: str | None = None) -> str |
     parts += ["", f"Not merged: {path} is at prefill {mismatch} (python -m "
               f"depthbench_jax.systems --seq_len={PREFILL_SEQ_LEN} --batch=1 --dtype=bfloat16, "
               "its defaults, writes one that adds XLA FLOPs, peak memory and measured rows)."]
+  for (design, shape), (theirs, ours) in sorted(other_model.items()):
+    parts += ["", f"Not merged: {design} {shape} of systems.json holds {theirs:,} parameters, "
+              f"the runs' model {ours:,} (another option or layout): its XLA FLOPs, peak "
+              f"memory and measured rows are another model's."]
   summary = table.depth_cost_summary(rows)
   if summary:
     parts += ["", summary]
-  timed = [m for m in timed if (m["design"], m["shape"]) in groups]
+  timed = [m for m in timed if (m["design"], m["shape"]) in groups
+           and (m["design"], m["shape"]) not in other_model]
   if timed:
     parts += ["", "Measured by the bench on the same models:", "", measured.markdown(timed)]
   walls = [r for r in rows if r["wall_s"]]

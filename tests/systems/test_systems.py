@@ -1251,6 +1251,34 @@ def test_report_section_does_not_merge_a_systems_json_of_another_batch_or_dtype(
   assert f"{runs / 'systems.json'} is at prefill {named}, not this table's" in section
 
 
+def test_report_section_does_not_merge_another_models_row_of_the_same_design_and_shape(tmp_path):
+  """A run with its own option (HC with n_streams=2, an n_kv_heads) matched the suite's
+  systems.json row by (design, shape) alone and showed that model's XLA FLOPs, peak memory and
+  measured device-hours beside its own parameter count; a row of another count is named."""
+  import shutil
+  from depthbench_jax.report import scorecard
+  from depthbench_jax.systems import report_section
+  runs = tmp_path / "results_small"
+  shutil.copytree(os.path.join(ROOT, "tests", "fixtures", "results_small"), runs)
+  row = {"design": "preln", "shape": "16x1216", "xla_flops": 1.0e15, "peak_bytes": 2 ** 33,
+         "batch": 1, "dtype": "bfloat16"}
+  timed = {"design": "preln", "shape": "16x1216", "n_layers": 16, "device": "fakedev",
+           "source": "b.json", "commit": "abc", "batch": 8, "seq_len": 2048, "dtype": "bfloat16",
+           "step_s": 0.1, "tokens_per_s": 1e5, "step_over_preln": 1.0,
+           "step_over_preln_iqr": [1.0, 1.0], "mfu_at_peak": 0.2,
+           "device_hours_measured": 25.0, "device_hours_analytic": 13.0, "mfu_assumed": 0.4}
+  for params, merged in ((None, True), (123, False)):
+    extra = {} if params is None else {"params_total": params}
+    (runs / "systems.json").write_text(json.dumps({"seq_len": 4096, "rows": [{**row, **extra}],
+                                                   "measured": [timed]}))
+    section = report_section.systems_table(scorecard.collect_runs(str(runs)))
+    preln_row = next(l for l in section.splitlines() if l.startswith("| preln | 16x1216 |"))
+    assert (preln_row.count("| - |") == 0) == merged, preln_row
+    assert ("| preln | 16x1216 | fakedev |" in section) == merged
+    assert ("Not merged: preln 16x1216 of systems.json holds 123 parameters" in section) == (
+        not merged)
+
+
 def test_depth_cost_summary_reads_shallow_to_deep_within_each_scale_family():
   """A multi-scale sweep (configs/suite_multiscale.py: 16/32/48 layers at 200M, 300M, 500M) once
   got one summary line per design from the 200M 16-layer shape to the 500M 48-layer one, its
