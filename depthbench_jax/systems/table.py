@@ -19,7 +19,11 @@ CONVENTION = (
     "`2*12 L d^2 T + 2 L T^2 d` (no LM head, SwiGLU at exactly 8/3 d): 2.98 -> 4.32 TFLOPs "
     "at the 400M suite's 16x1216 -> 70x640, where the paper quotes about 3.0 -> 4.4. **XLA**: "
     "`compiled.cost_analysis()['flops']` of the abstract compile in the dtype named below, with "
-    "the scanned layer body counted L times. KV = K and V of every layer in that dtype; state = "
+    "the scanned layer body counted L times; XLA also counts every elementwise op (a convert, "
+    "a mask) one FLOP per element and a loop inside a layer once, so for the designs that read "
+    "a depth buffer (Full/Block AttnRes, MoDA) it is no check on their design term: in bf16 "
+    "it counts the buffer's converts (about 2x the term), in fp32 their slot loops once "
+    "(below it as depth grows). KV = K and V of every layer in that dtype; state = "
     "the residual state carried between layers; peak = `memory_analysis()` arguments + outputs "
     "+ temporaries - aliased, abstract compile on the backend named below (no allocation; "
     "XLA:CPU's buffers are a rough guide to a GPU's).")
