@@ -3,7 +3,8 @@
 Restores the latest (or ``--step``) checkpoint's params, takes the first
 ``config.diagnostics.batch_size`` rows of the first held-out batch, runs every diagnostic
 (``diagnostics/probes.py``) and writes ``RUN_DIR/diagnostics.json`` and ``RUN_DIR/plots/diag_*.png``
-(``--out=PATH``: ``PATH`` and ``plots/`` beside it). The settings that decide the numbers (held-out
+(``--out=PATH``: ``PATH`` and ``plots/`` beside it, named ``<stem>_diag_*.png`` unless PATH is a
+``diagnostics.json``). The settings that decide the numbers (held-out
 rows and every option but the ``*_chunk`` memory knobs) are recorded as ``options``; an existing
 file made with other settings is replaced only with ``--overwrite``, so a debug rerun never
 silently replaces a finished result.
@@ -75,7 +76,11 @@ def diagnose(workdir: str, config: Any, params: Any, batch: Any, step: int | Non
   result["workdir"] = os.path.abspath(workdir)
   result["options"] = settings
   out = out or os.path.join(workdir, "diagnostics.json")
-  pngs = plots.save_pngs(result, os.path.join(os.path.dirname(os.path.abspath(out)), "plots"))
+  # Named after ``out`` unless it is a diagnostics.json: a debug --out beside the run's own
+  # (or several in one folder) replaced its plots, which its diagnostics.json still named.
+  stem = os.path.splitext(os.path.basename(out))[0]
+  pngs = plots.save_pngs(result, os.path.join(os.path.dirname(os.path.abspath(out)), "plots"),
+                         prefix="diag_" if stem == "diagnostics" else f"{stem}_diag_")
   result["plots"] = {k: os.path.relpath(v, workdir) for k, v in pngs.items()}
   summary.atomic_write_json(out, result)
   return result

@@ -9,8 +9,9 @@ task score (``evals/tasks.py``). Writes ``RUN_DIR/evals.json`` and scalars
 the run's ``config.tensorboard`` is False).
 Sets whose file is missing are skipped and listed under ``missing`` with the message saying
 where to put them (``--strict`` makes that an error). ``--export_hf`` also writes a Hugging Face
-checkpoint (Pre-LN family) to ``RUN_DIR/hf``. ``--out=PATH`` writes ``PATH`` (and its scalars to
-``tensorboard/`` beside it) instead. An existing file whose ``options`` differ in what decides the
+checkpoint (Pre-LN family) to ``RUN_DIR/hf``. ``--out=PATH`` writes ``PATH`` (its scalars to
+``tensorboard/`` and the export to ``hf/`` beside it, or ``tensorboard/<stem>`` and
+``<stem>_hf/`` unless PATH is an ``evals.json``: ``beside``) instead. An existing file whose ``options`` differ in what decides the
 numbers (``RESULT_OPTIONS``), or that was made at a later checkpoint than ``--step``, is replaced
 only with ``--overwrite``, so a debug rerun never silently replaces a finished evaluation.
 
@@ -158,6 +159,19 @@ def scalars(evals: dict) -> dict[str, float]:
   return out
 
 
+def beside(path: str, name: str) -> str:
+  """Where a side output of the result at ``path`` goes: ``name`` beside an ``evals.json``,
+  else ``name/<stem>`` (TensorBoard) or ``<stem>_name`` (a folder of its own). A debug ``--out``
+  inside the run wrote its scalars into the run's own TensorBoard at the same step, and
+  ``--export_hf`` replaced the run's ``hf/`` wherever ``--out`` pointed."""
+  folder = os.path.dirname(os.path.abspath(path))
+  stem = os.path.splitext(os.path.basename(path))[0]
+  if stem == "evals":
+    return os.path.join(folder, name)
+  return os.path.join(folder, name, stem) if name == "tensorboard" else os.path.join(
+      folder, f"{stem}_{name}")
+
+
 def write_evals(workdir: str, evals: dict, step: int, path: str | None = None,
                 tensorboard: bool = True) -> str:
   """``evals`` to ``path`` (default ``workdir/evals.json``), its scalars to ``tensorboard/``
@@ -171,8 +185,7 @@ def write_evals(workdir: str, evals: dict, step: int, path: str | None = None,
   if not tensorboard:
     return path
   from clu import metric_writers  # pylint: disable=g-import-not-at-top
-  writer = metric_writers.create_default_writer(
-      os.path.join(os.path.dirname(os.path.abspath(path)), "tensorboard"), asynchronous=False)
+  writer = metric_writers.create_default_writer(beside(path, "tensorboard"), asynchronous=False)
   writer.write_scalars(step, scalars(evals))
   writer.flush()
   writer.close()
@@ -218,7 +231,7 @@ def main(argv):
                n_layers=model_cfg.n_layers, tokenizer=tokenizer.name, options=options)
   path = write_evals(workdir, evals, int(step or 0), out, config.tensorboard)
   if _EXPORT.value:
-    hf_dir = hf.export_hf(params, model_cfg, os.path.join(workdir, "hf"), tokenizer=tokenizer,
+    hf_dir = hf.export_hf(params, model_cfg, beside(path, "hf"), tokenizer=tokenizer,
                           step=step)  # depthbench_export.json says which checkpoint it holds
     logging.info("exported Hugging Face checkpoint to %s", hf_dir)
   logging.info("wrote %s", path)

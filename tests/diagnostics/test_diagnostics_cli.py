@@ -169,6 +169,21 @@ def test_cli_overwrite_replaces_diagnostics_made_with_other_settings(tmp_path):
   assert os.path.exists(os.path.join(workdir, "plots", "diag_causal.png"))
 
 
+def test_cli_out_beside_the_runs_diagnostics_names_its_own_plots(tmp_path):
+  """--out=RUN/diag_debug.json replaced RUN/plots/diag_*.png, which the run's diagnostics.json
+  (and the report's heatmaps) still named; its plots are now diag_debug_diag_*.png."""
+  workdir, _ = _run_with_diagnostics(tmp_path, DEFAULT)
+  assert _diagnose(workdir).returncode == 0
+  own = {p: open(os.path.join(workdir, "plots", p), "rb").read()
+         for p in os.listdir(os.path.join(workdir, "plots"))}
+  proc = _diagnose(workdir, "--batch_size=1", f"--out={workdir}/diag_debug.json")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  result = json.load(open(os.path.join(workdir, "diag_debug.json")))
+  assert result["plots"]["causal"] == os.path.join("plots", "diag_debug_diag_causal.png")
+  assert all(open(os.path.join(workdir, "plots", p), "rb").read() == data
+             for p, data in own.items())
+
+
 def test_cli_out_writes_elsewhere_and_leaves_the_diagnostics_and_plots(tmp_path):
   """--out: the result and its plots/ go beside PATH (plot paths still relative to the run)."""
   workdir, before = _run_with_diagnostics(tmp_path, DEFAULT)

@@ -175,3 +175,18 @@ def test_cli_out_writes_elsewhere_and_leaves_the_finished_evals(tmp_path):
   assert os.listdir(tmp_path / "debug" / "tensorboard")
   assert open(os.path.join(workdir, "evals.json"), "rb").read() == before
   assert not os.path.exists(os.path.join(workdir, "tensorboard"))
+
+
+def test_cli_out_inside_the_run_keeps_its_scalars_and_export_out_of_the_runs_own(tmp_path):
+  """A debug --out=RUN/evals_debug.json wrote its scalars into the run's tensorboard/ at the
+  run's step (TensorBoard then showed the debug value for the run), and --export_hf replaced
+  the run's hf/ wherever --out pointed. They now go to tensorboard/evals_debug and
+  evals_debug_hf/."""
+  workdir, before = _run_with_evals(tmp_path, FULL, tensorboard=True)
+  proc = _evaluate(workdir, *DEBUG_FLAGS, f"--out={workdir}/evals_debug.json", "--export_hf")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  board = os.path.join(workdir, "tensorboard")
+  assert os.listdir(board) == ["evals_debug"] and os.listdir(os.path.join(board, "evals_debug"))
+  assert os.path.exists(os.path.join(workdir, "evals_debug_hf", "depthbench_export.json"))
+  assert not os.path.exists(os.path.join(workdir, "hf"))
+  assert open(os.path.join(workdir, "evals.json"), "rb").read() == before
