@@ -45,7 +45,7 @@ import ml_collections
 
 from depthbench_jax.errors import HOSTS_DIFFER, ConfigError
 from depthbench_jax.shapes import FFNRule, Shape, parse_shape, shaped_model
-from depthbench_jax.train.summary import SUMMARY, checkpoint_steps
+from depthbench_jax.train.summary import SUMMARY, check_folder, checkpoint_steps
 
 FINAL_STATUSES = ("ok", "diverged")
 DEFAULT_MFU = 0.4
@@ -648,9 +648,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     check_device_hours_inputs(args.mfu, args.peak_flops)
     module = load_config_module(args.config)
     results_dir = args.results_dir or os.path.join("results", suite_name(module))
-    if os.path.exists(results_dir) and not os.path.isdir(results_dir):
-      raise ConfigError(f"--results_dir={results_dir} is a file; allowed: a directory (a new "
-                        f"one, or a sweep's to resume)")
+    check_folder(results_dir, f"--results_dir={results_dir}")
     if args.print_results_dir:
       print(results_dir)
       return 0

@@ -397,8 +397,8 @@ def test_a_results_dir_that_is_a_file_is_one_error_line(tiny, tmp_path, capsys):
   for extra in (["--dry_run"], ["--main_cmd", " ".join(tiny["main_cmd"])]):
     assert sweep.main([tiny["config"], "--results_dir", str(path)] + extra) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"error: --results_dir={path} is a file; allowed: a directory (a new one, "
-                   f"or a sweep's to resume)"], err
+    assert err == [f"error: --results_dir={path}: {path} is a file; allowed: a folder there "
+                   f"(made if missing)"], err
   assert path.read_text() == "{}"
 
 

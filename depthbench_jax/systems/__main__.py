@@ -186,6 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     suite = suite_configs(args.config, comma_list(args.designs), comma_list(args.shapes))
     module, entries = suite
     out = args.out or os.path.join("results", sweep.suite_name(module))
+    summary.check_folder(out, f"--out={out}")
     # What decides the file's rows, columns and figures; checked before any compile. A rerun
     # without --measured once dropped the table's measured device-hours without a word.
     options = {"designs": list(dict.fromkeys(d for d, _, _ in entries)),

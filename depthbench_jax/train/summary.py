@@ -50,6 +50,17 @@ def recorded_options(result: dict) -> dict:
   return result.get("options") or {}
 
 
+def check_folder(path: str, name: str) -> None:
+  """One ``ConfigError`` when ``path``, a folder a tool writes into (made if missing), or the
+  nearest of its parents that exists is a file: caught before any compute, not a
+  FileExistsError/NotADirectoryError traceback at the write."""
+  probe = os.path.abspath(path)
+  while not os.path.exists(probe) and os.path.dirname(probe) != probe:
+    probe = os.path.dirname(probe)
+  if not os.path.isdir(probe):
+    raise ConfigError(f"{name}: {probe} is a file; allowed: a folder there (made if missing)")
+
+
 def check_replaceable(path: str, settings: dict, overwrite: bool,
                       flag: Callable[[str], str] = "--{}".format,
                       recorded: Callable[[dict], dict] = recorded_options,
@@ -64,6 +75,7 @@ def check_replaceable(path: str, settings: dict, overwrite: bool,
   for every tool that writes a result: evaluate, diagnose, systems, bench and decode_bench."""
   if os.path.isdir(path):
     raise ConfigError(f"{path} is a directory; allowed: a file path for the result (--out)")
+  check_folder(os.path.dirname(os.path.abspath(path)), f"--out={path}")
   if overwrite or not os.path.exists(path):
     return
   try:

@@ -177,6 +177,18 @@ def test_cli_out_writes_elsewhere_and_leaves_the_finished_evals(tmp_path):
   assert not os.path.exists(os.path.join(workdir, "tensorboard"))
 
 
+def test_cli_out_under_a_file_is_one_error_line_before_any_compute(tmp_path):
+  """--out=AFILE/evals.json ran every set, then raised FileExistsError at the write."""
+  workdir, before = _run_with_evals(tmp_path, FULL)
+  (tmp_path / "afile").write_text("x")
+  proc = _evaluate(workdir, *DEBUG_FLAGS, f"--out={tmp_path}/afile/evals.json")
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  lines = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
+  assert lines == [f"error: --out={tmp_path}/afile/evals.json: {tmp_path}/afile is a file; "
+                   "allowed: a folder there (made if missing)"], proc.stderr[-2000:]
+  assert open(os.path.join(workdir, "evals.json"), "rb").read() == before
+
+
 def test_cli_out_inside_the_run_keeps_its_scalars_and_export_out_of_the_runs_own(tmp_path):
   """A debug --out=RUN/evals_debug.json wrote its scalars into the run's tensorboard/ at the
   run's step (TensorBoard then showed the debug value for the run), and --export_hf replaced

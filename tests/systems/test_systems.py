@@ -375,6 +375,23 @@ def test_cli_bad_number_is_one_error_and_keeps_the_last_result(tmp_path, capsys,
   assert (out / "systems.json").read_text() == "previous result"
 
 
+def test_cli_out_that_is_a_file_is_one_error_before_any_compile(tmp_path, capsys):
+  """--out=an existing systems.json (systems takes a folder) printed every row, then a
+  FileExistsError traceback; a folder under a file alike."""
+  from depthbench_jax.systems import __main__ as cli
+  afile = tmp_path / "systems.json"
+  afile.write_text("previous result")
+  for out in (afile, afile / "sub"):
+    argv = ["--config", os.path.join(ROOT, "configs", "smoke.py"), "--designs", "preln",
+            "--shapes", "4x128", "--xla", "false", "--out", str(out)]
+    assert cli.main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.err.strip().splitlines() == [
+        f"error: --out={out}: {afile} is a file; allowed: a folder there (made if missing)"]
+    assert "preln" not in captured.out
+  assert afile.read_text() == "previous result"
+
+
 def test_systems_table_budgets_every_design_like_the_trainer():
   # suite_400m budgets N = Pre-LN's at the shape (config.budget_design): MoDA's row has more
   # parameters but the tokens (and so the device-hours per FLOP) of Pre-LN's row; the trainer's
