@@ -105,6 +105,29 @@ def _domain_trend(rows: Sequence[tuple[int, dict]], domain: str) -> str:
   return _trend(depth_slope(points), points)
 
 
+def _sets_note(pairs: Sequence[tuple[dict, dict]]) -> str:
+  """Which sets each domain's NLL averaged: one list per domain, or, where the rows averaged
+  different ones (mbpp present for one run only), each list with its rows, so two designs'
+  'coding NLL' over other sets are not read as one quantity."""
+  parts, different = [], False
+  for domain in DOMAINS:
+    rows_of: dict[str, list[str]] = {}
+    for summary, evals in pairs:
+      sets = ((evals.get("domains") or {}).get(domain) or {}).get("sets")
+      if sets:
+        rows_of.setdefault("+".join(sorted(sets)), []).append(
+            f"{_design(summary, evals)} {_shape(summary, evals)}")
+    if len(rows_of) == 1:
+      parts.append(f"{domain} = {next(iter(rows_of))}")
+    elif rows_of:
+      different = True
+      parts.append(f"{domain} = " + "; ".join(f"{sets} ({', '.join(rows)})"
+                                             for sets, rows in sorted(rows_of.items())))
+  return ("Sets averaged per domain" + (" (they differ between rows: those rows' NLLs are not "
+                                        "one quantity)" if different else "")
+          + ": " + "; ".join(parts) + ".")
+
+
 def _best_lr_only(runs: Sequence[Any]) -> list[Any]:
   """Records (dicts) -> their best-LR runs; ``(summary, evals)`` pairs are kept as given."""
   from depthbench_jax.sweep import best_lr_runs
@@ -150,6 +173,7 @@ def evals_table(runs: Sequence[Any], relative_to: str | None = None) -> str | No
     lines.append("| " + " | ".join(row) + " |")
     key = design if len(families) == 1 else f"{design} (family {summary.get('family', 0)})"
     by_design.setdefault(key + mark, []).append((depth, doms))
+  lines += ["", _sets_note(pairs)]
   if any(_cut_mark(e, d) for _, e in pairs for d in DOMAINS):
     lines += ["", "*: some examples of that domain's sets exceed the scoring window (the run's "
               "seq_len): their prompts lost leading tokens, or their answers are scored on "

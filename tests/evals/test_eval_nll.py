@@ -330,6 +330,23 @@ def test_depth_trend_compares_only_like_numbers():
   assert "| preln | 8, 16 | -0.100 (deeper better) | - | sets differ |" in text
 
 
+def test_evals_table_names_the_sets_each_domain_averaged():
+  """hc's coding NLL averaged humaneval and mbpp, attnres_block's humaneval alone (its mbpp file
+  missing), and the table set the two side by side under 'mean over its sets' with no word;
+  with one set list per domain it names that list (by default coding is humaneval alone)."""
+  def run(design, coding):
+    return ({"design": design, "n_layers": 8, "d_model": 96, "name": design},
+            {"domains": {"coding": {"nll_per_token": 3.5, "sets": list(coding)},
+                         "stem": {"nll_per_token": 2.0, "sets": ["sciq"]}}})
+  text = report_section.evals_table([run("hc", ["humaneval", "mbpp"]),
+                                     run("attnres_block", ["humaneval"])])
+  assert ("Sets averaged per domain (they differ between rows: those rows' NLLs are not one "
+          "quantity): coding = humaneval (attnres_block 8x96); humaneval+mbpp (hc 8x96); "
+          "stem = sciq.") in text
+  text = report_section.evals_table([run("hc", ["humaneval"]), run("attnres_block", ["humaneval"])])
+  assert "Sets averaged per domain: coding = humaneval; stem = sciq." in text
+
+
 def test_evals_table_marks_domains_with_examples_cut_to_the_window():
   """gsm8k had one answer cut at depth 8: math reads 2.000*, with the note; coding (no cut)
   and the depth-16 row (no cut) read plain."""
