@@ -102,6 +102,9 @@ def _parse_overrides(items: list[str]) -> dict:
     except json.JSONDecodeError:
       out[key] = value
     _check_type(item, key, out[key])
+  both = [k for k in ("causal_threshold", "permutation_threshold") if k in out]
+  if "thresholds" in out and both:  # the per-field one won, without a word
+    raise ConfigError(f"--set=thresholds and --set={both[0]} both set it; allowed: one of them")
   try:
     Options.from_config(out).validate()  # The allowed values of mean/max, all/late, >= 0, ...
   except ConfigError as err:
@@ -140,6 +143,9 @@ def main(argv):
   try:
     overrides = _parse_overrides(_SET.value)  # Bad input fails before the checkpoint loads.
     if _BATCH_SIZE.value is not None:
+      if "batch_size" in overrides:  # the flag won, without a word
+        raise ConfigError(f"--batch_size={_BATCH_SIZE.value} and --set=batch_size="
+                          f"{overrides['batch_size']}; allowed: one of them")
       overrides["batch_size"] = _BATCH_SIZE.value
     config, params, step = checkpoint.restore_run(workdir, _STEP.value)
     # The run's own config.diagnostics.batch_size is checked here too: training checks it only

@@ -210,14 +210,20 @@ def main(argv):
       hf.check_exportable(model_cfg)  # Before any compute: a clear error for non-Pre-LN designs.
     # --eval_data_dir, else the run's config.evals.data_dir (when set), else the default.
     data_dir = _DATA_DIR.value or config.evals.data_dir or None
+    if _DATA_DIR.value and not os.path.isdir(_DATA_DIR.value):  # a typo read the wheel's sets
+      raise ConfigError(f"--eval_data_dir={_DATA_DIR.value}: no such directory; allowed: the "
+                        f"folder holding the eval sets (README: Data and eval sets)")
     check_found(_SETS.value, data_dir, _STRICT.value)
     options = {"sets": sorted(set(_SETS.value)),
                "eval_data_dir": os.path.abspath(data_dir or datasets.default_data_dir()),
                "max_examples": _MAX_EXAMPLES.value, "generate": _GENERATE.value,
                "max_new_tokens": _MAX_NEW.value, "batch_size": _BATCH.value,
                "score_len": int(config.data.seq_len)}
+    # max_new_tokens decides nothing without generation: a --generate=false rerun was refused
+    # for the one an earlier --generate=false run recorded.
+    deciding = [k for k in RESULT_OPTIONS if _GENERATE.value or k != "max_new_tokens"]
     summary.check_replaceable(  # Before the tokenizer and model: a finished result is never lost.
-        out, {k: options[k] for k in RESULT_OPTIONS}, _OVERWRITE.value,
+        out, {k: options[k] for k in deciding}, _OVERWRITE.value,
         lambda key: "config.data.seq_len" if key == "score_len" else f"--{key}", step=step)
   except ConfigError as err:
     fail(str(err))

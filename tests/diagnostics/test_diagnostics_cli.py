@@ -63,6 +63,16 @@ def test_cli_bad_flag_is_one_error_line_before_the_checkpoint_loads(tmp_path, fl
   assert_cli_refuses_before_loading("depthbench_jax.diagnose", tmp_path, [flag], named)
 
 
+@pytest.mark.parametrize("flags, named", [
+    # Each once resolved without a word: the flag's batch, the per-field threshold.
+    (["--set=batch_size=1", "--batch_size=2"], "--batch_size=2 and --set=batch_size=1"),
+    (["--set=thresholds=[0.3,0.1]", "--set=causal_threshold=0.45"],
+     "--set=thresholds and --set=causal_threshold both set it"),
+])
+def test_cli_two_flags_setting_one_option_are_one_error_line(tmp_path, flags, named):
+  assert_cli_refuses_before_loading("depthbench_jax.diagnose", tmp_path, flags, named)
+
+
 @pytest.mark.parametrize("item, named", [
     ("causal_reduction=foo", "causal_reduction"),   # once a ConfigError traceback after the restore
     ("thresholds=0.5", "thresholds"),               # once a TypeError traceback

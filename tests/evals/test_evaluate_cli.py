@@ -83,11 +83,15 @@ def test_cli_bad_flag_is_one_error_line_before_the_checkpoint_loads(tmp_path, fl
     # Once a FileNotFoundError traceback, exit 1.
     (["--sets=gsm8k"], "--sets=gsm8k"),
     (["--sets="], "--sets"),
+    # A typo once read the sets from their default places (humaneval from its wheel) unsaid.
+    (["--eval_data_dir=/nonexistent/evals", "--sets=humaneval"],
+     "--eval_data_dir=/nonexistent/evals: no such directory"),
 ])
 def test_cli_refusal_after_the_config_is_read_is_one_error_line_and_writes_nothing(
     tmp_path, flags, named):
   workdir = str(tmp_path / "run")
   helpers.saved_run(workdir, **{"model.residual.name": "hc"})
+  (tmp_path / "no_sets").mkdir()
   before = sorted(os.listdir(workdir))
   proc = subprocess.run(
       [sys.executable, "-m", "depthbench_jax.evaluate", f"--workdir={workdir}",
@@ -154,6 +158,14 @@ def test_cli_rerun_with_the_same_settings_replaces_evals_and_records_them(tmp_pa
   evals = json.load(open(os.path.join(workdir, "evals.json")))
   assert evals["step"] == 5 and evals["options"] == DEBUG and set(evals["sets"]) == {"sciq"}
   assert not os.path.exists(os.path.join(workdir, "tensorboard"))  # the run's tensorboard=False
+
+
+def test_cli_without_generation_max_new_tokens_decides_nothing(tmp_path):
+  """A --generate=false rerun was refused for the max_new_tokens an earlier one recorded,
+  though without generation it decides nothing."""
+  workdir, _ = _run_with_evals(tmp_path, DEBUG)
+  proc = _evaluate(workdir, *DEBUG_FLAGS, "--max_new_tokens=8")
+  assert proc.returncode == 0, proc.stderr[-2000:]
 
 
 def test_cli_overwrite_replaces_evals_made_with_other_settings(tmp_path):
