@@ -126,6 +126,10 @@ def diagnostics_table(runs: Sequence[Run]) -> str:
         f"| {_num(mixing.get('erank_late'), 2)} "
         f"| {dead.get('dead_prefix', '-')} "
         f"| {_num(diag.get('loss'))} |")
+  lines += ["", "loss: the held-out loss of the rows the probes read (diagnostics "
+            "batch_size rows of the first validation batch), not the run's val loss."
+            + (" (step s of n) after the lr: diagnosed at checkpoint s of a run of n steps."
+               if any(step_mark(*run) for run in runs) else "")]
   return "\n".join(lines) + "\n"
 
 

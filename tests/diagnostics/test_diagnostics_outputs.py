@@ -55,6 +55,7 @@ def test_diagnose_writes_json_and_pngs_and_the_report_reads_them(run, tmp_path):
   assert lines[0].startswith("| design | L | d | lr | causal C>0.45 | permutation P>0.15")
   assert lines[2].startswith("| hc | 8 | - | - |") and "| 2.61 |" in lines[2]
   assert lines[3].startswith("| preln | 4 |")
+  assert lines[-1].startswith("loss: the held-out loss of the rows the probes read")
   share = loaded["causal"]["share"]
   assert f"{100 * share:.1f}%" in lines[3]
   paths = report_section.heatmap_paths([(summary, loaded)])
