@@ -235,6 +235,11 @@ def export_hf(params: Any, cfg: ModelConfig, out_dir: str, arch: str | None = No
     from safetensors.torch import save_file as save_torch  # pylint: disable=g-import-not-at-top
     save_torch({k: torch.from_numpy(v).to(torch.bfloat16) for k, v in state.items()}, path,
                metadata={"format": "pt"})
+  # safetensors writes through a private temp file (mode 0600); the export's other files get
+  # the umask's mode, and on a shared results dir others could not read the weights.
+  umask = os.umask(0)
+  os.umask(umask)
+  os.chmod(path, 0o666 & ~umask)
   config.save_pretrained(out_dir)
   import transformers  # pylint: disable=g-import-not-at-top
   transformers.GenerationConfig(bos_token_id=eos, eos_token_id=eos,

@@ -92,6 +92,9 @@ def test_export_loads_with_auto_model(tmp_path, case):
 
   hf.export_hf(params, cfg, str(tmp_path), tokenizer=Tok())
   assert (tmp_path / "model.safetensors").exists() and (tmp_path / "config.json").exists()
+  # The weights as readable as the config (safetensors' temp file made them 0600).
+  mode = lambda name: (tmp_path / name).stat().st_mode & 0o777
+  assert mode("model.safetensors") == mode("config.json")
   model = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path)).float().eval()
   assert model.config.rms_norm_eps == cfg.norm_eps
   # The tokenizer's eos in both configs: tools that read either stop generating at it.
