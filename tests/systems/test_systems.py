@@ -706,6 +706,22 @@ def test_verdict_flags_a_target_inside_the_run_noise():
   assert "| HC / Pre-LN step 8x512 | - | <= 1.1 | FAIL (out of memory) |" in render(r)
 
 
+@pytest.mark.parametrize("torch_peak, passed", [(0.3e9, False), (48e9, True)])
+def test_verdict_refuses_an_hf_comparison_whose_torch_ran_starved(torch_peak, passed):
+  """A run beside another process read torch's GEMM ceiling at 0.3 GFLOP/s (100 the run before)
+  and HF's step at 628 ms: ours/HF 0.002 passed. Below a tenth of XLA's ceiling, timed in the
+  same rounds, the check fails and says why; a normal ceiling (~0.45 of XLA's) passes."""
+  from depthbench_jax.bench_verdict import verdict
+  pre = {"design": "preln", "shape": "8x512", "mfu": 0.7, "step_over_preln": 1.0,
+         "ours_over_hf": 0.002 if not passed else 0.53, "hf_matmul_peak_flops": torch_peak,
+         "matmul_peak_flops": 100e9}
+  result = {"train": [pre], "compile": {"deep_layers": 70, "shallow_layers": 16,
+                                        "deep_over_shallow": 0.96}}
+  hf = {c["check"]: c for c in verdict(result)}["ours / HF LLaMA step"]
+  assert hf["pass"] == passed
+  assert ("torch ran starved" in hf.get("failed", "")) == (not passed)
+
+
 def test_verdict_value_that_rounds_to_its_target_prints_the_digits_that_decide():
   from depthbench_jax.bench_verdict import _verdict_value
   assert _verdict_value(1.100412, 1.1) == "1.10041"   # A FAIL that 3 decimals print as 1.100.
