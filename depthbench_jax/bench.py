@@ -53,6 +53,7 @@ import jax.numpy as jnp
 
 from depthbench_jax import hostmem, revision
 from depthbench_jax.bench_verdict import STEP_TARGETS, TARGETS, render, verdict
+from depthbench_jax.errors import OneLineParser
 from depthbench_jax.train import summary
 
 
@@ -715,8 +716,8 @@ def write_plot(result: dict, json_path: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  ap = argparse.ArgumentParser(prog="python -m depthbench_jax.bench", description=__doc__,
-                               formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = OneLineParser(prog="python -m depthbench_jax.bench", description=__doc__,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--preset", default=None, choices=sorted(PRESETS),
                   help="default: gpu400m on an accelerator, cpu otherwise")
   ap.add_argument("--out", default=None,

@@ -1,6 +1,7 @@
 """One error type for bad user input, raised before any compute starts, and the one way a CLI
 reports it (and keeps library INFO logs off its console)."""
 
+import argparse
 import os
 import sys
 from typing import Callable, NoReturn
@@ -24,6 +25,15 @@ def fail(message: str, code: int = 2) -> NoReturn:
   """Ends a CLI with one ``error: <message>`` line on stderr and exit status ``code``."""
   print(f"error: {message}", file=sys.stderr, flush=True)
   sys.exit(code)
+
+
+class OneLineParser(argparse.ArgumentParser):
+  """``argparse.ArgumentParser`` whose refusals (a bad type, a choice not offered, a value the
+  CLI checks itself via ``error``) are ``fail``'s one ``error:`` line, exit 2, like every other
+  CLI here: argparse printed its usage block first (``--help`` still prints it)."""
+
+  def error(self, message: str) -> NoReturn:
+    fail(message)
 
 
 def quiet_logs() -> None:

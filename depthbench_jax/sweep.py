@@ -43,7 +43,7 @@ from typing import Any, Iterable, Sequence
 
 import ml_collections
 
-from depthbench_jax.errors import HOSTS_DIFFER, ConfigError
+from depthbench_jax.errors import ConfigError, HOSTS_DIFFER, OneLineParser
 from depthbench_jax.shapes import FFNRule, Shape, parse_shape, shaped_model
 from depthbench_jax.train.summary import SUMMARY, check_folder, checkpoint_steps
 
@@ -617,8 +617,8 @@ def best_lr_runs(records: Sequence[dict]) -> list[dict]:
 # ---------------------------------------------------------------------------------------------
 
 def main(argv: Sequence[str] | None = None) -> int:
-  p = argparse.ArgumentParser(prog="python -m depthbench_jax.sweep", description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = OneLineParser(prog="python -m depthbench_jax.sweep", description=__doc__,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("config", nargs="?", help="suite config file, e.g. configs/suite_400m.py")
   # The spelling main.py, systems and report take; the positional is the documented one.
   p.add_argument("--config", dest="config_flag", metavar="CONFIG",

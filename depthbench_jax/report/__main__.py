@@ -1,16 +1,15 @@
 """``python -m depthbench_jax.report RESULTS_DIR [--config=SUITE.py]``: writes report.md,
 runs.csv and plots/; with the suite that was swept, also how far its plan is (``report.plan``)."""
 
-import argparse
 import os
 import sys
 
-from depthbench_jax.errors import ConfigError, fail
+from depthbench_jax.errors import ConfigError, OneLineParser, fail
 from depthbench_jax.report.scorecard import write_report
 
 
 def main(argv=None) -> int:
-  p = argparse.ArgumentParser(prog="python -m depthbench_jax.report")
+  p = OneLineParser(prog="python -m depthbench_jax.report")
   p.add_argument("results_dir", help="a sweep's results folder, e.g. results/suite_400m")
   p.add_argument("--out", default=None, help="where to write (default: RESULTS_DIR)")
   p.add_argument("--no_plots", action="store_true")

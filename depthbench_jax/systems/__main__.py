@@ -29,7 +29,7 @@ import sys
 import time
 from typing import Sequence
 
-from depthbench_jax.errors import ConfigError
+from depthbench_jax.errors import ConfigError, OneLineParser
 
 
 def suite_shapes(config_path: str, module) -> list[str]:
@@ -155,8 +155,8 @@ def render(result: dict) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  p = argparse.ArgumentParser(prog="python -m depthbench_jax.systems", description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = OneLineParser(prog="python -m depthbench_jax.systems", description=__doc__,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--config", required=True, help="a suite file, e.g. configs/suite_400m.py")
   p.add_argument("--seq_len", type=int, default=4096)
   p.add_argument("--batch", type=int, default=1)

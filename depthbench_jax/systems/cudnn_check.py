@@ -21,6 +21,7 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 
+from depthbench_jax.errors import OneLineParser
 from depthbench_jax.model.layers import causal_attention, padded_dot_product_attention
 
 
@@ -57,9 +58,9 @@ def compare(head_dim: int, batch: int, seq_len: int, heads: int, rounds: int,
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  ap = argparse.ArgumentParser(prog="python -m depthbench_jax.systems.cudnn_check",
-                               description=__doc__,
-                               formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = OneLineParser(prog="python -m depthbench_jax.systems.cudnn_check",
+                     description=__doc__,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--head_dims", default="76,56")
   ap.add_argument("--batch", type=int, default=8)
   ap.add_argument("--seq_len", type=int, default=2048)

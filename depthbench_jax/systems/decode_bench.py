@@ -39,7 +39,6 @@ a file there of other cases or batch is refused before anything is timed (``--ov
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
 import os
@@ -52,6 +51,7 @@ import jax
 import jax.numpy as jnp
 
 from depthbench_jax import bench, hostmem, revision
+from depthbench_jax.errors import OneLineParser
 from depthbench_jax.train import summary
 
 DESIGNS = ("preln", "hc", "mhc", "attnres_full", "attnres_block", "moda")
@@ -348,7 +348,7 @@ def parse_cases(p: bench.Preset, designs: str, shapes: str, contexts: str,
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  ap = OneLineParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--preset", default=None, choices=sorted(bench.PRESETS),
                   help="vocabulary, heads and dtype (default: cpu, or gpu400m on an accelerator)")
   ap.add_argument("--designs", default=",".join(DESIGNS))

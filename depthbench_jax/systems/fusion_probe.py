@@ -34,6 +34,7 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 
+from depthbench_jax.errors import OneLineParser
 # The stream map whose fused loops are probed, as HC's update and VJP run it.
 from depthbench_jax.residual.streams import _mix
 
@@ -112,9 +113,9 @@ def probe(form: str, rounds: int) -> dict:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  ap = argparse.ArgumentParser(prog="python -m depthbench_jax.systems.fusion_probe",
-                               description=__doc__,
-                               formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = OneLineParser(prog="python -m depthbench_jax.systems.fusion_probe",
+                     description=__doc__,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--forms", default=",".join(FORMS),
                   help=f"comma-separated, from: {', '.join(FORMS)}")
   ap.add_argument("--rounds", type=int, default=21)

@@ -36,6 +36,7 @@ for _flag in _FLAGS:  # before jax initialises its backends
 import jax  # noqa: E402
 
 from depthbench_jax import bench  # noqa: E402
+from depthbench_jax.errors import OneLineParser  # noqa: E402
 from depthbench_jax.systems.hlo_text import op_bytes, op_names, op_shapes  # noqa: E402
 
 # jax's profiler bindings warn on every read of a GPU event's stats (python 3.12).
@@ -155,9 +156,9 @@ def part_difference(ops: dict, base_ops: dict, depth: int) -> list[tuple[str, fl
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  ap = argparse.ArgumentParser(prog="python -m depthbench_jax.systems.profile_step",
-                               description=__doc__,
-                               formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = OneLineParser(prog="python -m depthbench_jax.systems.profile_step",
+                     description=__doc__,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--design", default="preln",
                   help="a design, optionally with residual overrides: mhc:sinkhorn_kernel=pallas")
   ap.add_argument("--preset", default="cpu", choices=sorted(bench.PRESETS))

@@ -23,7 +23,7 @@ import subprocess
 import sys
 from typing import Sequence
 
-from depthbench_jax.errors import ConfigError
+from depthbench_jax.errors import ConfigError, OneLineParser
 
 _CHILD = "DEPTHBENCH_TRAIN_MEMORY_CHILD"
 # XLA:CPU has no bf16 dynamic-slice: float normalisation wraps the backward's per-layer slice of
@@ -91,9 +91,9 @@ def _rerun_with_devices(devices: int, argv: Sequence[str]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
-  p = argparse.ArgumentParser(prog="python -m depthbench_jax.systems.train_memory",
-                              description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = OneLineParser(prog="python -m depthbench_jax.systems.train_memory",
+                    description=__doc__,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--config", required=True, help="a suite file, e.g. configs/suite_1p6b.py")
   p.add_argument("--devices", type=int, required=True, help="devices the run will have")
   p.add_argument("--designs", default="", help="comma list (default: every registered design)")

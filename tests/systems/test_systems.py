@@ -593,12 +593,18 @@ def test_design_and_shape_specs_parse_strictly():
 @pytest.mark.parametrize("rounds", ["0", "-3"])
 def test_bench_refuses_rounds_below_one_before_anything_compiles(tmp_path, capsys, monkeypatch,
                                                                  rounds):
-  """--rounds=0 once fell through to the preset's 7 rounds and ran the whole bench."""
+  """--rounds=0 once fell through to the preset's 7 rounds and ran the whole bench. One error
+  line, exit 2, as every CLI here (argparse printed its usage block first); argparse's own
+  refusals alike."""
   from depthbench_jax import bench
   monkeypatch.setattr(bench, "run_bench", lambda *a, **k: pytest.fail("a bad flag reached run"))
-  with pytest.raises(SystemExit):
-    bench.main(["--preset=quick", f"--rounds={rounds}", "--out", str(tmp_path)])
-  assert f"--rounds={rounds}; allowed: an integer >= 1" in capsys.readouterr().err
+  for argv, said in (([f"--rounds={rounds}"], f"--rounds={rounds}; allowed: an integer >= 1"),
+                     (["--preset=huge"], "argument --preset: invalid choice: 'huge' (choose "
+                                         "from 'cpu', 'gpu400m', 'quick')")):
+    with pytest.raises(SystemExit) as exit_:
+      bench.main(["--preset=quick", *argv, "--out", str(tmp_path)])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"error: {said}"]
   assert not os.listdir(tmp_path)
 
 
