@@ -304,20 +304,13 @@ def check_model(p: Preset, spec: str, shape: str, flag: str = "--designs") -> No
     raise ValueError(f"{flag} entry {spec!r} at {shape}: {e}") from e
 
 
-def check_out_dir(out: str) -> None:
-  """ValueError naming ``--out`` when it names something other than a directory: the result is
-  written there after the run, so a file would lose every measurement to a traceback."""
-  if os.path.exists(out) and not os.path.isdir(out):
-    raise ValueError(f"--out={out!r} is a file; allowed: a directory (made if missing)")
-
-
 def replot_json_path(json_path: str, out: str | None) -> str:
   """The ``.json`` path ``--replot``'s picture is named after: ``json_path`` itself (the PNG
   lands beside it), or the same name in ``out`` when ``--out`` is given, so that a committed
-  PNG is left as it is. ValueError as ``check_out_dir``."""
+  PNG is left as it is. A ConfigError (a ValueError) when ``out`` is or lies under a file."""
   if not out:
     return json_path
-  check_out_dir(out)
+  summary.check_folder(out, f"--out={out}")
   os.makedirs(out, exist_ok=True)
   return os.path.join(out, os.path.basename(json_path))
 
@@ -750,7 +743,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
   args.out = args.out or "benchmarks"
   try:
-    check_out_dir(args.out)
+    # The result is written there after the run: a file would lose every measurement.
+    summary.check_folder(args.out, f"--out={args.out}")
   except ValueError as e:
     ap.error(str(e))
   name = args.preset or ("cpu" if jax.default_backend() == "cpu" else "gpu400m")

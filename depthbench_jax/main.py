@@ -320,9 +320,11 @@ def main(argv):
   del argv
   quiet_logs()  # Orbax and grain log every save at INFO; TF its oneDNN notice.
   config = _CONFIG.value
-  if os.path.exists(_WORKDIR.value) and not os.path.isdir(_WORKDIR.value):
-    fail(f"--workdir={_WORKDIR.value} is a file; allowed: a directory (a new one, or a run's to "
-         f"resume)")
+  from depthbench_jax.train.summary import check_folder
+  try:
+    check_folder(_WORKDIR.value, f"--workdir={_WORKDIR.value}")
+  except ConfigError as err:
+    fail(str(err))
   try:
     initialize_distributed(_COORD.value, _NPROC.value, _PID.value)
   except ConfigError as err:

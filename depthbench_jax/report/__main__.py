@@ -6,6 +6,7 @@ import sys
 
 from depthbench_jax.errors import ConfigError, OneLineParser, fail
 from depthbench_jax.report.scorecard import write_report
+from depthbench_jax.train.summary import check_folder
 
 
 def main(argv=None) -> int:
@@ -20,10 +21,9 @@ def main(argv=None) -> int:
   if not os.path.isdir(args.results_dir):
     fail(f"results_dir {args.results_dir}: no such directory; allowed: a sweep's results "
          f"folder, e.g. results/smoke")
-  if args.out and os.path.exists(args.out) and not os.path.isdir(args.out):
-    fail(f"--out={args.out} is a file; allowed: a directory, where report.md, runs.csv and "
-         f"plots/ are written")
-  try:  # A bad --config fails in write_report before anything is written.
+  try:  # A bad --out or --config fails before anything is written.
+    if args.out:
+      check_folder(args.out, f"--out={args.out}")
     paths = write_report(args.results_dir, out_dir=args.out, plots=not args.no_plots,
                          config_path=args.config)
   except ConfigError as err:

@@ -387,7 +387,7 @@ def main(argv: Sequence[str] | None = None) -> int:
       kind="decode" + "".join(f"-{f}" for f in ("contexts", "loops", "batch") if changed(f)))
   try:
     cases = parse_cases(p, args.designs, args.shapes, args.contexts, args.loops)
-    bench.check_out_dir(args.out)
+    summary.check_folder(args.out, f"--out={args.out}")
     summary.check_replaceable(  # Before timing: a finished result is never lost.
         path, {"cases": sorted(c.name for c in cases), "batch": args.batch}, args.overwrite,
         flag=lambda key: "--designs/--shapes/--contexts/--loops" if key == "cases" else "--batch",

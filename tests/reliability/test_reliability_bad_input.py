@@ -682,6 +682,6 @@ def test_a_workdir_that_is_a_file_is_one_error_line(tmp_path):
   proc = helpers.run_main(str(path), helpers.tiny_flags(), check=False, timeout=120)
   assert proc.returncode == 2
   lines = [l for l in proc.stderr.splitlines() if l.strip()]
-  assert lines[-1] == f"error: --workdir={path} is a file; allowed: a directory (a new one, or a " \
-                      "run's to resume)", proc.stderr[-2000:]
+  assert lines[-1] == f"error: --workdir={path}: {path} is a file; allowed: a folder there (made " \
+                      "if missing)", proc.stderr[-2000:]
   assert "Traceback" not in proc.stderr and path.read_text() == "keep me"

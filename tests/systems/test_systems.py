@@ -861,7 +861,7 @@ def test_an_out_that_is_a_file_is_refused_before_anything_compiles(tmp_path, cap
   taken.write_text("notes")
   with pytest.raises(SystemExit):
     module.main(["--preset=quick", "--out", str(taken)])
-  assert f"--out={str(taken)!r} is a file; allowed: a directory" in capsys.readouterr().err
+  assert f"--out={taken}: {taken} is a file; allowed: a folder there" in capsys.readouterr().err
   assert taken.read_text() == "notes"
 
 
