@@ -56,9 +56,11 @@ _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 256, "Generation budget per ex
 _BATCH = flags.DEFINE_integer("batch_size", 8, "Rows per model call.", allow_override=True)
 _TIMEOUT = flags.DEFINE_float("timeout_s", 10.0, "Sandbox timeout per program.")
 _STRICT = flags.DEFINE_bool("strict", False, "Fail when a set's file is missing.")
-_EXPORT = flags.DEFINE_bool("export_hf", False, "Also export RUN_DIR/hf (Pre-LN family only).")
-_OUT = flags.DEFINE_string("out", None, "Result file (default RUN_DIR/evals.json); its scalars go "
-                           "to tensorboard/ beside it.", allow_override=True)
+_EXPORT = flags.DEFINE_bool("export_hf", False, "Also export a Hugging Face checkpoint "
+                            "(Pre-LN family only): RUN_DIR/hf, or beside --out (evaluate.beside).")
+_OUT = flags.DEFINE_string("out", None, "Result file (default RUN_DIR/evals.json); its scalars "
+                           "go to tensorboard/ beside it, or tensorboard/<stem> for another "
+                           "name than evals.json.", allow_override=True)
 _OVERWRITE = flags.DEFINE_bool("overwrite", False, "Replace --out even when it was made with "
                                "other settings.", allow_override=True)
 for _name, _ok, _allowed in (

@@ -1,8 +1,9 @@
 """What a run's recipe is, as field names of its config (no jax: the report reads it too).
 
 A config's fields fall in three kinds: ``RESUMABLE_FIELDS``, which a resumed run may change
-(they do not change what a step computes); ``RUN_FIELDS``, which a suite sets per run (its
-design, shape, LR, name); and the rest, the recipe, which every run of one suite shares.
+(they do not change what a step computes; the run's name among them); ``RUN_FIELDS``, which a
+suite sets per run (its design, shape and LR) or which do not make another recipe (the seeds,
+the data's path); and the rest, the recipe, which every run of one suite shares.
 """
 
 from __future__ import annotations

@@ -55,7 +55,7 @@ CSV_FIELDS = ("name", "design", "n_layers", "d_model", "aspect_ratio", "lr", "pa
               "params_non_embedding", "steps", "tokens", "final_train_loss", "final_val_loss",
               "status", "diverged_step", "diverged_reason", "skipped_steps", "max_grad_norm",
               "max_grad_norm_step", "wall_time_s", "device_hours",
-              "devices", "device_kind", "best_lr", "family",
+              "devices", "device_kind", "best_lr", "family", "set_aside",
               "commit", "workdir")
 HOOKS = (("diagnostics", "diagnostics_table", "diagnostics.json"),
          ("evals", "evals_table", "evals.json"),
@@ -218,17 +218,25 @@ def assign_families(records: Sequence[dict], gap: float = FAMILY_GAP) -> None:
 
 def recipe_clusters(records: Sequence[dict]) -> list[list[dict]]:
   """``records`` by recipe (``recipe.shared_differences`` of their summaries' configs against
-  each cluster's first), in order of first appearance; a record without a config joins the
-  first cluster."""
+  each cluster's first), in order of first appearance; records without a config join the first
+  cluster (one that started a cluster, an empty config differing from none, took in every
+  recipe after it)."""
   clusters: list[tuple[dict, list[dict]]] = []   # (the first member's config, members)
+  bare = []
   for r in records:
-    config = r.get("config") if isinstance(r.get("config"), dict) else {}
+    config = r.get("config")
+    if not isinstance(config, dict) or not config:
+      bare.append(r)
+      continue
     home = next((members for first, members in clusters
                  if not recipe.shared_differences(config, first)), None)
     if home is None:
       clusters.append((config, [r]))
     else:
       home.append(r)
+  if not clusters:
+    return [bare] if bare else []
+  clusters[0][1].extend(bare)
   return [members for _, members in clusters]
 
 
@@ -240,8 +248,12 @@ def set_aside_other_recipes(records: Sequence[dict], planned: Iterable[str] = ()
   Each shape's best LR is picked among its runs, so a copy of a run trained longer in another
   folder (README's one-run example beside the smoke sweep) won it and flipped the ranking, and
   a suite edited after some runs finished mixed two schedules in one trend. Kept: the recipe
-  with the most ``planned`` workdirs (``--config``'s suite as it is now), then the most runs,
-  then the first found. Recipes at other shapes stay (other families: ``assign_families``)."""
+  with the most runs in ``planned`` workdirs (``--config``'s suite as it is now), then the most
+  runs,
+  then the first found: a folder's name does not say its recipe, so a hand run of another
+  recipe under a planned name counts as planned (the sweep refuses such a finished run:
+  ``sweep.check_finished_recipes``). Recipes at other shapes stay (other families:
+  ``assign_families``)."""
   planned = {os.path.abspath(p) for p in planned}
   shapes = lambda c: {(r["n_layers"], r["d_model"]) for r in c}
   linked: list[list[list[dict]]] = []   # clusters joined by a shared shape
@@ -731,5 +743,8 @@ def write_report(results_dir: str, out_dir: str | None = None, plots: bool = Tru
                                               plan=plan, progress=progress,
                                               set_aside=aside))
   csv_path = os.path.join(out_dir, "runs.csv")
-  write_csv(every, csv_path, groups)   # the runs set aside too: none is the best LR
+  aside_ids = {id(r) for r, _ in aside}
+  for r in every:   # the runs set aside are listed too: none is the best LR
+    r["set_aside"] = id(r) in aside_ids
+  write_csv(every, csv_path, groups)
   return [report_path, csv_path] + plot_files

@@ -145,8 +145,9 @@ def render(result: dict) -> str:
     parts += ["", "Shallowest -> deepest shape, per design:", "", summary]
   timed = measured.markdown(result.get("measured") or [], result.get("measured_skipped") or [])
   if timed:
-    parts += ["", "Measured training cost (the bench's timed steps of the same models; the "
-              "analytic device-hours above assume one MFU for every design):", "", timed]
+    parts += ["", "Measured training cost (the bench's timed steps of the same models, same "
+              "FLOPs per token, under the bench's remat policy; the analytic device-hours above "
+              "assume one MFU for every design):", "", timed]
   curve = table.curve_markdown(result["curve"])
   if curve:
     parts += ["", f"Causal prefill FLOPs per sequence over context length "

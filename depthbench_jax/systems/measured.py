@@ -123,8 +123,9 @@ def markdown(rows: Sequence[dict], skipped: Sequence[str] = ()) -> str:
     if remat:
       parts += ["", "Timed under another remat policy than the runs train with ("
                 + ", ".join(f"bench {b}, runs {t}" for b, t in remat) + "): the runs recompute "
-                "what the bench saved, so their steps are longer and their peaks lower than "
-                "these (benchmarks/README.md's remat tables)."]
+                "other activations in their backward, so their step times, and these "
+                "device-hours, differ (benchmarks/README.md's remat tables: on the H200 at "
+                "16x1216 Pre-LN's step is 9% longer under nothing_saveable than dots_saveable)."]
     ranked = ranking(rows)
     if ranked:
       parts += [""] + [f"- {line}" for line in ranked]

@@ -153,7 +153,8 @@ def systems_table(runs: Iterable[dict], relative_to: str | None = None) -> str |
   timed = [m for m in timed if (m["design"], m["shape"]) in groups
            and (m["design"], m["shape"]) not in other_model]
   if timed:
-    parts += ["", "Measured by the bench on the same models:", "", measured.markdown(timed)]
+    parts += ["", "Measured by the bench on the same models (same FLOPs per token, under the "
+              "bench's remat policy):", "", measured.markdown(timed)]
   walls = [r for r in rows if r["wall_s"]]
   if walls:
     spent = lambda r: sweep.format_duration(r["wall_s"]) + (

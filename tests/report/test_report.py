@@ -247,6 +247,10 @@ def test_suites_of_other_recipes_reported_together_are_other_families(tmp_path):
   scorecard.assign_families(records)
   family = {(r["n_layers"], r["d_model"]): r["family"] for r in records}
   assert family[(4, 128)] == family[(8, 96)] != family[(16, 1216)] == family[(32, 896)]
+  # A run without a config first in line (an old summary) once started a cluster whose empty
+  # config differed from no recipe, and took both suites in.
+  old = {"name": "aaa", "design": "preln", "n_layers": 4, "d_model": 128}
+  assert [len(c) for c in scorecard.recipe_clusters([old] + records)] == [3, 2]
   text = scorecard.build_report(records)
   assert ("| preln | 2.759 ‡ | 2.782 ‡ | worse when deeper | 16x1216 (76.0) | 2.759 | 1e-3 ‡ |"
           in text)
@@ -279,6 +283,9 @@ def test_a_copy_of_another_recipe_at_a_shape_is_set_aside_and_named(tmp_path):
   with open(tmp_path / "runs.csv") as f:
     rows = list(csv.DictReader(f))
   assert len(rows) == 4 and [r["best_lr"] for r in rows if "try" in r["workdir"]] == ["False"]
+  assert [r["set_aside"] for r in rows if "try" in r["workdir"]] == ["True"]
+  assert sum(r["best_lr"] == "True" for r in rows) == 2 and sum(r["set_aside"] == "True"
+                                                                 for r in rows) == 1
 
 
 def test_runs_that_skipped_non_finite_steps_are_named(tmp_path):
