@@ -119,7 +119,11 @@ def test_every_design_full_diagnostics(design):
   swaps change the loss. (This test once checked only that the numbers were finite.)"""
   copy = lambda params: {**params, "layers": jax.tree.map(lambda a: a.at[3].set(a[1]),
                                                           params["layers"])}
-  r = _run(design, probes.Options(causal_chunk=2, permutation_chunk=3), edit=copy)
+  # Block AttnRes in 2 blocks of 2 layers (at L=4 its default 8 blocks are one sublayer each:
+  # Full AttnRes, no partial sum, no dead prefix).
+  own = {"n_blocks": 2} if design == "attnres_block" else {}
+  r = _run(design, probes.Options(causal_chunk=2, permutation_chunk=3), edit=copy, **own)
+  assert ("dead_prefix" in r) == (design == "attnres_block")
   for key in ("causal", "permutation"):
     m = probes.from_jsonable_matrix(r[key]["matrix"])
     assert np.isfinite(m[np.triu_indices(L, 1)]).all(), (design, key)

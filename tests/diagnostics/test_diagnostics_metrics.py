@@ -28,6 +28,17 @@ def test_angular_distance_between_the_degenerate_points():
       pytest.approx(0.25, abs=1e-6))
 
 
+def test_angular_distance_is_the_token_mean_of_each_tokens_angle():
+  """Token 0 parallel (angle 0), token 1 orthogonal (1/2): the spec's mean of arccos is 1/4.
+  Every other case has one cosine for all tokens, so arccos of the mean cosine (1/3) or the
+  angle between the flattened tensors (1/3) passed too."""
+  a = np.array([[1.0, 0.0], [1.0, 0.0]], np.float32)
+  b = np.array([[1.0, 0.0], [0.0, 1.0]], np.float32)
+  assert float(metrics.angular_distance(a, b)) == pytest.approx(0.25, abs=1e-6)
+  d = np.asarray(metrics.angular_distance_matrix(jnp.asarray(np.stack([a, b])[:, None])))
+  assert d[0, 1] == pytest.approx(0.25, abs=1e-6)
+
+
 def test_angular_zero_vector_counts_as_half():
   a = np.zeros((4, 8), np.float32)
   assert float(metrics.angular_distance(a, np.ones((4, 8)))) == pytest.approx(0.5)
@@ -170,6 +181,19 @@ def test_late_span_starts_at_ceil_quarter_depth():
   stats = metrics.mixing_rank_stats(jnp.asarray(mix)[:, None, None], layers)
   assert float(stats["erank_by_start"][17]) == pytest.approx(1.0, abs=1e-4)
   assert float(stats["erank_late"]) == pytest.approx(4.0, rel=1e-5)
+
+
+def test_mixing_rank_is_each_tokens_erank_then_the_mean():
+  """Token A's product is diag(1, 0), token B's diag(0, 1): each has erank 1, so the mean is 1.
+  Every other case has one matrix for all tokens, so the erank of the token-mean product
+  (diag(.5, .5): 2) passed too; dynamic HC/mHC mixing differs per token."""
+  n, layers = 2, 4
+  mix = np.tile(np.eye(n, dtype=np.float32), (2 * layers, 1, 2, 1, 1))   # [2L, B=1, T=2, n, n]
+  mix[-1, 0, 0] = np.diag([1.0, 0.0])
+  mix[-1, 0, 1] = np.diag([0.0, 1.0])
+  stats = metrics.mixing_rank_stats(jnp.asarray(mix), layers)
+  assert float(stats["erank_late"]) == pytest.approx(1.0, abs=1e-4)
+  np.testing.assert_allclose(stats["erank_by_start"], 1.0, atol=1e-4)
 
 
 def test_amax_gains_are_max_row_and_column_sums():

@@ -138,10 +138,11 @@ def test_a_padded_batch_scores_as_each_row_alone_unpadded():
   """Rows of 6 and 40 tokens share one batch padded with zeros to 64; each continuation's
   log-probs equal those of its row alone and unpadded: the short one scored with a window of
   exactly its length, the long one by a numpy log-softmax of the model's logits. MoDA, as its
-  depth KV attends over positions beside the usual causal attention."""
+  depth KV attends over positions beside the usual causal attention: at 3 layers (at the
+  helper's 1 layer, no depth slot is written before the only layer: Pre-LN)."""
   from depthbench_jax.evals.scoring import continuation_logprobs
   from depthbench_jax.model.transformer import Transformer
-  cfg = tiny_model_cfg(residual={"name": "moda"})
+  cfg = tiny_model_cfg(residual={"name": "moda"}, n_layers=3)
   rng = np.random.RandomState(5)
   leaves, tree = jax.tree.flatten(nn.unbox(abstract_params(cfg)))
   params = jax.tree.unflatten(tree, [(0.3 * rng.randn(*s.shape)).astype(np.float32)

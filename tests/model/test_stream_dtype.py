@@ -20,9 +20,12 @@ FAST = ("preln", "attnres_full")
 
 
 def bf16_cfg(design, stream):
+  """3 layers of ``design`` in bf16; Block AttnRes in 2 blocks of 3 sublayers (its default 8
+  would make each sublayer a block: Full AttnRes)."""
   from depthbench_jax.model.config import model_config_from
+  own = {"model.residual.n_blocks": 2} if design == "attnres_block" else {}
   config = tiny_config(**{"model.residual.name": design, "model.n_layers": 3,
-                          "model.dtype": "bfloat16", "model.stream_dtype": stream})
+                          "model.dtype": "bfloat16", "model.stream_dtype": stream, **own})
   return model_config_from(config.model)
 
 
@@ -40,6 +43,31 @@ def test_every_design_carries_its_state_in_fp32_and_its_gradients_are_finite(des
     assert layers["hidden"].dtype == want, (stream, layers["hidden"].dtype)
     grads = jax.jit(jax.grad(lambda p: model_loss(cfg, p, tokens)))(params)
     assert all(bool(jnp.isfinite(g).all()) for g in jax.tree.leaves(grads)), stream
+
+
+# With every branch's output projection zeroed, these designs' state is the embedding after
+# every layer (DeepNorm and KEEL scale it; HC and mHC mix their streams).
+ZERO_BRANCH_IDENTITY = ("preln", "lns", "sandwich", "attnres_full", "attnres_block", "moda")
+
+
+@pytest.mark.parametrize("design", [d if d in FAST else pytest.param(d, marks=pytest.mark.slow)
+                                    for d in ZERO_BRANCH_IDENTITY])
+def test_the_fp32_stream_carries_fp32_values_not_only_the_fp32_dtype(design):
+  """The dtype test above passes a write that rounds through bf16 and casts back (x + y taken
+  in bf16). With zero branch outputs the last layer's state must be the fp32 embedding rows
+  bit for bit; rounded anywhere on the way, it is not."""
+  from depthbench_jax.model.transformer import Transformer
+  tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 12), 0, 257)
+  cfg = bf16_cfg(design, "float32")
+  params = nn.unbox(Transformer(cfg).init(jax.random.PRNGKey(0), tokens)["params"])
+  quiet = jax.tree_util.tree_map_with_path(
+      lambda path, a: jnp.zeros_like(a) if any(
+          k in jax.tree_util.keystr(path) for k in ("o_proj", "down_proj")) else a, params)
+  _, layers = jax.jit(lambda p: Transformer(cfg).apply({"params": p}, tokens,
+                                                       return_layers=True))(quiet)
+  rows = params["embed"]["embedding"][tokens]
+  assert bool((rows != rows.astype(jnp.bfloat16)).any())   # the fp32 bits a rounding loses
+  assert bool((layers["hidden"][-1] == rows).all())
 
 
 def test_the_fp32_stream_starts_from_the_tables_rows_unrounded(monkeypatch):

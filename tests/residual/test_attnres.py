@@ -330,25 +330,30 @@ def test_per_layer_outputs_or_sown_weights_keep_full_attnres_on_the_scan():
     assert weights.shape == (2, 5, 2, 12)                                        # [L,S,B,T]
     np.testing.assert_allclose(weights.sum(1), 1.0, atol=1e-5)
 
-@pytest.mark.parametrize("residual", [None, {"n_blocks": 12, "block_unit": "sublayer"}])
-def test_scan_matches_unrolled(residual):
-  """The unrolled loop reads only the first ``static_prefix`` slots (8 here, of 13: a static
-  layer index), the scan every slot: the same logits, hidden states and zero-padded depth
-  weights, with a layer gated out too. Full AttnRes, and Block with one sublayer per block."""
+@pytest.mark.parametrize("n_layers, residual, slots", [
+    (6, None, 13),
+    # 16 sublayers in 8 blocks of 2: 9 slots, read through 8 (static_prefix) until the last
+    # block, whose partial sum is slot 8. One sublayer per block (once this case) is Full
+    # AttnRes, whose reads a static_prefix(n) for Block's (n + 1) would pass.
+    (8, {"n_blocks": 8, "block_unit": "sublayer"}, 9)])
+def test_scan_matches_unrolled(n_layers, residual, slots):
+  """The unrolled loop reads only the first ``static_prefix`` slots (a static layer index), the
+  scan every slot: the same logits, hidden states and zero-padded depth weights, with a layer
+  gated out too. Full AttnRes, and Block with blocks open across layers."""
   design = "attnres_full" if residual is None else "attnres_block"
-  cfg = kit.tiny_cfg(design, n_layers=6, residual=residual)
-  loop = kit.tiny_cfg(design, n_layers=6, residual=residual, scan_layers=False,
+  cfg = kit.tiny_cfg(design, n_layers=n_layers, residual=residual)
+  loop = kit.tiny_cfg(design, n_layers=n_layers, residual=residual, scan_layers=False,
                       remat_policy="none")
   params = params_for(cfg, 0.1)
-  for gate in (None, jnp.array([1.0, 0.0, 1.0, 1.0, 1.0, 1.0])):
+  for gate in (None, jnp.ones((n_layers,)).at[1].set(0.0)):
     got = run(cfg, params, gate)
-    want = run(loop, unstack_layers(params, 6), gate)
+    want = run(loop, unstack_layers(params, n_layers), gate)
     np.testing.assert_allclose(got[0], want[0], atol=2e-5, rtol=1e-5)
     np.testing.assert_allclose(got[1]["hidden"], want[1]["hidden"], atol=2e-5, rtol=1e-5)
     for sub in (0, 1):
       scanned = got[2]["layers"]["residual"]["depth_weights"][sub]        # [L, S, B, T]
-      assert scanned.shape[1] == 13
-      for layer in range(6):
+      assert scanned.shape[1] == slots
+      for layer in range(n_layers):
         unrolled = want[2][f"layers_{layer}"]["residual"]["depth_weights"][sub]  # [S,B,T]
         np.testing.assert_allclose(unrolled, scanned[layer], atol=1e-6)
 
