@@ -9,8 +9,8 @@ the results folder (``results/<NAME>/<design>_<L>x<d>_lr<lr>/``).
 
 A run is finished when its ``summary.json`` exists with a final status ('ok' or 'diverged'); an
 unfinished run is launched again with the same workdir, and ``main.py`` resumes it from
-``WORKDIR/checkpoints``. A finished run whose recipe the suite has since changed is refused
-(``check_finished_recipes``). Runs go one after another. ``LOCAL_PROCESSES=N`` starts each run as N
+``WORKDIR/checkpoints``. A finished or started run whose recipe the suite has since changed is
+refused (``check_recipes``). Runs go one after another. ``LOCAL_PROCESSES=N`` starts each run as N
 local JAX processes (coordinator on a free localhost port). On a multi-host pod, start this
 once per host (``srun``, or ``JAX_COORDINATOR_ADDRESS/JAX_NUM_PROCESSES/JAX_PROCESS_ID``); every
 host walks the same list, so the results dir must be on a filesystem all hosts share.
@@ -45,7 +45,7 @@ import ml_collections
 
 from depthbench_jax.errors import ConfigError, HOSTS_DIFFER, OneLineParser
 from depthbench_jax.shapes import FFNRule, Shape, parse_shape, shaped_model
-from depthbench_jax.train.summary import SUMMARY, check_folder, checkpoint_steps
+from depthbench_jax.train.summary import CONFIG, SUMMARY, check_folder, checkpoint_steps
 
 FINAL_STATUSES = ("ok", "diverged")
 DEFAULT_MFU = 0.4
@@ -252,28 +252,52 @@ def run_state(workdir: str) -> str:
   return "partial" if os.path.isdir(workdir) and os.listdir(workdir) else "new"
 
 
-def check_finished_recipes(config_path: str, runs: Sequence[Run]) -> None:
-  """A finished run is kept only if the suite still gives it the recipe it trained with (its
-  summary's config; ``config_check.recipe_changes``): a suite edited since (steps, data,
-  schedule, ...) would otherwise put two recipes in one best-LR comparison. The first such run
-  is one ``ConfigError``."""
+def trained_config(workdir: str) -> dict | None:
+  """The config a run's steps were trained with: its summary's when finished, else the
+  ``config.json`` a started run wrote; None before either exists."""
+  summary = read_summary(workdir)
+  if run_state(workdir) == "done":
+    return summary.get("config") if isinstance(summary.get("config"), dict) else None
+  try:
+    with open(os.path.join(workdir, CONFIG)) as f:
+      saved = json.load(f)
+  except (OSError, json.JSONDecodeError):
+    return None
+  return saved if isinstance(saved, dict) else None
+
+
+def recipe_edits(config_path: str, runs: Sequence[Run]) -> list[tuple[Run, list]]:
+  """``[(run, config_check.recipe_changes)]`` of the runs whose trained config (finished or
+  started: ``trained_config``) the suite now gives another recipe (steps, data, schedule, ...)."""
   from depthbench_jax.train import config_check  # Local: pulls in jax.
   module = load_config_module(config_path)
-  stale = []
+  out = []
   for run in runs:
-    summary = read_summary(run.workdir)
-    if run_state(run.workdir) == "done" and isinstance(summary.get("config"), dict):
-      changed = config_check.recipe_changes(summary["config"], config_of(module, run.arg))
+    trained = trained_config(run.workdir)
+    if trained is not None:
+      changed = config_check.recipe_changes(trained, config_of(module, run.arg))
       if changed:
-        stale.append((run, changed))
+        out.append((run, changed))
+  return out
+
+
+def check_recipes(config_path: str, runs: Sequence[Run]) -> None:
+  """A run is kept only if the suite still gives it the recipe it trained with (a finished run's
+  summary, a started one's config.json): a suite edited since (steps, data, schedule, ...)
+  would otherwise put two recipes in one best-LR comparison, or, for a run stopped midway,
+  train the others under the edit while its own resume was refused, run after run. The first
+  such run is one ``ConfigError``, before anything trains (and in a dry run)."""
+  from depthbench_jax.train import config_check  # Local: pulls in jax.
+  stale = recipe_edits(config_path, runs)
   if stale:
     run, changed = stale[0]
-    now, finished = config_check.describe_changes(changed)
-    more = f" (and {len(stale) - 1} more finished runs)" if len(stale) > 1 else ""
+    now, trained = config_check.describe_changes(changed)
+    more = f" (and {len(stale) - 1} more runs)" if len(stale) > 1 else ""
+    state = "finished" if run_state(run.workdir) == "done" else "was trained"
     raise ConfigError(
-        f"{now} in {config_path}: {run.workdir}{more} finished with {finished}, "
-        f"and a sweep's results keep one recipe per run; allowed: the values it finished with, "
-        f"a new --results_dir, or moving the finished run out of the results dir")
+        f"{now} in {config_path}: {run.workdir}{more} {state} with {trained}, "
+        f"and a sweep's results keep one recipe per run; allowed: the values it trained with, "
+        f"a new --results_dir, or moving the run out of the results dir")
 
 
 def pending(runs: Iterable[Run]) -> list[Run]:
@@ -653,7 +677,7 @@ def main(argv: Sequence[str] | None = None) -> int:
       print(results_dir)
       return 0
     runs = list_runs(args.config, results_dir)
-    check_finished_recipes(args.config, runs)
+    check_recipes(args.config, runs)
     for line in off_target_shapes(args.config, module):
       print(line, flush=True)
     if args.dry_run:

@@ -259,6 +259,26 @@ def test_a_finished_run_under_another_recipe_is_refused_before_anything_runs(tin
   assert len(calls(tiny["log"])) == 3
 
 
+def test_a_started_run_under_another_recipe_is_refused_before_anything_runs(tiny, monkeypatch,
+                                                                            capsys):
+  """An edit after a run was interrupted passed the dry run; the real sweep's trainer refused
+  that run's resume and the sweep trained the others under the edit, run after run. Its
+  config.json now counts like a finished run's summary."""
+  monkeypatch.setenv("FAKE_LOG", tiny["log"])
+  module = sweep.load_config_module(tiny["config"])
+  started = os.path.join(tiny["results"], "preln_4x128_lr1e-3")
+  os.makedirs(os.path.join(started, "checkpoints", "16"))
+  trained = module.get_config("arch=preln,shape=4x128,lr=1e-3").to_dict()
+  with open(os.path.join(started, "config.json"), "w") as f:
+    json.dump(dict(trained, steps=40), f)
+  for extra in (["--dry_run"], []):
+    assert sweep.main([tiny["config"], "--results_dir", tiny["results"],
+                       "--main_cmd", " ".join(tiny["main_cmd"])] + extra) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "config.steps=120" in err[0] and "was trained with 40" in err[0]
+  assert not calls(tiny["log"])
+
+
 def test_crashed_run_does_not_stop_the_sweep(tiny, monkeypatch):
   monkeypatch.setenv("FAKE_LOG", tiny["log"])
   monkeypatch.setenv("FAKE_CRASH", "preln_4x128_lr3e-3")
