@@ -3,7 +3,9 @@
 The planned runs are ``sweep.list_runs(SUITE, RESULTS_DIR)``, the sweep's own expansion (design
 x shape x LR, one workdir each), and each run's state is the one the sweep acts on
 (``sweep.run_state``): ``ok`` / ``diverged`` (a summary with that final status), ``started``
-(a non-empty folder without one: training, interrupted or crashed) or ``not started``.
+(a non-empty folder without one: training, interrupted or crashed), ``not started``, or
+``other recipe`` (trained, finished or not, with a recipe the suite no longer gives it:
+``sweep.recipe_edits``; the report sets it aside, the sweep refuses it).
 Progress is ``finished = ok + diverged`` of ``planned``; a run folder on disk that is no
 planned workdir is *off plan* (a suite edited since, a copy): named, and still reported.
 """
@@ -14,9 +16,9 @@ import os
 from typing import Sequence
 
 from depthbench_jax.errors import ConfigError
-from depthbench_jax.sweep import list_runs, read_summary, run_state
+from depthbench_jax.sweep import list_runs, read_summary, recipe_edits, run_state
 
-STATES = ("ok", "diverged", "started", "not started")
+STATES = ("ok", "diverged", "started", "not started", "other recipe")
 
 
 def shown_path(path: str) -> str:
@@ -41,9 +43,12 @@ def load_plan(config_path: str, results_dir: str) -> list[dict]:
     raise ConfigError(f"{where}: {err}") from None
   except Exception as err:  # pylint: disable=broad-except  # SyntaxError, ImportError, ...
     raise ConfigError(f"{where}: {type(err).__name__}: {err}; {allowed}") from None
+  edits = {run.workdir: changed for run, changed in recipe_edits(config_path, runs)}
   return [{"name": r.name, "design": r.design,
            "key": (r.design, r.shape.n_layers, r.shape.d_model), "lr": r.lr,
-           "workdir": r.workdir, "state": _state(r.workdir)} for r in runs]
+           "workdir": r.workdir,
+           "state": "other recipe" if r.workdir in edits else _state(r.workdir),
+           "changes": edits.get(r.workdir, [])} for r in runs]
 
 
 def _state(workdir: str) -> str:
@@ -72,11 +77,13 @@ def progress_markdown(plan: Sequence[dict], config_path: str,
   lines = [f"Plan ({shown}): **{finished} of {len(plan)} planned runs finished** "
            f"({count(plan, 'ok')} ok, {count(plan, 'diverged')} diverged); "
            f"{count(plan, 'started')} started without a summary (training, interrupted or "
-           f"crashed); {count(plan, 'not started')} not started."]
+           f"crashed); {count(plan, 'not started')} not started."
+           + (f" {count(plan, 'other recipe')} trained with another recipe than the suite's "
+              f"now (set aside; the sweep refuses them)." if count(plan, "other recipe") else "")]
   designs = list(dict.fromkeys(r["design"] for r in plan))
   if designs:
-    lines += ["", "| design | finished | ok | diverged | no summary yet | not started |",
-              "|---|---|---|---|---|---|"]
+    lines += ["", "| design | finished | ok | diverged | no summary yet | not started | "
+              "other recipe |", "|---|---|---|---|---|---|---|"]
     for design in designs:
       runs = [r for r in plan if r["design"] == design]
       lines.append(f"| {design} | {count(runs, 'ok', 'diverged')} of {len(runs)} | "

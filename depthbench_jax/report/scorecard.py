@@ -240,21 +240,25 @@ def recipe_clusters(records: Sequence[dict]) -> list[list[dict]]:
   return [members for _, members in clusters]
 
 
-def set_aside_other_recipes(records: Sequence[dict], planned: Iterable[str] = ()
+def set_aside_other_recipes(records: Sequence[dict], plan: Sequence[dict] = ()
                             ) -> tuple[list[dict], list[tuple[dict, dict]]]:
   """``(kept, [(record, {field: (its value, the kept runs' value)})])``: where runs of two
   recipes share a shape, one recipe is reported and the other's runs are set aside, named.
 
   Each shape's best LR is picked among its runs, so a copy of a run trained longer in another
   folder (README's one-run example beside the smoke sweep) won it and flipped the ranking, and
-  a suite edited after some runs finished mixed two schedules in one trend. Kept: the recipe
-  with the most runs in ``planned`` workdirs (``--config``'s suite as it is now), then the most
-  runs,
-  then the first found: a folder's name does not say its recipe, so a hand run of another
-  recipe under a planned name counts as planned (the sweep refuses such a finished run:
-  ``sweep.check_finished_recipes``). Recipes at other shapes stay (other families:
-  ``assign_families``)."""
-  planned = {os.path.abspath(p) for p in planned}
+  a suite edited after some runs finished mixed two schedules in one trend. With ``plan``
+  (``report.plan.load_plan``, ``--config``'s suite as it is now) its runs of another recipe
+  than the suite gives them now go first (``sweep.recipe_edits``: the runs the sweep refuses).
+  Then, where recipes still share a shape, kept: the recipe with the most runs in planned
+  workdirs, then the most runs, then the first found. Recipes at other shapes stay (other
+  families: ``assign_families``)."""
+  other = {os.path.abspath(p["workdir"]): p["changes"] for p in plan
+           if p.get("state") == "other recipe"}
+  planned = {os.path.abspath(p["workdir"]) for p in plan} - set(other)
+  aside = [(r, {f: (old, new) for f, old, new in other[os.path.abspath(r["workdir"])]})
+           for r in records if os.path.abspath(r.get("workdir", "")) in other]
+  records = [r for r in records if os.path.abspath(r.get("workdir", "")) not in other]
   shapes = lambda c: {(r["n_layers"], r["d_model"]) for r in c}
   linked: list[list[list[dict]]] = []   # clusters joined by a shared shape
   for cluster in recipe_clusters(records):
@@ -262,7 +266,7 @@ def set_aside_other_recipes(records: Sequence[dict], planned: Iterable[str] = ()
     for g in touching:
       linked.remove(g)
     linked.append([c for g in touching for c in g] + [cluster])
-  kept_ids, aside = set(), []
+  kept_ids = set()
   for group in linked:
     main = max(group, key=lambda c: (
         sum(os.path.abspath(r.get("workdir", "")) in planned for r in c), len(c)))
@@ -727,8 +731,7 @@ def write_report(results_dir: str, out_dir: str | None = None, plots: bool = Tru
                       f"finished yet.{table}\n")
     return [report_path]
   every = records
-  records, aside = set_aside_other_recipes(
-      records, [p["workdir"] for p in plan] if plan is not None else ())
+  records, aside = set_aside_other_recipes(records, plan or ())
   assign_families(records)
   groups = select_best_lr(records)
   plot_files = []

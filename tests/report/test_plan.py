@@ -97,6 +97,24 @@ def test_the_report_counts_the_plan_and_marks_what_has_not_started(half):
   assert _snapshot(half["results"]) == before   # no run file deleted or rewritten
 
 
+def test_a_planned_run_of_another_recipe_is_set_aside_not_counted_finished(half):
+  """A results dir whose hc 4x128 run trained 40 steps where the suite now gives 120: the report
+  counted it among the suite's finished runs and compared its loss (the sweep refuses it)."""
+  from configs import smoke
+  workdir = _run_dir(half["results"], "hc", 4, 128, 1e-3)
+  summary = json.loads((workdir / "summary.json").read_text())
+  summary["config"] = dict(smoke.get_config("arch=hc,shape=4x128,lr=1e-3").to_dict(), steps=40)
+  (workdir / "summary.json").write_text(json.dumps(summary))
+  assert report_main.main([str(half["results"]), "--no_plots",
+                           f"--config={half['config']}"]) == 0
+  text = (half["results"] / "report.md").read_text()
+  assert ("**4 of 12 planned runs finished** (3 ok, 1 diverged)" in text
+          and "1 trained with another recipe than the suite's now" in text)
+  assert "| hc | 0 of 4 | 0 | 0 | 1 | 2 | 1 |" in text
+  assert "- `hc_4x128_lr1e-3`: steps=40 (reported: 120)" in text
+  assert "**2.850**" not in text.split("## Val loss by LR")[1].split("## Set aside")[0]
+
+
 def test_without_config_the_report_infers_gaps_from_disk_as_before(half):
   assert report_main.main([str(half["results"]), "--no_plots"]) == 0
   text = (half["results"] / "report.md").read_text()

@@ -308,7 +308,7 @@ def test_the_suites_planned_recipe_is_the_one_reported(tmp_path):
     _finished(tmp_path, "preln", 8, 96, lr, 2.70 + lr, config=old)
   new = _finished(tmp_path, "preln", 8, 96, 2e-3, 2.80, config={"steps": 60}, name="x")
   kept, aside = scorecard.set_aside_other_recipes(scorecard.collect_runs(str(tmp_path)),
-                                                  planned=[str(new)])
+                                                  plan=[{"workdir": str(new), "state": "ok"}])
   assert [r["workdir"] for r in kept] == [str(new)] and len(aside) == 3
   kept, aside = scorecard.set_aside_other_recipes(scorecard.collect_runs(str(tmp_path)))
   assert len(kept) == 3 and [r["workdir"] for r, _ in aside] == [str(new)]
