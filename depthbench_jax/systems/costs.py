@@ -59,12 +59,15 @@ def device_hours(train_flops: float, peak_flops: float, mfu: float) -> float:
 
 def cost_row(cfg, *, seq_len: int, train_seq_len: int, tokens_per_param: float,
              peak_flops: float, mfu: float, dtype: str = "bfloat16",
-             xla: dict | None = None, budget_params: int | None = None) -> dict[str, Any]:
+             xla: dict | None = None, budget_params: int | None = None,
+             train_tokens: float | None = None) -> dict[str, Any]:
   """Every analytic number of one (design, shape) at prefill length ``seq_len``; ``xla`` (from
   ``systems.xla.prefill_analysis``) is merged in when given."""
   counts = count_params(cfg)
   train_fpt = flops.train_flops_per_token(cfg, train_seq_len)
-  tokens = tokens_per_param * (budget_params or counts["total"])
+  # A suite that fixes its steps trains steps x batch x T tokens (``train_tokens``), not the
+  # Chinchilla budget.
+  tokens = train_tokens or tokens_per_param * (budget_params or counts["total"])
   row = {
       "design": cfg.design, "shape": f"{cfg.n_layers}x{cfg.d_model}", "n_layers": cfg.n_layers,
       "d_model": cfg.d_model, "aspect_ratio": cfg.d_model / cfg.n_layers,
@@ -82,7 +85,7 @@ def cost_row(cfg, *, seq_len: int, train_seq_len: int, tokens_per_param: float,
       "residual_state_bytes": residual_state_bytes(cfg, seq_len, dtype=dtype),
       "train_seq_len": train_seq_len,
       "train_flops_per_token": train_fpt,
-      "train_tokens": tokens,
+      "train_tokens": tokens, "train_tokens_from": "steps" if train_tokens else "chinchilla",
       "train_flops": train_fpt * tokens,
       "device_hours": device_hours(train_fpt * tokens, peak_flops, mfu),
       "peak_flops": peak_flops, "mfu": mfu, "dtype": dtype,

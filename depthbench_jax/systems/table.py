@@ -63,8 +63,13 @@ def markdown_table(rows: Sequence[dict]) -> str:
   backends = sorted({r["backend"].upper() for r in rows
                      if r.get("peak_bytes") and r.get("backend")})
   peak = f" (peak memory compiled by XLA:{'/'.join(backends)})" if backends else ""
+  tokens = ("Chinchilla tokens" if all(r.get("train_tokens_from", "chinchilla") == "chinchilla"
+                                         for r in rows) else
+            "the suite's steps x batch x T tokens" if all(
+                r.get("train_tokens_from") == "steps" for r in rows) else
+            "Chinchilla tokens, or steps x batch x T where a suite fixes its steps")
   head = (f"Prefill at T={r0['seq_len']}, batch {r0.get('batch', 1)}, {r0['dtype']}{peak}; "
-          f"training at T={r0['train_seq_len']}, Chinchilla tokens, device-hours at "
+          f"training at T={r0['train_seq_len']}, {tokens}, device-hours at "
           f"{r0['peak_flops'] / 1e12:.0f} TFLOP/s peak and MFU {r0['mfu']:.2f}.")
   lines = [head, "",
            "| design | shape | AR | params | prefill TFLOPs causal | computed | XLA | paper | "

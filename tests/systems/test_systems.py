@@ -1338,6 +1338,25 @@ def test_report_section_does_not_merge_another_models_row_of_the_same_design_and
         not merged)
 
 
+def test_report_section_budgets_a_fixed_steps_suite_by_its_steps():
+  """The smoke sweep fixes 120 steps; the section costed its runs at 20 tokens per parameter
+  (450x the dry run's device-hours) under 'Chinchilla tokens'."""
+  from depthbench_jax.systems import report_section
+  model = {"vocab_size": 64, "n_heads": 4, "max_seq_len": 128, "residual": {"name": "preln"}}
+  config = {"model": model, "steps": 40, "data": {"global_batch_size": 8, "seq_len": 128}}
+  record = {"design": "preln", "n_layers": 4, "d_model": 64, "config": config, "workdir": ""}
+  section = report_section.systems_table([record])
+  assert "training at T=128, the suite's steps x batch x T tokens," in section
+  cfg = model_cfg("preln", n_layers=4, d_model=64, seq=128)
+  fixed = costs.cost_row(cfg, seq_len=4096, train_seq_len=128, tokens_per_param=20.0,
+                         peak_flops=1e15, mfu=0.4, train_tokens=40 * 8 * 128)
+  budget = costs.cost_row(cfg, seq_len=4096, train_seq_len=128, tokens_per_param=20.0,
+                          peak_flops=1e15, mfu=0.4)
+  assert fixed["train_tokens"] == 40 * 8 * 128 and fixed["train_tokens_from"] == "steps"
+  assert fixed["device_hours"] == pytest.approx(
+      budget["device_hours"] * 40 * 8 * 128 / budget["train_tokens"])
+
+
 def test_depth_cost_summary_reads_shallow_to_deep_within_each_scale_family():
   """A multi-scale sweep (configs/suite_multiscale.py: 16/32/48 layers at 200M, 300M, 500M) once
   got one summary line per design from the 200M 16-layer shape to the 500M 48-layer one, its
