@@ -456,8 +456,9 @@ class _Stop:
       signal.signal(signal.SIGTERM, self._previous)
 
   def _handle(self, signum, frame):
+    if not self.requested:  # A process group's SIGTERM arrives twice (run_sweep.sh forwards it).
+      print("[sweep] SIGTERM: passing it to the running training job, then stopping", flush=True)
     self.requested = True
-    print("[sweep] SIGTERM: passing it to the running training job, then stopping", flush=True)
     for proc in self.children:
       if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)

@@ -687,3 +687,12 @@ def test_dry_run_warns_of_a_listed_shape_off_its_target(tmp_path, capsys):
   assert len(warnings) == 1, warnings
   assert "shape 8x160 has 2.624M total Pre-LN parameters, +185.61% off" in warnings[0]
   assert "tolerance 2.00%" in warnings[0] and str(config) in warnings[0]
+
+
+def test_a_process_groups_second_sigterm_is_not_announced_again(capsys):
+  """SIGTERM to run_sweep.sh's process group reaches the sweep twice (directly and forwarded by
+  the script's trap): the notice printed twice."""
+  stop = sweep._Stop()
+  stop._handle(signal.SIGTERM, None)
+  stop._handle(signal.SIGTERM, None)
+  assert capsys.readouterr().out.count("SIGTERM: passing it") == 1 and stop.requested
