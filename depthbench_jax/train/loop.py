@@ -235,7 +235,13 @@ def train_and_evaluate(config, workdir: str) -> dict:
   preempt = _Preemption()
   metrics_log = summary.MetricsLog(workdir, enabled=process_index == 0)
 
-  status, last_train_loss, val_loss, val_step = "ok", None, None, None
+  status, last_train_loss, val_loss = "ok", None, None
+  shown_val = (None, None)   # (val loss, its step) the progress lines show
+  if start_step:  # Resumed: the last eval before (metrics.jsonl); not the final val loss.
+    earlier = {s: v for s, v in summary.read_metrics(workdir, "val/loss").items()
+               if s <= start_step}
+    if earlier:
+      shown_val = (earlier[max(earlier)], max(earlier))
   clock = StepClock(start_step)
   logging.info("Training %s: %d params (%d non-embedding), %d steps, %d tokens/step in %d "
                "microbatch(es), mesh %s", model_cfg.design, counts["total"],
@@ -284,7 +290,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
           if eval_now:
             val_loss = evaluate(state.params, val_batches if step == steps else eval_batches,
                                 eval_fn, batch_sharding)
-            val_step = step
+            shown_val = (val_loss, step)
             writer.write_scalars(step, {"val/loss": val_loss})
             metrics_log.append(step, {"val/loss": val_loss})
           if diag_now:
@@ -296,8 +302,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
                                       **guard.progress(),
                                       "train_data": train_data})
       if log_now and process_index == 0:  # After the eval: an eval step shows its own val loss.
-        print(_progress_line(step, steps, scalars, val_loss, clock.eta_s(step, steps),
-                             val_step), flush=True)
+        print(_progress_line(step, steps, scalars, shown_val[0], clock.eta_s(step, steps),
+                             shown_val[1]), flush=True)
       if reason:
         status = "diverged"
         if process_index == 0:

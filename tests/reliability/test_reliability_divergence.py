@@ -93,6 +93,25 @@ def test_a_diverged_run_resumed_and_interrupted_is_not_left_done(train_in_proces
   assert sweep.run_state(workdir) == "done"
 
 
+def test_a_resumed_sessions_progress_lines_show_the_last_eval_before_it(train_in_process,
+                                                                         tmp_path, monkeypatch,
+                                                                         capsys):
+  """Stopped at step 5 after the eval at step 4, the resumed session's lines showed no val
+  until its own eval at step 8; they now show step 4's, named."""
+  from depthbench_jax.train import loop
+  workdir = str(tmp_path / "vals")
+  config = helpers.tiny_config(steps=10, eval_every=4, checkpoint_every=100, log_every=1)
+  with monkeypatch.context() as m:
+    m.setattr(loop._Preemption, "reached", lambda self, step: step == 5)
+    assert train_in_process(config, workdir)["status"] == "interrupted"
+  capsys.readouterr()
+  train_in_process(config, workdir)
+  lines = {l.split()[1]: l for l in capsys.readouterr().out.splitlines() if l.startswith("step ")}
+  val4 = summary.read_metrics(workdir, "val/loss")[4]
+  assert f"| val {val4:.4f} (step 4) |" in lines["6/10"], lines["6/10"]
+  assert "(step" not in lines["8/10"].split("| val ")[1].split("|")[0]   # its own eval
+
+
 def test_skip_nonfinite_steps_rides_over_one_bad_step(train_in_process, tmp_path):
   workdir = str(tmp_path / "skip")
   config = helpers.tiny_config(steps=10, checkpoint_every=5, eval_every=0,
