@@ -11,9 +11,10 @@ Sets whose file is missing are skipped and listed under ``missing`` with the mes
 where to put them (``--strict`` makes that an error). ``--export_hf`` also writes a Hugging Face
 checkpoint (Pre-LN family) to ``RUN_DIR/hf``. ``--out=PATH`` writes ``PATH`` (its scalars to
 ``tensorboard/`` and the export to ``hf/`` beside it, or ``tensorboard/<stem>`` and
-``<stem>_hf/`` unless PATH is an ``evals.json``: ``beside``) instead. An existing file whose ``options`` differ in what decides the
-numbers (``RESULT_OPTIONS``), or that was made at a later checkpoint than ``--step``, is replaced
-only with ``--overwrite``, so a debug rerun never silently replaces a finished evaluation.
+``<stem>_hf/`` unless PATH is an ``evals.json``: ``beside``) instead. An existing file whose
+``options`` differ in what decides the numbers (``RESULT_OPTIONS``), or that was made at a later
+checkpoint than ``--step``, is replaced only with ``--overwrite``, so a debug rerun never
+silently replaces a finished evaluation.
 
 ``evals.json``::
 

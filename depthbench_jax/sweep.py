@@ -255,9 +255,9 @@ def run_state(workdir: str) -> str:
 def trained_config(workdir: str) -> dict | None:
   """The config a run's steps were trained with: its summary's when finished, else the
   ``config.json`` a started run wrote; None before either exists."""
-  summary = read_summary(workdir)
   if run_state(workdir) == "done":
-    return summary.get("config") if isinstance(summary.get("config"), dict) else None
+    config = read_summary(workdir).get("config")
+    return config if isinstance(config, dict) else None
   try:
     with open(os.path.join(workdir, CONFIG)) as f:
       saved = json.load(f)
