@@ -48,10 +48,14 @@ def is_resumable(field: str) -> bool:
   return _named(field, RESUMABLE_FIELDS)
 
 
+def is_run_field(field: str) -> bool:
+  return _named(field, RUN_FIELDS)
+
+
 def shared_differences(a: dict, b: dict) -> dict[str, tuple]:
   """``{field: (a's value, b's value)}`` for the recipe fields (neither resumable nor a run's
   own) two runs' saved configs both hold and set differently: two runs a best-LR comparison
   may not set side by side. A field on one side only (an older config) is not compared."""
   fa, fb = flatten_fields(a), flatten_fields(b)
   return {f: (fa[f], fb[f]) for f in sorted(fa.keys() & fb.keys())
-          if fa[f] != fb[f] and not is_resumable(f) and not _named(f, RUN_FIELDS)}
+          if fa[f] != fb[f] and not is_resumable(f) and not is_run_field(f)}

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
+from depthbench_jax import recipe
 from depthbench_jax.errors import ConfigError
 from depthbench_jax.sweep import list_runs, read_summary, recipe_edits, run_state
 
@@ -43,7 +44,10 @@ def load_plan(config_path: str, results_dir: str) -> list[dict]:
     raise ConfigError(f"{where}: {err}") from None
   except Exception as err:  # pylint: disable=broad-except  # SyntaxError, ImportError, ...
     raise ConfigError(f"{where}: {type(err).__name__}: {err}; {allowed}") from None
-  edits = {run.workdir: changed for run, changed in recipe_edits(config_path, runs)}
+  # A recipe edit, not a run's own field: data.path spelled otherwise in this shell (the suite
+  # reads $FINEWEB_EDU_PATH) set every run aside.
+  edits = {run.workdir: kept for run, changed in recipe_edits(config_path, runs)
+           if (kept := [c for c in changed if not recipe.is_run_field(c[0])])}
   return [{"name": r.name, "design": r.design,
            "key": (r.design, r.shape.n_layers, r.shape.d_model), "lr": r.lr,
            "workdir": r.workdir,

@@ -141,8 +141,10 @@ def _planned_run(workdir: str) -> tuple[tuple[str, int, int] | None, float | Non
 
 def grid_gaps(records: Sequence[dict], unfinished: Sequence[dict] = (),
               plan: Sequence[dict] | None = None) -> dict:
-  """``{(design, L, d): {'pending': [lr], 'missing': [lr], 'not_started': [lr]}}`` for every
-  shape whose grid is incomplete (``pending``: LRs started there without a summary yet).
+  """``{(design, L, d): {'pending': [lr], 'missing': [lr], 'not_started': [lr],
+  'other_recipe': [lr]}}`` for every shape whose grid is incomplete (``pending``: LRs started
+  there without a summary yet; ``other_recipe``: planned LRs whose run trained another recipe
+  and is set aside, so the best LR there is picked without them).
 
   Without ``plan``, inferred from disk: a design's grid is every LR it ran at any shape of its
   suite (``record['suite']``, ``assign_families``'s recipe; a suite sweeps one grid per
@@ -163,17 +165,22 @@ def grid_gaps(records: Sequence[dict], unfinished: Sequence[dict] = (),
     if u.get("key") is not None and u.get("lr") is not None:
       grid_of(u["key"]).add(u["lr"])
       waiting.setdefault(u["key"], set()).add(u["lr"])
+  other: dict[tuple[str, int, int], set[float]] = {}
   for p in plan or ():
     if p["state"] in ("started", "not started"):
       (waiting if p["state"] == "started" else unstarted).setdefault(p["key"], set()).add(p["lr"])
+    elif p["state"] == "other recipe":
+      other.setdefault(p["key"], set()).add(p["lr"])
   gaps = {}
-  for key in set(tried) | set(waiting) | set(unstarted):
+  for key in set(tried) | set(waiting) | set(unstarted) | set(other):
     done = tried.get(key, set())
-    pending = sorted(waiting.get(key, set()) - done)
+    set_aside = sorted(other.get(key, set()) - done)
+    pending = sorted(waiting.get(key, set()) - done - set(set_aside))
     not_started = sorted(unstarted.get(key, set()) - done - set(pending))
     missing = [] if plan is not None else sorted(grid_of(key) - done - set(pending))
-    if pending or missing or not_started:
-      gaps[key] = {"pending": pending, "missing": missing, "not_started": not_started}
+    if pending or missing or not_started or set_aside:
+      gaps[key] = {"pending": pending, "missing": missing, "not_started": not_started,
+                   "other_recipe": set_aside}
   return gaps
 
 
@@ -459,7 +466,8 @@ def scorecard_markdown(rows: Sequence[dict], marks: str | None = None) -> str:
     out.append("‡ the only LR tried at that shape: the LR is not tuned there.")
   if "§" in marks:
     out.append("§ best of an incomplete LR grid: some of the design's LRs are still training, "
-               "not started or were not run at that shape (see the LR table).")
+               "not started, were not run at that shape or trained another recipe (set aside; "
+               "see the LR table).")
   return "\n".join(out)
 
 
@@ -541,18 +549,21 @@ def lr_table(records: Sequence[dict], groups: dict, gaps: dict | None = None) ->
   shape the plan lists that no run has reached is a row of such cells."""
   gaps = gaps or {}
   lrs = sorted({r["lr"] for r in records} | {lr for g in gaps.values()
-                                             for lr in g["pending"] + g["not_started"]})
+                                             for lr in g["pending"] + g["not_started"]
+                                             + g.get("other_recipe", [])})
   lines = ["| design | shape | AR | " + " | ".join(f"lr {format_lr(lr)}" for lr in lrs) + " |",
            "|---|---|---|" + "---|" * len(lrs)]
   order = _design_order(list(records) + [{"design": k[0]} for k in gaps])
   for key in sorted(set(groups) | set(gaps), key=lambda k: (order.index(k[0]), k[1], k[2])):
     group = groups.get(key, {"runs": [], "best": None})
     gap = gaps.get(key, {"pending": [], "missing": [], "not_started": []})
+    set_aside = gap.get("other_recipe", [])
     cells = []
     for lr in lrs:
       runs = [r for r in group["runs"] if r["lr"] == lr]
       if not runs:
-        cells.append("no summary yet" if lr in gap["pending"] else
+        cells.append("other recipe" if lr in set_aside else
+                     "no summary yet" if lr in gap["pending"] else
                      "not started" if lr in gap["not_started"] else
                      "not run" if lr in gap["missing"] else "")
         continue

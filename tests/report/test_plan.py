@@ -112,7 +112,19 @@ def test_a_planned_run_of_another_recipe_is_set_aside_not_counted_finished(half)
           and "1 trained with another recipe than the suite's now" in text)
   assert "| hc | 0 of 4 | 0 | 0 | 1 | 2 | 1 |" in text
   assert "- `hc_4x128_lr1e-3`: steps=40 (reported: 120)" in text
-  assert "**2.850**" not in text.split("## Val loss by LR")[1].split("## Set aside")[0]
+  table = text.split("## Val loss by LR")[1].split("## Set aside")[0]
+  assert "**2.850**" not in table
+  # Its LR is a gap of the grid there, named (the best LR there was picked without it).
+  assert "| hc | 4x128 | 32.0 | other recipe | no summary yet |" in table
+  # A run's own fields are no recipe: its data read from another path (this shell lacks the
+  # job's $FINEWEB_EDU_PATH) is the suite's run, counted and compared.
+  summary["config"] = dict(smoke.get_config("arch=hc,shape=4x128,lr=1e-3").to_dict(),
+                           data=dict(smoke.get_config().data.to_dict(), path="/shared/data"))
+  (workdir / "summary.json").write_text(json.dumps(summary))
+  assert report_main.main([str(half["results"]), "--no_plots",
+                           f"--config={half['config']}"]) == 0
+  text = (half["results"] / "report.md").read_text()
+  assert "**5 of 12 planned runs finished**" in text and "## Set aside" not in text
 
 
 def test_without_config_the_report_infers_gaps_from_disk_as_before(half):
