@@ -254,10 +254,13 @@ def run_state(workdir: str) -> str:
 
 def trained_config(workdir: str) -> dict | None:
   """The config a run's steps were trained with: its summary's when finished, else the
-  ``config.json`` a started run wrote; None before either exists."""
+  ``config.json`` of a started run with a checkpoint; None otherwise (a run that wrote its
+  config.json and crashed before its first checkpoint trains afresh, as the trainer does)."""
   if run_state(workdir) == "done":
     config = read_summary(workdir).get("config")
     return config if isinstance(config, dict) else None
+  if not checkpoint_steps(workdir):
+    return None
   try:
     with open(os.path.join(workdir, CONFIG)) as f:
       saved = json.load(f)

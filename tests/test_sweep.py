@@ -278,6 +278,10 @@ def test_a_started_run_under_another_recipe_is_refused_before_anything_runs(tiny
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "config.steps=120" in err[0] and "was trained with 40" in err[0]
   assert not calls(tiny["log"])
+  # Crashed before its first checkpoint: nothing trained to keep, the trainer starts it afresh
+  # (it was refused, and with it every host's sweep).
+  os.rmdir(os.path.join(started, "checkpoints", "16"))
+  assert sweep.main([tiny["config"], "--results_dir", tiny["results"], "--dry_run"]) == 0
 
 
 def test_crashed_run_does_not_stop_the_sweep(tiny, monkeypatch):
