@@ -261,23 +261,25 @@ def check_results_shared(workdir: str) -> None:
   import jax
   if jax.process_count() == 1:
     return
+  # Each host looks in its own spelling of the folder: a shared checkout mounted at other
+  # paths on other hosts gives a relative workdir other absolute paths.
   folder = os.path.dirname(os.path.abspath(workdir))
-  marker = ""
+  name = ""
   if jax.process_index() == 0:
     os.makedirs(folder, exist_ok=True)
-    marker = os.path.join(folder, f".hosts-see-this-{uuid.uuid4().hex}")
-    open(marker, "w").close()
+    name = f".hosts-see-this-{uuid.uuid4().hex}"
+    open(os.path.join(folder, name), "w").close()
   try:
-    marker = gather_text(marker)[0]
-    seen = gather_text("1" if os.path.exists(marker) else "0")  # process 0 waits for all
-  finally:
+    name = gather_text(name)[0]
+    seen = gather_text("1" if os.path.exists(os.path.join(folder, name)) else "0")
+  finally:  # process 0 removes it once every process has looked (the second gather)
     if jax.process_index() == 0:
-      os.remove(marker)
+      os.remove(os.path.join(folder, name))
   blind = [i for i, s in enumerate(seen) if s != "1"]
   if blind:
     raise ConfigError(
         f"--workdir={workdir}: process {blind[0]} of {len(seen)} does not see the file process 0 "
-        f"wrote in {os.path.dirname(marker)} ({len(blind)} process"
+        f"wrote in {folder} ({len(blind)} process"
         f"{'es' if len(blind) > 1 else ''} in all); "
         f"allowed: a results dir on a filesystem every host sees (README: Multi-host GPU pods)")
 

@@ -509,8 +509,8 @@ def test_processes_of_one_run_refuse_other_configs_or_workdirs(monkeypatch, tmp_
 def test_processes_that_do_not_share_the_results_dir_refuse_alike(monkeypatch, tmp_path):
   """A node-local --results_dir trained each run to its end with the summary on host 0 alone;
   the other hosts' sweeps took that for a preemption. Every process now looks for a file
-  process 0 wrote there and all refuse, naming the process that did not see it; the file is
-  gone afterwards. Faked in one process: process 1's view of the folder is another tmp dir
+  process 0 wrote there (by its name, in its own spelling of the folder) and all refuse, naming
+  the process that did not see it; the file is gone afterwards. Faked in one process: process 1's view of the folder is another tmp dir
   (two real processes sharing one: test_train_loop's two-process runs pass this check)."""
   import jax
   from depthbench_jax import main
@@ -529,14 +529,18 @@ def test_processes_that_do_not_share_the_results_dir_refuse_alike(monkeypatch, t
     main.check_results_shared(workdir)
 
   as_process(0, str(host0 / "run"), ["", "1"])             # process 1 saw it: nothing raised
-  marker = view[0][0]
-  assert os.path.dirname(marker) == str(host0) and not os.path.exists(marker)
+  name = view[0][0]
+  assert name.startswith(".hosts-see-this-") and not os.path.exists(host0 / name)
   with pytest.raises(ConfigError, match=r"process 1 of 2 does not see the file process 0 wrote "
-                                        r"in .*host0/results .*; allowed: a results dir on a "
+                                        r"in .*host1/results .*; allowed: a results dir on a "
                                         r"filesystem every host sees"):
-    as_process(1, str(host1 / "run"), [marker, "1"])      # host 1's disk: no such file
+    as_process(1, str(host1 / "run"), [name, "1"])        # host 1's disk: no such file
   assert view[1] == ["", "0"]
   assert os.listdir(host0) == [] and os.listdir(host1) == []
+  # The same folder mounted at another path on host 1 (a shared checkout, a relative workdir):
+  # it looks for the name in its own spelling of the folder, and finds it.
+  (host1 / name).write_text("")
+  as_process(1, str(host1 / "run"), [name, "1"])
 
 
 def test_flag_error_keeps_the_config_errors_own_last_line():
