@@ -153,7 +153,8 @@ def main(argv):
     config_check.check_heldout_rows(
         overrides.get("batch_size", config.diagnostics.batch_size), config,
         "--batch_size" if _BATCH_SIZE.value is not None else "--set=batch_size"
-        if "batch_size" in overrides else "config.diagnostics.batch_size")
+        if "batch_size" in overrides else "config.diagnostics.batch_size",
+        "" if "batch_size" in overrides else ", set by --batch_size=N")
     summary.check_replaceable(  # Before the probes run: a finished result is never lost.
         out, result_settings(diagnostics_options(config, overrides)), _OVERWRITE.value,
         lambda key: "--batch_size" if key == "batch_size" else f"--set={key}", step=step)

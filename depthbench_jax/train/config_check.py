@@ -164,12 +164,13 @@ def validate_guards(config) -> None:
     check_heldout_rows(config.diagnostics.batch_size, config, "config.diagnostics.batch_size")
 
 
-def check_heldout_rows(batch_size: int, config, name: str) -> None:
+def check_heldout_rows(batch_size: int, config, name: str, other: str = "") -> None:
   """The diagnostics read ``batch_size`` rows of one validation batch, which holds
-  ``config.data.global_batch_size``: more were cut silently and recorded as asked."""
+  ``config.data.global_batch_size``: more were cut silently and recorded as asked. ``other``:
+  how else to set it (diagnose names --batch_size for a run's own value)."""
   rows = config.data.global_batch_size
   _require(batch_size <= rows, f"{name}={batch_size}; allowed: 1..{rows} (the rows of a "
-                               f"validation batch, config.data.global_batch_size)")
+                               f"validation batch, config.data.global_batch_size){other}")
 
 
 def validate_diagnostics(diag) -> None:

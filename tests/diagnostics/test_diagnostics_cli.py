@@ -222,6 +222,7 @@ def test_cli_more_rows_than_a_validation_batch_holds_is_refused(tmp_path, flag, 
   proc = _diagnose(workdir, flag)
   assert proc.returncode == 2, proc.stderr[-2000:]
   lines = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
+  how = "" if flag.startswith(("--batch_size", "--set")) else ", set by --batch_size=N"
   assert lines == [f"error: {named}; allowed: 1..{batch} (the rows of a validation batch, "
-                   "config.data.global_batch_size)"], proc.stderr[-2000:]
+                   f"config.data.global_batch_size){how}"], proc.stderr[-2000:]
   assert sorted(os.listdir(workdir)) == files
