@@ -160,8 +160,17 @@ def load_config_module(path: str):
     raise ConfigError(f"config file {path!r} does not exist; allowed: a configs/*.py file")
   name = "depthbench_suite_" + os.path.splitext(os.path.basename(path))[0]
   spec = importlib.util.spec_from_file_location(name, path)
+  if spec is None or spec.loader is None:   # not a .py file
+    raise ConfigError(f"config file {path!r} is no Python module; allowed: a configs/*.py file")
   module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
+  try:
+    spec.loader.exec_module(module)
+  except ConfigError:
+    raise
+  except Exception as err:  # pylint: disable=broad-except  # SyntaxError, ImportError, ...
+    # One error line, not the file's traceback (sweep, systems and shapes showed one).
+    raise ConfigError(f"config file {path!r} does not load: {type(err).__name__}: {err}; "
+                      f"allowed: a config file that imports and runs") from None
   return module
 
 
@@ -216,7 +225,13 @@ def list_runs(config_path: str, results_dir: str | None = None) -> list[Run]:
   module = load_config_module(config_path)
   if not hasattr(module, "sweep"):
     raise ConfigError(f"{config_path} has no `sweep`; allowed: a suite config listing its runs")
-  entries = module.sweep() if callable(module.sweep) else module.sweep
+  try:
+    entries = module.sweep() if callable(module.sweep) else module.sweep
+  except ConfigError:
+    raise
+  except Exception as err:  # pylint: disable=broad-except  # a NameError in sweep()
+    raise ConfigError(f"{config_path}: sweep() raised {type(err).__name__}: {err}; allowed: a "
+                      f"sweep() that lists the suite's runs") from None
   results_dir = results_dir or os.path.join("results", suite_name(module))
   runs, seen = [], {}
   for entry in entries:

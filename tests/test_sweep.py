@@ -701,3 +701,17 @@ def test_a_process_groups_second_sigterm_is_not_announced_again(capsys):
   stop._handle(signal.SIGTERM, None)
   stop._handle(signal.SIGTERM, None)
   assert capsys.readouterr().out.count("SIGTERM: passing it") == 1 and stop.requested
+
+
+@pytest.mark.parametrize("source, said", [
+    ("import nosuchmod\n", "does not load: ModuleNotFoundError: No module named 'nosuchmod'"),
+    ("from configs import smoke\nget_config = smoke.get_config\nNAME = 'x'\n"
+     "def sweep():\n  return undefined_name\n", "sweep() raised NameError")])
+def test_a_suite_that_does_not_load_is_one_error_line(tmp_path, capsys, source, said):
+  """A suite with an import or a name error was its traceback from sweep, systems and shapes
+  (report already said it in one line)."""
+  suite = tmp_path / "suite.py"
+  suite.write_text(source)
+  assert sweep.main([str(suite), "--dry_run", "--results_dir", str(tmp_path / "r")]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith("error: ") and said in err[0], err
