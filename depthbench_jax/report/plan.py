@@ -17,9 +17,37 @@ from typing import Sequence
 
 from depthbench_jax import recipe
 from depthbench_jax.errors import ConfigError
-from depthbench_jax.sweep import list_runs, read_summary, recipe_edits, run_state
+from depthbench_jax.sweep import (config_of, format_lr, list_runs, load_config_module, read_summary,
+                                  recipe_edits, run_state, trained_config)
 
 STATES = ("ok", "diverged", "started", "not started", "other recipe")
+
+
+def other_recipe_runs(config_path: str, items: Sequence[dict]) -> dict[str, list]:
+  """``{abspath(workdir): recipe changes}`` of the runs in ``items`` (the report's records and
+  runs without a summary, planned or not) that trained another recipe than the suite gives
+  their design, shape and LR now (``sweep.trained_config``; a run's own fields, data.path and
+  the seeds, do not count). Off-plan folders were compared only with each other, so a copy of
+  an old run could be reported beside nothing of the suite's recipe."""
+  from depthbench_jax.train import config_check  # Local: pulls in jax.
+  module = load_config_module(config_path)
+  out = {}
+  for item in items:
+    design, n_layers, d_model = item.get("key") or (
+        item.get("design"), item.get("n_layers"), item.get("d_model"))
+    lr, workdir = item.get("lr"), item.get("workdir")
+    trained = trained_config(workdir) if workdir else None
+    if trained is None or None in (design, n_layers, d_model, lr):
+      continue
+    try:
+      suite = config_of(module, f"arch={design},shape={n_layers}x{d_model},lr={format_lr(lr)}")
+    except ConfigError:   # a design or shape this suite cannot build: nothing to compare
+      continue
+    changes = [c for c in config_check.recipe_changes(trained, suite)
+               if not recipe.is_run_field(c[0])]
+    if changes:
+      out[os.path.abspath(workdir)] = changes
+  return out
 
 
 def shown_path(path: str) -> str:

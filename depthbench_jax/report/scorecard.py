@@ -247,21 +247,20 @@ def recipe_clusters(records: Sequence[dict]) -> list[list[dict]]:
   return [members for _, members in clusters]
 
 
-def set_aside_other_recipes(records: Sequence[dict], plan: Sequence[dict] = ()
+def set_aside_other_recipes(records: Sequence[dict], plan: Sequence[dict] = (),
+                            other: dict[str, list] | None = None,
                             ) -> tuple[list[dict], list[tuple[dict, dict]]]:
   """``(kept, [(record, {field: (its value, the kept runs' value)})])``: where runs of two
   recipes share a shape, one recipe is reported and the other's runs are set aside, named.
 
   Each shape's best LR is picked among its runs, so a copy of a run trained longer in another
   folder (README's one-run example beside the smoke sweep) won it and flipped the ranking, and
-  a suite edited after some runs finished mixed two schedules in one trend. With ``plan``
-  (``report.plan.load_plan``, ``--config``'s suite as it is now) its runs of another recipe
-  than the suite gives them now go first (``sweep.recipe_edits``: the runs the sweep refuses).
-  Then, where recipes still share a shape, kept: the recipe with the most runs in planned
-  workdirs, then the most runs, then the first found. Recipes at other shapes stay (other
+  a suite edited after some runs finished mixed two schedules in one trend. With ``--config``,
+  ``other`` (``report.plan.other_recipe_runs``: runs of another recipe than the suite gives
+  them now, planned or not) go first. Then, where recipes still share a shape, kept: the
+  recipe with the most runs in ``plan``'s workdirs, then the most runs, then the first found. Recipes at other shapes stay (other
   families: ``assign_families``)."""
-  other = {os.path.abspath(p["workdir"]): p["changes"] for p in plan
-           if p.get("state") == "other recipe"}
+  other = other or {}
   planned = {os.path.abspath(p["workdir"]) for p in plan} - set(other)
   aside = [(r, {f: (old, new) for f, old, new in other[os.path.abspath(r["workdir"])]})
            for r in records if os.path.abspath(r.get("workdir", "")) in other]
@@ -742,7 +741,13 @@ def write_report(results_dir: str, out_dir: str | None = None, plots: bool = Tru
                       f"finished yet.{table}\n")
     return [report_path]
   every = records
-  records, aside = set_aside_other_recipes(records, plan or ())
+  other = (plan_lib.other_recipe_runs(config_path, records + unfinished)
+           if config_path is not None else {})
+  records, aside = set_aside_other_recipes(records, plan or (), other)
+  # Runs without a summary of another recipe: named with the others, not a gap of the grid.
+  changes = lambda u: {f: (a, b) for f, a, b in other[os.path.abspath(u["workdir"])]}
+  aside += [(u, changes(u)) for u in unfinished if os.path.abspath(u["workdir"]) in other]
+  unfinished = [u for u in unfinished if os.path.abspath(u["workdir"]) not in other]
   assign_families(records)
   groups = select_best_lr(records)
   plot_files = []

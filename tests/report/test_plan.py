@@ -127,6 +127,31 @@ def test_a_planned_run_of_another_recipe_is_set_aside_not_counted_finished(half)
   assert "**5 of 12 planned runs finished**" in text and "## Set aside" not in text
 
 
+def test_off_plan_runs_and_runs_without_a_summary_of_another_recipe_are_set_aside(half):
+  """Only planned folders were checked against the suite: a copy of a 40-step hc run under
+  another name was reported as the suite's hc result, and a 40-step run stopped midway at an
+  LR the suite does not plan made a pending column of the suite's grid."""
+  from configs import smoke
+  copy = half["results"] / "hc_copy"
+  copy.mkdir()
+  (copy / "summary.json").write_text(json.dumps(dict(
+      name="hc_4x128_lr1e-3", design="hc", n_layers=4, d_model=128, aspect_ratio=32.0, lr=1e-3,
+      final_val_loss=2.5, status="ok", params_total=1e6,
+      config=dict(smoke.get_config("arch=hc,shape=4x128,lr=1e-3").to_dict(), steps=40))))
+  stopped = _run_dir(half["results"], "preln", 4, 128, 1e-2)
+  (stopped / "checkpoints" / "20").mkdir(parents=True)
+  (stopped / "config.json").write_text(json.dumps(
+      dict(smoke.get_config("arch=preln,shape=4x128,lr=1e-2").to_dict(), steps=40)))
+  assert report_main.main([str(half["results"]), "--no_plots",
+                           f"--config={half['config']}"]) == 0
+  text = (half["results"] / "report.md").read_text()
+  aside = text.split("## Set aside")[1].split("##")[0]
+  assert "- `hc_copy`: steps=40 (reported: 120)" in aside
+  assert "- `preln_4x128_lr1e-2`: steps=40 (reported: 120)" in aside
+  assert "2.500" not in text.split("## Set aside")[0]
+  assert "lr 1e-2" not in text   # no column for the stopped run's LR
+
+
 def test_without_config_the_report_infers_gaps_from_disk_as_before(half):
   assert report_main.main([str(half["results"]), "--no_plots"]) == 0
   text = (half["results"] / "report.md").read_text()
