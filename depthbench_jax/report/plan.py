@@ -5,7 +5,7 @@ x shape x LR, one workdir each), and each run's state is the one the sweep acts 
 (``sweep.run_state``): ``ok`` / ``diverged`` (a summary with that final status), ``started``
 (a non-empty folder without one: training, interrupted or crashed), ``not started``, or
 ``other recipe`` (trained, finished or not, with a recipe the suite no longer gives it:
-``sweep.recipe_edits``; the report sets it aside, the sweep refuses it).
+``other_recipe_runs``; the report sets it aside, the sweep refuses it).
 Progress is ``finished = ok + diverged`` of ``planned``; a run folder on disk that is no
 planned workdir is *off plan* (a suite edited since, a copy): named, and still reported.
 """
@@ -18,7 +18,7 @@ from typing import Sequence
 from depthbench_jax import recipe
 from depthbench_jax.errors import ConfigError
 from depthbench_jax.sweep import (config_of, format_lr, list_runs, load_config_module, read_summary,
-                                  recipe_edits, run_state, trained_config)
+                                  run_state, trained_config)
 
 STATES = ("ok", "diverged", "started", "not started", "other recipe")
 
@@ -72,15 +72,14 @@ def load_plan(config_path: str, results_dir: str) -> list[dict]:
     raise ConfigError(f"{where}: {err}") from None
   except Exception as err:  # pylint: disable=broad-except  # SyntaxError, ImportError, ...
     raise ConfigError(f"{where}: {type(err).__name__}: {err}; {allowed}") from None
-  # A recipe edit, not a run's own field: data.path spelled otherwise in this shell (the suite
-  # reads $FINEWEB_EDU_PATH) set every run aside.
-  edits = {run.workdir: kept for run, changed in recipe_edits(config_path, runs)
-           if (kept := [c for c in changed if not recipe.is_run_field(c[0])])}
-  return [{"name": r.name, "design": r.design,
+  plan = [{"name": r.name, "design": r.design,
            "key": (r.design, r.shape.n_layers, r.shape.d_model), "lr": r.lr,
-           "workdir": r.workdir,
-           "state": "other recipe" if r.workdir in edits else _state(r.workdir),
-           "changes": edits.get(r.workdir, [])} for r in runs]
+           "workdir": r.workdir, "state": _state(r.workdir)} for r in runs]
+  other = other_recipe_runs(config_path, plan)
+  for p in plan:
+    if os.path.abspath(p["workdir"]) in other:
+      p["state"] = "other recipe"
+  return plan
 
 
 def _state(workdir: str) -> str:

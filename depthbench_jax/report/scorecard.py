@@ -258,8 +258,8 @@ def set_aside_other_recipes(records: Sequence[dict], plan: Sequence[dict] = (),
   a suite edited after some runs finished mixed two schedules in one trend. With ``--config``,
   ``other`` (``report.plan.other_recipe_runs``: runs of another recipe than the suite gives
   them now, planned or not) go first. Then, where recipes still share a shape, kept: the
-  recipe with the most runs in ``plan``'s workdirs, then the most runs, then the first found. Recipes at other shapes stay (other
-  families: ``assign_families``)."""
+  recipe with the most runs in ``plan``'s workdirs, then the most runs, then the first found.
+  Recipes at other shapes stay (other families: ``assign_families``)."""
   other = other or {}
   planned = {os.path.abspath(p["workdir"]) for p in plan} - set(other)
   aside = [(r, {f: (old, new) for f, old, new in other[os.path.abspath(r["workdir"])]})
