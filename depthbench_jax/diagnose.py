@@ -157,7 +157,8 @@ def main(argv):
         "" if "batch_size" in overrides else ", set by --batch_size=N")
     summary.check_replaceable(  # Before the probes run: a finished result is never lost.
         out, result_settings(diagnostics_options(config, overrides)), _OVERWRITE.value,
-        lambda key: "--batch_size" if key == "batch_size" else f"--set={key}", step=step)
+        lambda key: "--batch_size" if key == "batch_size" else f"--set={key}", step=step,
+        workdir=workdir)
     # The run's own data (config.data.path may name shards this host does not have).
     val = pipeline.make_val_batches(config, process_index=0, process_count=1)
   except ConfigError as err:

@@ -18,7 +18,7 @@ silently replaces a finished evaluation.
 
 ``evals.json``::
 
-  {"step", "name", "design", "n_layers", "tokenizer",
+  {"step", "name", "design", "n_layers", "tokenizer", "workdir",
    "options": {"sets", "eval_data_dir", "max_examples", "generate", "max_new_tokens",
                "score_len", "batch_size"},
    "sets": {set: {"domain", "kind", "n", "tokens", "context_cut", "answer_cut",
@@ -227,7 +227,8 @@ def main(argv):
     deciding = [k for k in RESULT_OPTIONS if _GENERATE.value or k != "max_new_tokens"]
     summary.check_replaceable(  # Before the tokenizer and model: a finished result is never lost.
         out, {k: options[k] for k in deciding}, _OVERWRITE.value,
-        lambda key: "config.data.seq_len" if key == "score_len" else f"--{key}", step=step)
+        lambda key: "config.data.seq_len" if key == "score_len" else f"--{key}", step=step,
+        workdir=workdir)
   except ConfigError as err:
     fail(str(err))
   tokenizer = get_tokenizer(config.data.tokenizer)
@@ -237,7 +238,8 @@ def main(argv):
                    timeout_s=_TIMEOUT.value, strict=_STRICT.value,
                    score_len=int(config.data.seq_len))
   evals.update(step=step, name=config.name, design=model_cfg.design,
-               n_layers=model_cfg.n_layers, tokenizer=tokenizer.name, options=options)
+               n_layers=model_cfg.n_layers, tokenizer=tokenizer.name, options=options,
+               workdir=os.path.abspath(workdir))   # which run it holds (names repeat)
   path = write_evals(workdir, evals, int(step or 0), out, config.tensorboard)
   if _EXPORT.value:
     hf_dir = hf.export_hf(params, model_cfg, beside(path, "hf"), tokenizer=tokenizer,

@@ -64,15 +64,18 @@ def check_folder(path: str, name: str) -> None:
 def check_replaceable(path: str, settings: dict, overwrite: bool,
                       flag: Callable[[str], str] = "--{}".format,
                       recorded: Callable[[dict], dict] = recorded_options,
-                      step: int | None = None) -> None:
+                      step: int | None = None, workdir: str | None = None) -> None:
   """Raises one ``ConfigError`` when ``path`` holds a result whose ``recorded(result)`` settings
   differ from ``settings`` (the values that decide its numbers; ``flag(key)`` is how the user
   sets one): a debug rerun (fewer examples, other designs, other thresholds) would silently
   replace a finished result with a lesser one. So does one of an earlier checkpoint ``step``
   than the result's own (``--step=100`` over the final step's evals.json). The same settings
   (a rerun, a later checkpoint, more rounds) or ``overwrite`` replace it; a key the file does
-  not record (older code, or a file ``recorded`` cannot read) counts as different. One check
-  for every tool that writes a result: evaluate, diagnose, systems, bench and decode_bench."""
+  not record (older code, or a file ``recorded`` cannot read) counts as different. With
+  ``workdir``, a result of another run (its recorded ``workdir``; a debug ``--out`` reused for
+  a second run replaced the first's without a word) is refused too; one that records none is
+  not. One check for every tool that writes a result: evaluate, diagnose, systems, bench and
+  decode_bench."""
   if os.path.isdir(path):
     raise ConfigError(f"{path} is a directory; allowed: a file path for the result (--out)")
   check_folder(os.path.dirname(os.path.abspath(path)), f"--out={path}")
@@ -84,6 +87,11 @@ def check_replaceable(path: str, settings: dict, overwrite: bool,
   except (ValueError, AttributeError, KeyError, TypeError, IndexError):  # Not such a result.
     result, before = {}, {}
   made_at = result.get("step") if isinstance(result, dict) else None
+  made_of = result.get("workdir") if isinstance(result, dict) else None
+  if workdir and made_of and os.path.abspath(made_of) != os.path.abspath(workdir):
+    raise ConfigError(
+        f"--workdir={workdir}: {path} holds the result of another run ({made_of}), which this "
+        f"run would replace; allowed: another --out, or --overwrite")
   if step is not None and isinstance(made_at, int) and step < made_at:
     raise ConfigError(
         f"checkpoint step {step} (--step, else the latest): {path} holds the result of the "

@@ -160,6 +160,25 @@ def test_cli_rerun_with_the_same_settings_replaces_evals_and_records_them(tmp_pa
   assert not os.path.exists(os.path.join(workdir, "tensorboard"))  # the run's tensorboard=False
 
 
+def test_cli_out_holding_another_runs_result_is_refused(tmp_path):
+  """A debug --out reused for a second run replaced the first run's result unsaid (evals.json
+  recorded no workdir, and both runs had one name). It records its run now, and another run's
+  result there is refused; one recording none (older files) is not."""
+  workdir, _ = _run_with_evals(tmp_path, FULL)
+  side = tmp_path / "debug" / "evals.json"
+  assert _evaluate(workdir, *DEBUG_FLAGS, f"--out={side}").returncode == 0
+  assert json.load(open(side))["workdir"] == os.path.abspath(workdir)
+  other = str(tmp_path / "other")
+  helpers.saved_run(other)
+  proc = _evaluate(other, *DEBUG_FLAGS, f"--out={side}")
+  assert proc.returncode == 2
+  lines = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
+  assert lines == [f"error: --workdir={other}: {side} holds the result of another run "
+                   f"({os.path.abspath(workdir)}), which this run would replace; allowed: "
+                   "another --out, or --overwrite"], proc.stderr[-2000:]
+  assert json.load(open(side))["workdir"] == os.path.abspath(workdir)
+
+
 def test_cli_without_generation_max_new_tokens_decides_nothing(tmp_path):
   """A --generate=false rerun was refused for the max_new_tokens an earlier one recorded,
   though without generation it decides nothing."""
