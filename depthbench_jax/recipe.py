@@ -21,6 +21,11 @@ RESUMABLE_FIELDS = ("name", "log_every", "tensorboard", "eval_every", "eval_batc
                     "data.worker_count", "iso_target_params", "iso_count", "iso_tolerance",
                     "grad_accum_steps", "model.remat_policy")
 
+# Of the resumable fields, those that decide whether a run diverges (its divergence rules,
+# skipping non-finite steps, injected faults): a diverged run resumed under other ones trains on
+# (``train/loop._diverged_summary``).
+GUARD_FIELDS = ("divergence.", "skip_nonfinite_steps", "debug.")
+
 # What a suite sets per run (``sweep.apply_run``: the design with its options, the shape with
 # what it derives, the LR), the seeds (another seed is the same recipe), and ``data.path`` (the
 # same shards are spelled differently on another host; the checkpoints fingerprint the data).
@@ -50,6 +55,10 @@ def is_resumable(field: str) -> bool:
 
 def is_run_field(field: str) -> bool:
   return _named(field, RUN_FIELDS)
+
+
+def is_guard_field(field: str) -> bool:
+  return _named(field, GUARD_FIELDS)
 
 
 def shared_differences(a: dict, b: dict) -> dict[str, tuple]:

@@ -27,7 +27,7 @@ import jax
 import numpy as np
 from absl import logging
 
-from depthbench_jax import revision, shapes
+from depthbench_jax import recipe, revision, shapes
 from depthbench_jax.data import pipeline
 from depthbench_jax.model.transformer import count_params
 from depthbench_jax.sweep import format_duration
@@ -241,7 +241,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
     earlier = {s: v for s, v in summary.read_metrics(workdir, "val/loss").items()
                if s <= start_step}
     if earlier:
-      shown_val = (earlier[max(earlier)], max(earlier))
+      last = max(earlier)
+      shown_val = (earlier[last], last)
   clock = StepClock(start_step)
   logging.info("Training %s: %d params (%d non-embedding), %d steps, %d tokens/step in %d "
                "microbatch(es), mesh %s", model_cfg.design, counts["total"],
@@ -339,9 +340,6 @@ def train_and_evaluate(config, workdir: str) -> dict:
   return result
 
 
-GUARD_FIELDS = ("divergence.", "skip_nonfinite_steps", "debug.")
-
-
 def _diverged_summary(workdir: str, config) -> dict | None:
   """The run's summary when it diverged under this config's recipe and divergence rules (and
   debug faults), else None. Run again, it retrained from its last checkpoint (from step 1
@@ -350,10 +348,10 @@ def _diverged_summary(workdir: str, config) -> dict | None:
   done = _saved_summary(workdir)
   if not (done and done.get("status") == "diverged" and isinstance(done.get("config"), dict)):
     return None
-  saved = config_check.flatten_fields(done["config"])
-  now = config_check.flatten_fields(config_check.as_json(config))
+  saved = recipe.flatten_fields(done["config"])
+  now = recipe.flatten_fields(config_check.as_json(config))
   if any(saved.get(k) != now.get(k) for k in saved.keys() | now.keys()
-         if k.startswith(GUARD_FIELDS)):
+         if recipe.is_guard_field(k)):
     return None
   return None if config_check.recipe_changes(done["config"], config) else done
 
