@@ -131,12 +131,16 @@ SLURM_STEP_VARIABLES = ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "
                         "SLURM_LOCALID")
 
 
+def in_slurm_step() -> bool:
+  return all(name in os.environ for name in SLURM_STEP_VARIABLES)
+
+
 def slurm_tasks() -> int:
   """Tasks of the SLURM job step this process runs in (1 outside one): with more than one,
   ``jax.distributed.initialize()`` reads the cluster from SLURM's variables. An ``salloc -n8``
   shell has ``SLURM_JOB_ID`` and ``SLURM_NTASKS=8`` but is one process, which JAX cannot place
   in a cluster (it raised "coordinator_address should be defined" at every run of a sweep)."""
-  if not all(name in os.environ for name in SLURM_STEP_VARIABLES):
+  if not in_slurm_step():
     return 1
   return int(os.environ.get("SLURM_NTASKS") or 1)
 
@@ -150,7 +154,7 @@ def slurm_local_device_ids() -> list[int] | None:
   README's ``--ntasks-per-node=1 --gpus-per-node=8`` every host trained on GPU 0 alone (4 of
   32). Given ``[]`` it keeps ``[]`` and restricts nothing, so the one task per node drives every
   GPU the step gives it. Several tasks on a node keep JAX's one GPU each."""
-  if not all(name in os.environ for name in SLURM_STEP_VARIABLES):
+  if not in_slurm_step():
     return None
   nodes = os.environ.get("SLURM_STEP_NUM_NODES") or os.environ.get("SLURM_NNODES")
   return [] if nodes and int(nodes) == slurm_tasks() else None
