@@ -23,10 +23,10 @@ from depthbench_jax.sweep import (config_of, format_lr, list_runs, load_config_m
 STATES = ("ok", "diverged", "started", "not started", "other recipe")
 
 
-def other_recipe_runs(config_path: str, items: Sequence[dict]) -> dict[str, list]:
-  """``{abspath(workdir): recipe changes}`` of the runs in ``items`` (the report's records and
-  runs without a summary, planned or not) that trained another recipe than the suite gives
-  their design, shape and LR now (``sweep.trained_config``; a run's own fields, data.path and
+def other_recipe_runs(config_path: str, items: Sequence[dict]) -> dict[str, dict]:
+  """``{abspath(workdir): {field: (trained value, the suite's)}}`` of the runs in ``items``
+  (the report's records and runs without a summary, planned or not) that trained another
+  recipe than the suite gives their design, shape and LR now (``sweep.trained_config``; a run's own fields, data.path and
   the seeds, do not count). Off-plan folders were compared only with each other, so a copy of
   an old run could be reported beside nothing of the suite's recipe."""
   from depthbench_jax.train import config_check  # Local: pulls in jax.
@@ -43,8 +43,8 @@ def other_recipe_runs(config_path: str, items: Sequence[dict]) -> dict[str, list
       suite = config_of(module, f"arch={design},shape={n_layers}x{d_model},lr={format_lr(lr)}")
     except ConfigError:   # a design or shape this suite cannot build: nothing to compare
       continue
-    changes = [c for c in config_check.recipe_changes(trained, suite)
-               if not recipe.is_run_field(c[0])]
+    changes = {field: (was, now) for field, was, now in config_check.recipe_changes(trained, suite)
+               if not recipe.is_run_field(field)}
     if changes:
       out[os.path.abspath(workdir)] = changes
   return out
@@ -70,7 +70,7 @@ def load_plan(config_path: str, results_dir: str) -> list[dict]:
     runs = list_runs(config_path, results_dir)
   except ConfigError as err:
     raise ConfigError(f"{where}: {err}") from None
-  except Exception as err:  # pylint: disable=broad-except  # SyntaxError, ImportError, ...
+  except Exception as err:  # pylint: disable=broad-except  # sweep() entries that are no runs
     raise ConfigError(f"{where}: {type(err).__name__}: {err}; {allowed}") from None
   plan = [{"name": r.name, "design": r.design,
            "key": (r.design, r.shape.n_layers, r.shape.d_model), "lr": r.lr,

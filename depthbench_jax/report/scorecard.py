@@ -248,7 +248,7 @@ def recipe_clusters(records: Sequence[dict]) -> list[list[dict]]:
 
 
 def set_aside_other_recipes(records: Sequence[dict], plan: Sequence[dict] = (),
-                            other: dict[str, list] | None = None,
+                            other: dict[str, dict] | None = None,
                             ) -> tuple[list[dict], list[tuple[dict, dict]]]:
   """``(kept, [(record, {field: (its value, the kept runs' value)})])``: where runs of two
   recipes share a shape, one recipe is reported and the other's runs are set aside, named.
@@ -262,7 +262,7 @@ def set_aside_other_recipes(records: Sequence[dict], plan: Sequence[dict] = (),
   Recipes at other shapes stay (other families: ``assign_families``)."""
   other = other or {}
   planned = {os.path.abspath(p["workdir"]) for p in plan} - set(other)
-  aside = [(r, {f: (old, new) for f, old, new in other[os.path.abspath(r["workdir"])]})
+  aside = [(r, other[os.path.abspath(r["workdir"])])
            for r in records if os.path.abspath(r.get("workdir", "")) in other]
   records = [r for r in records if os.path.abspath(r.get("workdir", "")) not in other]
   shapes = lambda c: {(r["n_layers"], r["d_model"]) for r in c}
@@ -745,8 +745,8 @@ def write_report(results_dir: str, out_dir: str | None = None, plots: bool = Tru
            if config_path is not None else {})
   records, aside = set_aside_other_recipes(records, plan or (), other)
   # Runs without a summary of another recipe: named with the others, not a gap of the grid.
-  changes = lambda u: {f: (a, b) for f, a, b in other[os.path.abspath(u["workdir"])]}
-  aside += [(u, changes(u)) for u in unfinished if os.path.abspath(u["workdir"]) in other]
+  aside += [(u, other[os.path.abspath(u["workdir"])]) for u in unfinished
+            if os.path.abspath(u["workdir"]) in other]
   unfinished = [u for u in unfinished if os.path.abspath(u["workdir"]) not in other]
   assign_families(records)
   groups = select_best_lr(records)
