@@ -292,9 +292,10 @@ def set_aside_markdown(aside: Sequence[tuple[dict, dict]], relative_to: str | No
     where = os.path.relpath(where, relative_to) if relative_to and os.path.isabs(where) else where
     fields = ", ".join(f"{f}={a!r} (reported: {b!r})" for f, (a, b) in differ.items())
     lines.append(f"- `{where}`: {fields}")
-  return ("Runs of another recipe than the reported runs where the two share a shape (with "
-          "that recipe's runs at other shapes: one best-LR choice, trend or plot line cannot "
-          "mix recipes). Report them from their own folder, or move the others out.\n\n"
+  return ("Runs of another recipe than the reported runs: with --config, than the suite gives "
+          "them now; without, where two recipes share a shape (with that recipe's runs at other "
+          "shapes). One best-LR choice, trend or plot line cannot mix recipes. Report them from "
+          "their own folder, or move the others out.\n\n"
           + "\n".join(lines))
 
 
