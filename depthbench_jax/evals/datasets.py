@@ -217,7 +217,8 @@ def find_file(name: str, data_dir: str | None = None) -> str:
 
 def load_set(name: str, data_dir: str | None = None, max_examples: int | None = None
              ) -> list[Example]:
-  """The set's examples, in file order (first ``max_examples`` when given)."""
+  """The set's examples, in file order (first ``max_examples`` when given); a file with none
+  is a ValueError naming it."""
   if name not in SETS:
     raise ValueError(f"eval set {name!r}; allowed: {', '.join(SETS)}")
   spec = SETS[name]
@@ -235,4 +236,8 @@ def load_set(name: str, data_dir: str | None = None, max_examples: int | None = 
     examples.append(spec.to_example(record, i))
     if max_examples is not None and len(examples) >= max_examples:
       break
+  if not examples:  # an empty or header-only file scored 0 tokens: NLL 0.0 in its domain mean
+    raise ValueError(f"{path}: no {name!r} examples in it ({len(records)} records"
+                     + (", none in the test split task_id 11-510" if records else "")
+                     + f"); expected the published test split, fields: {', '.join(spec.fields)}")
   return examples

@@ -119,3 +119,14 @@ def test_gzipped_csv_and_json_lists_read_like_plain_ones(tmp_path):
     with gzip.open(packed, "wt", encoding="utf-8") as f:
       f.write(open(plain, encoding="utf-8").read())
     assert datasets.read_records(packed) == datasets.read_records(plain), name
+
+
+@pytest.mark.parametrize("name,file,text", [("gsm8k", "test.jsonl", ""),
+                                             ("gpqa", "gpqa_diamond.csv",
+                                              "Question,Correct Answer\n")])
+def test_a_set_file_without_examples_is_refused(tmp_path, name, file, text):
+  """An empty or header-only file scored no token; its NLL was 0.0, averaged into its domain."""
+  (tmp_path / name).mkdir()
+  (tmp_path / name / file).write_text(text)
+  with pytest.raises(ValueError, match=rf"{file}: no '{name}' examples in it \(0 records\)"):
+    datasets.load_set(name, str(tmp_path))

@@ -1,5 +1,6 @@
 """NLL on a fixture equals a hand computation; answer extraction; evaluate() end to end."""
 
+import dataclasses
 import json
 import os
 
@@ -70,6 +71,15 @@ def test_nll_counts_the_examples_a_short_window_cuts():
   assert count(None) == {"tokens": 104, "context_cut": 0, "answer_cut": 0}
   assert count(64) == {"tokens": 104, "context_cut": 2, "answer_cut": 0}
   assert count(48) == {"tokens": 89, "context_cut": 2, "answer_cut": 1}
+
+
+def test_nll_of_no_scored_token_is_nan_not_zero():
+  """Answers that encode to no token: nothing was scored, and 0.0 read as a perfect model in
+  its domain's mean."""
+  cfg, params, _ = bigram_model()
+  examples = [dataclasses.replace(e, answer="") for e in datasets.load_set("gsm8k", FIXTURES)]
+  got = tasks.nll_metrics(cfg, params, ByteTok(), examples, batch_size=2)
+  assert got["tokens"] == 0 and np.isnan(got["nll_per_token"])
 
 
 def test_multiple_choice_matches_hand_log_likelihoods():
