@@ -15,9 +15,13 @@ class ConfigError(ValueError):
   """
 
 
-# main.py's exit status when the processes of one run were given other runs (hosts out of step,
-# ``main.check_same_run``) or do not share its results dir (``main.check_results_shared``): the
-# sweep stops there, since every later run would fail alike.
+class HostsDiffer(ConfigError):
+  """The processes of one run were given other runs (hosts out of step, ``main.check_same_run``),
+  do not share its results dir (``main.check_results_shared``) or read other train data
+  (``config_check.check_same_data``). main.py exits ``HOSTS_DIFFER`` on it: the sweep stops
+  there, since every later run would fail alike."""
+
+
 HOSTS_DIFFER = 4
 
 

@@ -28,7 +28,9 @@ import uuid
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from depthbench_jax.errors import HOSTS_DIFFER, ConfigError, fail, flag_error_line, quiet_logs
+from depthbench_jax.errors import (HOSTS_DIFFER, ConfigError, HostsDiffer, fail, flag_error_line,
+                                   quiet_logs)
+from depthbench_jax.hosts import gather_text
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file.",
                                           lock_config=True)
@@ -223,7 +225,7 @@ def initialize_distributed(coordinator: str | None, num_processes: int | None,
 
 
 def check_same_run(config, workdir: str) -> None:
-  """Every process trains the same config in the same workdir, else a ConfigError on each.
+  """Every process trains the same config in the same workdir, else a HostsDiffer on each.
 
   Hosts started with other suite files or ``--results_dir``s, or a host restarted mid-sweep
   while the others had gone on to the next run, join one cluster all the same: they trained
@@ -247,7 +249,7 @@ def check_same_run(config, workdir: str) -> None:
       differ = ", ".join(f"config.{f}={a.get(f)!r} (process {other}: {b.get(f)!r})"
                          for f in fields[:3])
       differ += f" and {len(fields) - 3} more fields" if len(fields) > 3 else ""
-    raise ConfigError(
+    raise HostsDiffer(
         f"process {me} of {jax.process_count()} runs {differ}; allowed: the same suite file, "
         f"run and --results_dir on every host (a host restarted mid-sweep: restart "
         f"run_sweep.sh on every host)")
@@ -256,7 +258,7 @@ def check_same_run(config, workdir: str) -> None:
 def check_results_shared(workdir: str) -> None:
   """Every process sees the folder of the run's workdir (the results dir) as one: process 0
   writes a file there, every process looks for it (after an all-gather, so after the write),
-  and all refuse alike with one ``ConfigError`` when some did not see it.
+  and all refuse alike with one ``HostsDiffer`` when some did not see it.
 
   A node-local results dir (a per-host clone's ``results/<suite>``) trained every run to its
   end, then process 0's summary was on host 0's disk alone: the other hosts' sweeps read "saved
@@ -281,25 +283,11 @@ def check_results_shared(workdir: str) -> None:
       os.remove(os.path.join(folder, name))
   blind = [i for i, s in enumerate(seen) if s != "1"]
   if blind:
-    raise ConfigError(
+    raise HostsDiffer(
         f"--workdir={workdir}: process {blind[0]} of {len(seen)} does not see the file process 0 "
         f"wrote in {folder} ({len(blind)} process"
         f"{'es' if len(blind) > 1 else ''} in all); "
         f"allowed: a results dir on a filesystem every host sees (README: Multi-host GPU pods)")
-
-
-def gather_text(text: str) -> list[str]:
-  """Every process's ``text``, in process order: two all-gathers over JAX's own collectives
-  (``multihost_utils.process_allgather``), of the UTF-8 lengths, then of the bytes padded to
-  the longest."""
-  import numpy as np
-  from jax.experimental import multihost_utils
-  data = np.frombuffer(text.encode(), np.uint8)
-  sizes = np.asarray(multihost_utils.process_allgather(np.array([data.size], np.int32)))
-  padded = np.zeros(int(sizes.max()), np.uint8)
-  padded[:data.size] = data
-  rows = np.asarray(multihost_utils.process_allgather(padded))
-  return [bytes(row[:size]).decode() for row, size in zip(rows, sizes.reshape(-1))]
 
 
 def _timeouts() -> dict:
@@ -340,13 +328,15 @@ def main(argv):
   try:
     check_same_run(config, _WORKDIR.value)
     check_results_shared(_WORKDIR.value)
-  except ConfigError as err:
+  except HostsDiffer as err:
     fail(str(err), HOSTS_DIFFER)
   try:
     # Before the trainer is imported (it pulls in TensorFlow via clu): bad input fails fast.
     config_check.validate(config, jax.device_count())
     from depthbench_jax.train.loop import train_and_evaluate
     result = train_and_evaluate(config, _WORKDIR.value)
+  except HostsDiffer as err:  # the train data (config_check.check_same_data)
+    fail(str(err), HOSTS_DIFFER)
   except ConfigError as err:
     fail(str(err))
   except Exception as err:  # pylint: disable=broad-except

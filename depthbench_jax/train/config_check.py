@@ -13,7 +13,7 @@ import os
 
 import ml_collections
 
-from depthbench_jax.errors import ConfigError
+from depthbench_jax.errors import ConfigError, HostsDiffer
 from depthbench_jax.model.config import ModelConfig, model_config_from
 from depthbench_jax.recipe import RESUMABLE_FIELDS, flatten_fields, is_resumable
 from depthbench_jax.train import sharding
@@ -381,12 +381,41 @@ def check_resume_data(saved: dict | None, now: dict, config, workdir: str) -> No
   others. ``saved`` None (a checkpoint from before fingerprints were recorded) is accepted."""
   if saved is None or saved == now:
     return
+  raise ConfigError(
+      f"{_data_where(config)} now holds {_data_held(now)}, but the checkpoints in {workdir} "
+      f"were trained on {_data_held(saved)}: resumed on other data, the run would repeat some "
+      f"windows and skip others; allowed: the data the run started with (restore its shards), "
+      f"or a new --workdir")
+
+
+def check_same_data(now: dict, config) -> None:
+  """Raises one ``HostsDiffer`` on every process when the processes' train data fingerprints
+  (``pipeline.train_fingerprint``, gathered over JAX's collectives) differ, at a fresh start as
+  on a resume. Each process cuts its rows ``p::P`` of every global batch from its own copy of
+  the stream; a host whose copy of config.data.path lacks a shard (an interrupted rsync) has
+  another window count and permutation, so the global batch repeats some windows and skips
+  others, while the checkpoints record process 0's fingerprint alone."""
+  import jax
+  if jax.process_count() == 1:
+    return
+  from depthbench_jax.hosts import gather_text
+  text = json.dumps(now, sort_keys=True)
+  for other, theirs in enumerate(gather_text(text)):
+    if theirs != text:
+      raise HostsDiffer(
+          f"{_data_where(config)}: process {jax.process_index()} of {jax.process_count()} reads "
+          f"{_data_held(now)}, process {other} {_data_held(json.loads(theirs))}: the global "
+          f"batch would repeat some windows and skip others; allowed: the same shards on every "
+          f"host (one shared path, or identical copies)")
+
+
+def _data_where(config) -> str:
   data = config.data
   where = f"config.data.path={data.get('path')!r} (config.data.source={data.source!r}"
-  where += f", config.data.tfds_name={data.tfds_name!r})" if data.source == "tfds" else ")"
-  held = lambda f: (f"{f.get('shards')} shards, {f.get('train_tokens'):,} train tokens (shard "
-                    f"keys sha1 {f.get('shard_keys_sha1')})")
-  raise ConfigError(
-      f"{where} now holds {held(now)}, but the checkpoints in {workdir} were trained on "
-      f"{held(saved)}: resumed on other data, the run would repeat some windows and skip "
-      f"others; allowed: the data the run started with (restore its shards), or a new --workdir")
+  return where + (f", config.data.tfds_name={data.tfds_name!r})" if data.source == "tfds" else ")")
+
+
+def _data_held(fingerprint: dict) -> str:
+  f = fingerprint
+  return (f"{f.get('shards')} shards, {f.get('train_tokens'):,} train tokens (shard keys sha1 "
+          f"{f.get('shard_keys_sha1')})")

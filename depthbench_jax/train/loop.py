@@ -170,7 +170,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
   # data is where other shards than the checkpoints' or a seq_len it is too short for fail.
   metas = pipeline.shard_metas(config, process_index, process_count)
   train_data = pipeline.train_fingerprint(config, process_index, process_count, metas)
-  if resumed_step is not None:  # Every process sees every shard's meta: all refuse alike.
+  config_check.check_same_data(train_data, config)   # then every process holds the same metas
+  if resumed_step is not None:  # The same metas everywhere (just checked): all refuse alike.
     config_check.check_resume_data(
         checkpoint.read_progress(workdir, resumed_step).get("train_data"), train_data, config,
         workdir)

@@ -260,14 +260,14 @@ def tensorboard_points(workdir, tag="train/loss"):
           for e in events.Tensors(tag)]
 
 
-def start_two_processes(workdir, flags, devices=1, flags_of_1=None):
+def start_two_processes(workdir, flags, devices=1, flags_of_1=None, cwds=(helpers.ROOT,) * 2):
   """Two local gloo processes of ``main.py`` with ``devices`` CPU devices each (process 1 with
-  ``flags_of_1`` where given)."""
+  ``flags_of_1`` where given), process i started in ``cwds[i]`` (two hosts' views of a path)."""
   import portpicker
   port = portpicker.pick_unused_port()
   return [subprocess.Popen(
       helpers.main_command(workdir, flags if i == 0 or flags_of_1 is None else flags_of_1),
-      cwd=helpers.ROOT,
+      cwd=cwds[i],
       env=helpers.subprocess_env(devices, JAX_COORDINATOR_ADDRESS=f"localhost:{port}",
                                  JAX_NUM_PROCESSES=2, JAX_PROCESS_ID=i),
       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
@@ -284,6 +284,34 @@ def test_two_processes_given_other_configs_both_refuse_before_writing(tmp_path):
   assert [p.returncode for p in procs] == [HOSTS_DIFFER] * 2, errors
   assert "error: process 0 of 2 runs config.warmup_steps=2 (process 1: 3); allowed:" in errors[0]
   assert "error: process 1 of 2 runs config.warmup_steps=3 (process 0: 2); allowed:" in errors[1]
+  assert not os.path.exists(workdir)
+
+
+def test_two_processes_reading_other_shards_both_refuse_before_writing(tmp_path):
+  """Two hosts with their own copies of config.data.path, one copy short of a shard (an
+  interrupted rsync; here one relative path seen from two folders): each cut its rows of the
+  global batch from another window permutation, repeating some windows and skipping others.
+  Each process gathers the other's data fingerprint and exits HOSTS_DIFFER naming the path and
+  both shard counts, before anything is written."""
+  import pyarrow.parquet as pq
+  from depthbench_jax.errors import HOSTS_DIFFER
+  for host, shards in (("host0", 2), ("host1", 1)):
+    (tmp_path / host / "shards").mkdir(parents=True)
+    for i in range(shards):
+      pq.write_table(helpers.fineweb_like(150, 150 * i),
+                     tmp_path / host / "shards" / f"{i:03d}_00000.parquet")
+  workdir = str(tmp_path / "results" / "run")
+  flags = helpers.tiny_flags(**{"data.source": "parquet", "data.path": "shards",
+                                "data.cache_dir": "cache"})
+  procs = start_two_processes(workdir, flags, cwds=[str(tmp_path / "host0"),
+                                                    str(tmp_path / "host1")])
+  errors = [p.communicate(timeout=120)[1] for p in procs]
+  assert [p.returncode for p in procs] == [HOSTS_DIFFER] * 2, errors
+  for me, other, mine, theirs in ((0, 1, 2, 1), (1, 0, 1, 2)):
+    line = [l for l in errors[me].splitlines() if l.startswith("error:")]
+    assert len(line) == 1 and line[0].startswith("error: config.data.path='shards'"), errors[me]
+    assert (f"process {me} of 2 reads {mine} shards" in line[0]
+            and f"process {other} {theirs} shards" in line[0]), line[0]
   assert not os.path.exists(workdir)
 
 
