@@ -230,13 +230,16 @@ def check_same_run(config, workdir: str) -> None:
   Hosts started with other suite files or ``--results_dir``s, or a host restarted mid-sweep
   while the others had gone on to the next run, join one cluster all the same: they trained
   two recipes as one run, or crashed at its first checkpoint. Each process gathers every
-  process's run (``gather_text``) and compares it with its own, before anything is written."""
+  process's run (``gather_text``) and compares it with its own, before anything is written.
+  The workdir is compared as given (normalised), not made absolute: a shared checkout mounted at
+  other paths on other hosts spells one relative workdir as other absolute paths, and whether
+  the hosts see one folder is ``check_results_shared``'s test."""
   import jax
   if jax.process_count() == 1:
     return
   from depthbench_jax.train import config_check
   me = jax.process_index()
-  text = json.dumps({"workdir": os.path.abspath(workdir), **config.to_dict()}, sort_keys=True)
+  text = json.dumps({"workdir": os.path.normpath(workdir), **config.to_dict()}, sort_keys=True)
   mine = json.loads(text)
   for other, theirs in enumerate(map(json.loads, gather_text(text))):
     if theirs == mine:

@@ -504,6 +504,18 @@ def test_processes_of_one_run_refuse_other_configs_or_workdirs(monkeypatch, tmp_
   with pytest.raises(ConfigError, match=r"runs config.log_every=3 .*config.seed=7 .*and 1 more "
                                         r"fields; allowed"):
     post(1, four)
+  # One relative workdir (run_sweep.sh's default results/<suite>/<run>) on hosts that mount a
+  # shared checkout at other paths: the same run (check_results_shared tests the folder).
+  relative = os.path.join("results", "smoke", "run")
+  posted.clear()
+  for process, host in ((0, "host0"), (1, "host1"), (0, "host0")):
+    os.makedirs(tmp_path / host, exist_ok=True)
+    monkeypatch.chdir(tmp_path / host)
+    if process == 0 and 1 not in posted:
+      with pytest.raises(KeyError):  # waits for process 1 (the fake's KeyError)
+        post(process, config, relative)
+    else:
+      post(process, config, relative)
 
 
 def test_processes_that_do_not_share_the_results_dir_refuse_alike(monkeypatch, tmp_path):
