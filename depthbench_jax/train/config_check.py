@@ -141,12 +141,15 @@ def validate_recipe(config) -> None:
 
 def validate_guards(config) -> None:
   """``config.divergence``, ``skip_nonfinite_steps``, ``diagnostics`` and ``debug``."""
-  for field, allowed in (("spike_factor", "a number >= 0 (0 = no spike check)"),
+  # A spike factor in (0, 1] flagged every step that was no new best: every run 'diverged'.
+  for field, allowed in (("spike_factor", "0 (no spike check) or a number > 1"),
                          ("min_steps", "an integer >= 0"),
                          ("max_skipped_steps", "an integer >= 0")):
     value = config.divergence[field]
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
-    if field != "spike_factor":
+    if field == "spike_factor":
+      ok = ok and (value == 0 or value > 1)
+    else:
       ok = ok and isinstance(value, int)
     _require(ok, f"config.divergence.{field}={value!r}; allowed: {allowed}")
   _switch(config, "skip_nonfinite_steps")
@@ -371,6 +374,19 @@ def check_resume(saved: dict, config, workdir: str) -> None:
            f"resumed run keeps every field that changes what a step computes; allowed: the "
            f"same values, a new --workdir, or changes only to "
            f"{', '.join(f.rstrip('.') for f in RESUMABLE_FIELDS)}")
+
+
+def check_warmup(config, steps: int) -> None:
+  """One ``ConfigError`` when the warmup (``optimizer.warmup_steps_of``) is not below the run's
+  ``steps`` (``config.steps``, or the budget's for -1): the LR never reached config.lr nor
+  decayed, and the run finished 'ok' (a suite's warmup of 12 under ``--config.steps=10`` ended
+  at 0.75 lr)."""
+  from depthbench_jax.train.optimizer import warmup_steps_of
+  warmup = warmup_steps_of(config, steps)
+  _require(warmup < steps,
+           f"config.warmup_steps={config.warmup_steps!r} is {warmup} of the run's {steps} steps "
+           f"(config.steps={config.steps}): the LR would never reach config.lr nor decay; "
+           f"allowed: a warmup (steps, or a fraction in (0, 1)) below the run's steps")
 
 
 def check_resume_data(saved: dict | None, now: dict, config, workdir: str) -> None:

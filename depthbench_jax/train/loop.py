@@ -166,6 +166,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
         print(f"{workdir}: finished at step {steps} ({summary.SUMMARY}); nothing to train",
               flush=True)
       return finished
+  config_check.check_warmup(config, steps)   # steps=-1 resolved: the first place it is known
   # Before anything is written, and before the iterator starts any data workers: reading the
   # data is where other shards than the checkpoints' or a seq_len it is too short for fail.
   metas = pipeline.shard_metas(config, process_index, process_count)

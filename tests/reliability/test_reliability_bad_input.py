@@ -66,6 +66,8 @@ CASES = [
      "config.iso_count"),
     ("negative_spike_factor", {"divergence.spike_factor": -1.0}, 1, 1,
      "config.divergence.spike_factor"),
+    ("spike_factor_at_most_one", {"divergence.spike_factor": 0.5}, 1, 1,   # all runs diverged
+     "config.divergence.spike_factor"),
     ("negative_nan_injection_step", {"debug.nan_at_step": -3}, 1, 1, "config.debug.nan_at_step"),
     ("negative_diagnostics_every", {"diagnostics.every": -3}, 1, 1, "config.diagnostics.every"),
     ("diagnostics_without_validation", {"diagnostics.every": 5, "data.val_batches": 0}, 1, 1,
@@ -119,10 +121,30 @@ def test_diagnostics_rows_are_checked_only_when_training_diagnoses():
                                                  "diagnostics.every": 5}), 1, 1)
 
 
+@pytest.mark.parametrize("warmup, steps, ok", [(19, 20, True), (20, 20, False), (30, 20, False),
+                                               (0.5, 20, True), (12, -1, True)])
+def test_a_warmup_not_below_the_runs_steps_is_refused_before_anything_is_written(
+    tmp_path, warmup, steps, ok):
+  """A suite's warmup of 12 under ``--config.steps=10`` finished 'ok' at 0.75 lr: the LR never
+  reached config.lr nor decayed. Checked once steps=-1 is resolved (the tiny model's budget:
+  hundreds of steps)."""
+  from depthbench_jax.train import loop
+  config = helpers.tiny_config(warmup_steps=warmup, steps=steps)
+  if ok:
+    config_check.check_warmup(config, loop.total_steps_of(
+        config, loop.count_params(config_check.validate(config, 1, 1))["total"]))
+    return
+  with pytest.raises(ConfigError, match=rf"^config.warmup_steps={warmup} is {warmup} of the "
+                                        rf"run's 20 steps \(config.steps=20\).*; allowed: "):
+    loop.train_and_evaluate(config, str(tmp_path / "run"))
+  assert not os.path.exists(tmp_path / "run")
+
+
 @pytest.mark.parametrize("warmup, ok", [(1.5, False), (0.02, True), (2000.0, True)])
 def test_a_float_warmup_is_a_fraction_below_one_or_whole_steps(warmup, ok):
   """In a suite typing warmup_steps float (suite_400m), 1.5 was silently read as 1 step;
-  ``--config.warmup_steps=2000`` arrives there as 2000.0 and is 2000 steps."""
+  ``--config.warmup_steps=2000`` arrives there as 2000.0 and is 2000 steps (a config check:
+  below the run's steps is ``check_warmup``'s, once they are known)."""
   config = helpers.tiny_config()
   del config["warmup_steps"]
   config.warmup_steps = warmup
