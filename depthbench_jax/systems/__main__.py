@@ -112,7 +112,9 @@ def build(config_path: str, seq_len: int, *, designs=None, shapes=None, with_xla
     row = costs.cost_row(cfg, seq_len=seq_len, train_seq_len=config.data.seq_len,
                          tokens_per_param=config.tokens_per_param, peak_flops=peak_flops,
                          mfu=mfu, dtype=dtype, xla=analysis,
-                         budget_params=budget_params(config))
+                         budget_params=budget_params(config),
+                         # The smoke suite's 120 steps, not 20 tokens per parameter: 150x.
+                         train_tokens=costs.fixed_train_tokens(config))
     row["batch"] = batch  # The peak column's; every other column is per sequence.
     rows.append(row)
     cfgs.setdefault(design, []).append(cfg)

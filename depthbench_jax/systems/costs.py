@@ -57,6 +57,17 @@ def device_hours(train_flops: float, peak_flops: float, mfu: float) -> float:
   return train_flops / (peak_flops * mfu) / 3600.0
 
 
+def fixed_train_tokens(config) -> float | None:
+  """``steps x global batch x T`` for a config (a ConfigDict, or a summary's dict of one) that
+  fixes its steps (the smoke sweep), else None: steps=-1 trains the Chinchilla budget."""
+  data = config.get("data") or {}
+  steps = config.get("steps")
+  if (isinstance(steps, int) and not isinstance(steps, bool) and steps > 0
+      and data.get("global_batch_size") and data.get("seq_len")):
+    return float(steps * data["global_batch_size"] * data["seq_len"])
+  return None
+
+
 def cost_row(cfg, *, seq_len: int, train_seq_len: int, tokens_per_param: float,
              peak_flops: float, mfu: float, dtype: str = "bfloat16",
              xla: dict | None = None, budget_params: int | None = None,
@@ -65,8 +76,8 @@ def cost_row(cfg, *, seq_len: int, train_seq_len: int, tokens_per_param: float,
   ``systems.xla.prefill_analysis``) is merged in when given."""
   counts = count_params(cfg)
   train_fpt = flops.train_flops_per_token(cfg, train_seq_len)
-  # A suite that fixes its steps trains steps x batch x T tokens (``train_tokens``), not the
-  # Chinchilla budget.
+  # A suite that fixes its steps trains steps x batch x T tokens (``train_tokens``,
+  # ``fixed_train_tokens``), not the Chinchilla budget.
   tokens = train_tokens or tokens_per_param * (budget_params or counts["total"])
   row = {
       "design": cfg.design, "shape": f"{cfg.n_layers}x{cfg.d_model}", "n_layers": cfg.n_layers,

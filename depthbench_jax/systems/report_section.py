@@ -116,17 +116,14 @@ def systems_table(runs: Iterable[dict], relative_to: str | None = None) -> str |
       continue
     config: dict[str, Any] = rs[0].get("config") or {}
     data = config.get("data") or {}
-    steps = config.get("steps")
-    # A suite that fixes its steps (the smoke sweep) trains those, not the Chinchilla budget:
-    # its device-hours were 450x the dry run's.
-    fixed = (steps * data["global_batch_size"] * data["seq_len"]
-             if isinstance(steps, int) and steps > 0 and data.get("global_batch_size")
-             and data.get("seq_len") else None)
     row = costs.cost_row(
         cfg, seq_len=PREFILL_SEQ_LEN, train_seq_len=int(data.get("seq_len") or 2048),
         tokens_per_param=float(config.get("tokens_per_param") or 20.0),
         peak_flops=sweep.DEFAULT_PEAK_FLOPS, mfu=sweep.DEFAULT_MFU,
-        budget_params=_budget_params(rs[0]), train_tokens=fixed)
+        budget_params=_budget_params(rs[0]),
+        # A suite that fixes its steps (the smoke sweep) trains those, not the Chinchilla
+        # budget: its device-hours were 450x the dry run's.
+        train_tokens=costs.fixed_train_tokens(config))
     extra = xla_rows.get((design, shape))
     if extra and extra.get("params_total", row["params_total"]) != row["params_total"]:
       # Another model at this (design, shape): a run's own option (n_streams=2, n_kv_heads).
