@@ -59,7 +59,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.weight_decay = 0.1
   c.grad_clip = 1.0
   c.grad_accum_steps = 1           # microbatches per step: same gradient, 1/N of the activations.
-  c.eval_every = 50
+  c.eval_every = 50                # periodic val loss; 0 = the final one only (always logged).
   c.eval_batches = 4               # val batches per periodic eval (0 = all); the final reads all.
   c.log_every = 10
   c.tensorboard = True             # TensorBoard events in workdir/tensorboard (training's process

@@ -130,7 +130,7 @@ def validate_recipe(config) -> None:
              f"config.{field}={value!r}; allowed: a positive integer")
   value = config.get("eval_every")
   _require(isinstance(value, int) and value >= 0,
-           f"config.eval_every={value!r}; allowed: an integer >= 0 (0 = off)")
+           f"config.eval_every={value!r}; allowed: an integer >= 0 (0 = the final eval only)")
   value = config.get("eval_batches")
   _require(isinstance(value, int) and value >= 0,
            f"config.eval_batches={value!r}; allowed: an integer >= 0 (validation batches per "

@@ -266,8 +266,10 @@ def train_and_evaluate(config, workdir: str) -> dict:
           print(f"step {step}/{steps}: {clock.first_step_s:.1f}s with the jit compile (steps/s "
                 f"below leave out the compile, evals and checkpoint saves)", flush=True)
       log_now = step % config.log_every == 0 or step == steps
-      eval_now = (config.eval_every > 0 and bool(val_batches)
-                  and (step % config.eval_every == 0 or step == steps))
+      # The final eval (the val loss the best LR is picked by) is logged even with
+      # eval_every=0: it reached summary.json and the report, never metrics.jsonl nor TensorBoard.
+      eval_now = bool(val_batches) and (
+          step == steps or (config.eval_every > 0 and step % config.eval_every == 0))
       diag_now = diag_hook is not None and step % config.diagnostics.every == 0
       preempted = preempt.reached(step)  # Once: the guard must see every step before a save.
       save_now = step % config.checkpoint_every == 0 or step == steps

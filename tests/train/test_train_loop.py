@@ -448,3 +448,17 @@ def test_periodic_evals_read_eval_batches_and_the_final_one_reads_all(train_in_p
   (one, one_summary), (every, every_summary) = runs[1], runs[0]
   assert one[2] != every[2]                                  # step 2: 1 batch against 3
   assert one[4] == every[4] == one_summary["final_val_loss"] == every_summary["final_val_loss"]
+
+
+def test_with_periodic_evals_off_the_final_val_loss_is_still_logged(train_in_process, tmp_path,
+                                                                     capsys):
+  """``eval_every=0``: the final val loss reached summary.json and the report, but no progress
+  line, metrics.jsonl or TensorBoard; it is logged at the last step like a periodic one."""
+  config = helpers.tiny_config(steps=4, eval_every=0, checkpoint_every=4)
+  workdir = str(tmp_path / "run")
+  train_in_process(config, workdir)
+  logged = summary_lib.read_metrics(workdir, "val/loss")
+  assert logged == {4: helpers.summary(workdir)["final_val_loss"]}
+  last = [l for l in capsys.readouterr().out.splitlines() if l.startswith("step 4/4")][-1]
+  assert f"val {logged[4]:.4f}" in last, last
+
