@@ -7,7 +7,9 @@ x shape x LR, one workdir each), and each run's state is the one the sweep acts 
 ``other recipe`` (trained, finished or not, with a recipe the suite no longer gives it:
 ``other_recipe_runs``; the report sets it aside, the sweep refuses it).
 Progress is ``finished = ok + diverged`` of ``planned``; a run folder on disk that is no
-planned workdir is *off plan* (a suite edited since, a copy): named, and still reported.
+planned workdir is *off plan* (a suite edited since, a copy): named, and still reported unless
+it trained another recipe than the suite gives it (then set aside, and named so). A suite that
+plans none of the folder's runs (another suite's ``--config``) is a warning line.
 """
 
 from __future__ import annotations
@@ -99,9 +101,10 @@ def off_plan(plan: Sequence[dict], workdirs: Sequence[str], results_dir: str) ->
 
 
 def progress_markdown(plan: Sequence[dict], config_path: str,
-                      extra: Sequence[str] = ()) -> str:
+                      extra: Sequence[str] = (), extra_aside: Sequence[str] = ()) -> str:
   """The plan's progress: one line of totals, a table per design (registry order as the plan
-  lists them), and the off-plan line for the names in ``extra``."""
+  lists them), and the off-plan line for the names in ``extra`` (reported) and ``extra_aside``
+  (of another recipe than the suite gives them: set aside)."""
   shown = shown_path(config_path)
   count = lambda runs, *states: sum(r["state"] in states for r in runs)
   finished = count(plan, "ok", "diverged")
@@ -119,6 +122,9 @@ def progress_markdown(plan: Sequence[dict], config_path: str,
       runs = [r for r in plan if r["design"] == design]
       lines.append(f"| {design} | {count(runs, 'ok', 'diverged')} of {len(runs)} | "
                    + " | ".join(str(count(runs, s)) for s in STATES) + " |")
-  if extra:
-    lines += ["", f"Not in {shown} (on disk, still reported): {', '.join(extra)}."]
+  notes = [f"Not in {shown} (on disk, still reported): {', '.join(extra)}."] if extra else []
+  notes += ([f"Not in {shown}, and of another recipe than it gives them (set aside below): "
+             f"{', '.join(extra_aside)}."] if extra_aside else [])
+  if notes:
+    lines += ["", " ".join(notes)]
   return "\n".join(lines)

@@ -23,6 +23,7 @@ import json
 import math
 import os
 import statistics
+import sys
 from typing import Any, Iterable, Sequence
 
 from depthbench_jax import recipe, revision
@@ -727,10 +728,20 @@ def write_report(results_dir: str, out_dir: str | None = None, plots: bool = Tru
   records, unfinished = collect_runs(results_dir), collect_unfinished(results_dir)
   if not records and not unfinished and plan is None:
     return None
+  other = (plan_lib.other_recipe_runs(config_path, records + unfinished)
+           if config_path is not None else {})
   progress = None
   if plan is not None:
-    extra = plan_lib.off_plan(plan, [r["workdir"] for r in records + unfinished], results_dir)
-    progress = plan_lib.progress_markdown(plan, config_path, extra)
+    on_disk = [r["workdir"] for r in records + unfinished]
+    off = plan_lib.off_plan(plan, on_disk, results_dir)
+    if on_disk and len(off) == len(on_disk):
+      print(f"warning: --config={config_path} plans none of the {len(on_disk)} run folders in "
+            f"{results_dir} (it plans e.g. {os.path.basename(plan[0]['workdir'])}): is it the "
+            f"suite swept into them?", file=sys.stderr, flush=True)
+    aside_off = plan_lib.off_plan(plan, [w for w in on_disk if os.path.abspath(w) in other],
+                                  results_dir)
+    progress = plan_lib.progress_markdown(plan, config_path,
+                                          [w for w in off if w not in aside_off], aside_off)
   out_dir = out_dir or results_dir
   os.makedirs(out_dir, exist_ok=True)
   title = f"DepthBench scorecard: {os.path.basename(os.path.normpath(results_dir))}"
@@ -742,8 +753,6 @@ def write_report(results_dir: str, out_dir: str | None = None, plots: bool = Tru
                       f"finished yet.{table}\n")
     return [report_path]
   every = records
-  other = (plan_lib.other_recipe_runs(config_path, records + unfinished)
-           if config_path is not None else {})
   records, aside = set_aside_other_recipes(records, plan or (), other)
   # Runs without a summary of another recipe: named with the others, not a gap of the grid.
   aside += [(u, other[os.path.abspath(u["workdir"])]) for u in unfinished

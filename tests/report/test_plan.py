@@ -148,8 +148,30 @@ def test_off_plan_runs_and_runs_without_a_summary_of_another_recipe_are_set_asid
   aside = text.split("## Set aside")[1].split("##")[0]
   assert "- `hc_copy`: steps=40 (reported: 120)" in aside
   assert "- `preln_4x128_lr1e-2`: steps=40 (reported: 120)" in aside
+  # Named as off plan with the run that is reported, not as 'still reported' too.
+  assert (f"Not in {half['config']} (on disk, still reported): preln_16x64_lr1e-3. Not in "
+          f"{half['config']}, and of another recipe than it gives them (set aside below): "
+          f"hc_copy, preln_4x128_lr1e-2." in text)
   assert "2.500" not in text.split("## Set aside")[0]
   assert "lr 1e-2" not in text   # no column for the stopped run's LR
+
+
+def test_a_suite_that_plans_none_of_the_folders_runs_is_named_in_a_warning(half, tmp_path,
+                                                                          capsys):
+  """Another suite's --config (suite_400m over a smoke folder) replaced report.md with its plan,
+  every run off plan, and no word that the suite was not the one swept into the folder. Seven
+  run folders: six summaries and the started hc run (the empty folder is no run)."""
+  other = tmp_path / "other_suite.py"
+  other.write_text(HALF_SUITE.replace('("preln", "hc", "mhc")', '("moda",)'))
+  capsys.readouterr()
+  assert report_main.main([str(half["results"]), "--no_plots", f"--config={other}"]) == 0
+  err = capsys.readouterr().err.splitlines()
+  assert err == [f"warning: --config={other} plans none of the 7 run folders in "
+                 f"{half['results']} (it plans e.g. moda_4x128_lr1e-3): is it the suite swept "
+                 f"into them?"], err
+  assert report_main.main([str(half["results"]), "--no_plots",
+                           f"--config={half['config']}"]) == 0
+  assert "warning" not in capsys.readouterr().err
 
 
 def test_without_config_the_report_infers_gaps_from_disk_as_before(half):
