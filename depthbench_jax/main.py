@@ -317,9 +317,10 @@ def main(argv):
   del argv
   quiet_logs()  # Orbax and grain log every save at INFO; TF its oneDNN notice.
   config = _CONFIG.value
-  from depthbench_jax.train.summary import check_folder
+  from depthbench_jax.train.summary import check_folder, check_run_folder
   try:
     check_folder(_WORKDIR.value, f"--workdir={_WORKDIR.value}")
+    check_run_folder(_WORKDIR.value)
   except ConfigError as err:
     fail(str(err))
   try:

@@ -61,6 +61,24 @@ def check_folder(path: str, name: str) -> None:
     raise ConfigError(f"{name}: {probe} is a file; allowed: a folder there (made if missing)")
 
 
+def check_run_folder(workdir: str) -> None:
+  """One ``ConfigError`` when ``workdir`` is a sweep's results folder, not a run's: no run files
+  of its own (``config.json``, ``checkpoints/``) but run folders in it (a ``summary.json`` or
+  ``config.json`` one level down) or a ``report.md``. A run trained there wrote its files beside
+  the sweep's runs, and the report then skipped it without a word."""
+  if not os.path.isdir(workdir) or any(
+      os.path.exists(os.path.join(workdir, f)) for f in (CONFIG, "checkpoints")):
+    return
+  runs = sorted(name for name in os.listdir(workdir)
+                if any(os.path.isfile(os.path.join(workdir, name, f)) for f in (SUMMARY, CONFIG)))
+  if runs or os.path.isfile(os.path.join(workdir, "report.md")):
+    held = f"{len(runs)} run folders ({', '.join(runs[:2])}{', ...' if len(runs) > 2 else ''})"
+    raise ConfigError(
+        f"--workdir={workdir} is a results folder: it holds "
+        f"{held if runs else 'a report.md'} and no run of its own; allowed: a run's own "
+        f"folder, e.g. {os.path.join(workdir, '<run name>')}")
+
+
 def check_replaceable(path: str, settings: dict, overwrite: bool,
                       flag: Callable[[str], str] = "--{}".format,
                       recorded: Callable[[dict], dict] = recorded_options,

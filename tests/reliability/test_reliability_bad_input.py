@@ -723,3 +723,32 @@ def test_a_workdir_that_is_a_file_is_one_error_line(tmp_path):
   assert lines[-1] == f"error: --workdir={path}: {path} is a file; allowed: a folder there (made " \
                       "if missing)", proc.stderr[-2000:]
   assert "Traceback" not in proc.stderr and path.read_text() == "keep me"
+
+
+def test_a_workdir_that_is_a_sweeps_results_folder_is_one_error_line(tmp_path):
+  """A run trained into a sweep's results folder wrote config.json, checkpoints/ and
+  summary.json beside the sweep's runs, and the report then skipped it without a word. A
+  folder of its own, even one holding a report.md alone, is a run's; so is a run's own folder
+  (it has config.json) whatever else it holds."""
+  from depthbench_jax.train.summary import check_run_folder
+  results = tmp_path / "smoke"
+  for run in ("preln_4x128_lr3e-3", "hc_4x128_lr3e-3"):
+    (results / run).mkdir(parents=True)
+    (results / run / "summary.json").write_text("{}")
+  before = helpers.snapshot(str(results))
+  proc = helpers.run_main(str(results), helpers.tiny_flags(), check=False, timeout=120)
+  assert proc.returncode == 2
+  lines = [l for l in proc.stderr.splitlines() if l.strip()]
+  assert lines[-1] == (f"error: --workdir={results} is a results folder: it holds 2 run folders "
+                       f"(hc_4x128_lr3e-3, preln_4x128_lr3e-3) and no run of its own; allowed: "
+                       f"a run's own folder, e.g. {results}/<run name>"), proc.stderr[-2000:]
+  assert helpers.snapshot(str(results)) == before
+  only_report = tmp_path / "reported"
+  only_report.mkdir()
+  (only_report / "report.md").write_text("# old")
+  with pytest.raises(ConfigError, match=r"holds a report.md and no run of its own"):
+    check_run_folder(str(only_report))
+  (results / "config.json").write_text("{}")   # a run's own folder
+  check_run_folder(str(results))
+  check_run_folder(str(tmp_path / "new"))     # not there yet
+  check_run_folder(str(results / "preln_4x128_lr3e-3"))
