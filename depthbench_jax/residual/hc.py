@@ -205,8 +205,9 @@ class HC(StreamWiring):
   At init (W = 0, A_m one-hot, A_r = I, B = 1) every stream stays equal to the Pre-LN state, so
   the sum readout is ``n x_L`` and the model equals Pre-LN after the final norm (up to eps).
   Sows ``mixing`` = ``A_r^T`` [B,T,n,n] once per sublayer. The output projections are *not*
-  rescaled by sqrt(n) (the paper's OLMo recipe): the RMSNorm after the stream sum makes that
-  scale irrelevant at init and keeps HC == Pre-LN at init with identical backbone weights.
+  rescaled by sqrt(n) as in the paper's OLMo recipe: a departure, not a no-op. The final norm
+  removes one overall scale, not the ratio of the sublayer updates to the embedding, which
+  sqrt(n) would change; unscaled, HC equals Pre-LN at init with identical backbone weights.
   ``hidden`` = sum of streams.
   """
 
