@@ -25,6 +25,7 @@ repository; choices where the paper is silent):
   the spec's "update set to zero" for those three only: HC/mHC also undo the layer's stream
   mixing (``y = 0`` would still apply ``A_r``), DeepNorm and KEEL skip the post-norm too,
   AttnRes and MoDA mask the layer's sources (a zero source would still take softmax weight).
+  ``CAUSAL_SKIP`` says so in diagnostics.json.
 * **Permutation score** ``P[i, j] = (loss_swapped - loss) / loss`` for ``i < j``: signed, as the
   spec and the seed's "how much swapping raises LM loss". [DIAG] takes ``|.|``; the two differ
   only for a swap that *lowers* the loss, which the signed score never counts above a positive
@@ -57,6 +58,11 @@ PAPER_PERMUTATION_THRESHOLD = 0.15
 # ---------------------------------------------------------------------------------------------
 # Which layers and pairs count.
 # ---------------------------------------------------------------------------------------------
+
+
+# What the causal score's skip is (module doc), as diagnostics.json records it.
+CAUSAL_SKIP = ("layer s absent (Csordas et al.: the state as if it were not there); the spec's "
+               "'update set to zero' in Pre-LN, LNS and Sandwich-LN only")
 
 def late_layers(n_layers: int) -> np.ndarray:
   """Bool [L]: ``l >= L/4`` (the last three quarters; ``4 l >= L`` avoids rounding)."""

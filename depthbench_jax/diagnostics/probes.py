@@ -35,7 +35,7 @@ import numpy as np
 from depthbench_jax.diagnostics import metrics
 from depthbench_jax.model import transformer as transformer_lib
 from depthbench_jax.model.config import ModelConfig
-from depthbench_jax.residual import attnres
+from depthbench_jax.residual import attnres, registry
 
 Array = jax.Array
 
@@ -250,7 +250,8 @@ class Probes:
         "late_start": int(np.argmax(late)), "loss": loss,
         "angular": {"matrix": angular, "consecutive": consecutive,
                     # consecutive[l] = D[l, l+1]; late pairs of neighbours have l >= L/4.
-                    "late_consecutive_mean": _mean(consecutive[late[:-1]])},
+                    "late_consecutive_mean": _mean(consecutive[late[:-1]]),
+                    "state": registry.get(self.cfg.design).layer.hidden_state},
     }
 
     if opt.run_causal:
@@ -260,6 +261,7 @@ class Probes:
       timing["causal_s"] = time.perf_counter() - t0
       result["causal"] = _scored(causal, late_pairs, opt.causal_threshold, curve_t)
       result["causal"]["reduction"] = opt.causal_reduction
+      result["causal"]["skip"] = metrics.CAUSAL_SKIP
 
     if opt.run_permutation and len(self.orders):
       t0 = time.perf_counter()

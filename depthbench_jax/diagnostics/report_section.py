@@ -268,7 +268,11 @@ def section(runs: Sequence[Any], relative_to: str | None = None, heading: bool =
   best = runs if best is None else as_runs(best)
   parts = (["## Layer diagnostics\n"] if heading else []) + [
       "Shares are over late pairs (both layers >= L/4); thresholds as in DepthBench; share "
-      "curves over thresholds are in each run's plots/diag_share_curves.png.\n",
+      "curves over thresholds are in each run's plots/diag_share_curves.png. Angular distance "
+      "compares each design's residual-equivalent state after each layer (x; HC/mHC the sum of "
+      "streams; AttnRes the sum of its sources, Pre-LN's x: not a layer's own read); the causal "
+      "score skips a layer as absent (Csordas et al.), the spec's 'update set to zero' in "
+      "Pre-LN, LNS and Sandwich-LN only. diagnostics.json records both.\n",
       diagnostics_table(runs), "\nCausal share by depth:\n", share_pivot(best, "causal"),
       "\nPermutation share by depth:\n", share_pivot(best, "permutation"), ""]
   paper = paper_comparison(best)

@@ -42,6 +42,7 @@ a block's first sublayer).
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import flax.linen as nn
 import jax
@@ -61,6 +62,9 @@ Array = jax.Array
 
 class _DepthQueries(LayerWiring):
   """Per-layer params of both designs: two pseudo-queries, two key gains, two pre-norms."""
+
+  hidden_state: ClassVar[str] = ("the sum of the present sources (residual-equivalent: Pre-LN's "
+                                 "x), not a layer's own read h_l")
 
   def setup(self):
     d = self.cfg.d_model

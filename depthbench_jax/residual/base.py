@@ -53,6 +53,9 @@ class LayerWiring(nn.Module):
   # ``attn.kv_cache`` and attends to the cache), so KV-cached decoding is exact for the design.
   # The default ``attend`` does; an override that says nothing decodes by full recompute.
   attend_handles_kv_cache: ClassVar[bool] = False
+  # What ``hidden`` returns, in words, for diagnostics.json and the report (the spec: "report
+  # which one" of the layer's own input and a residual-equivalent state).
+  hidden_state: ClassVar[str] = "the residual stream x"
 
   def norm(self, name: str, use_scale: bool = True, dtype=None) -> RMSNorm:
     """An RMSNorm in ``dtype`` (default: the compute dtype; KEEL and DeepNorm ask fp32)."""

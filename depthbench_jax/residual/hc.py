@@ -8,6 +8,7 @@ stream helpers here are shared with mHC (``residual/mhc.py``).
 from __future__ import annotations
 
 import functools
+from typing import ClassVar
 
 import flax.linen as nn
 import jax
@@ -163,6 +164,9 @@ class StreamWiring(LayerWiring):
   once per sublayer in ``sublayer`` (``read``/``write`` alone each compute them). Sows
   ``mixing`` = ``M`` once per sublayer; ``hidden`` = sum of streams.
   """
+
+  hidden_state: ClassVar[str] = ("the sum of the n streams (residual-equivalent), not a "
+                                 "layer's own read w_in^T H")
 
   def setup(self):
     self.input_norm = self.norm("input_layernorm")

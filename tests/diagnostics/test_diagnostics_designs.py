@@ -76,7 +76,18 @@ def test_mhc_mixing_erank_at_init_by_hand(res_init):
   assert r["mixing"]["amax_backward"] == pytest.approx(1.0, abs=1e-5)
 
 
-def test_block_attnres_own_block_weight_at_init():
+@pytest.mark.parametrize("design, state", [
+    ("preln", "the residual stream x"), ("moda", "the residual stream x"),
+    ("hc", "the sum of the n streams"), ("mhc", "the sum of the n streams"),
+    ("attnres_full", "the sum of the present sources"),
+    ("attnres_block", "the sum of the present sources")])
+def test_diagnostics_json_names_the_state_the_angular_distance_compares(design, state):
+  """The spec: for HC/mHC and AttnRes, 'report which one' of a layer's own read and a
+  residual-equivalent state; only a docstring said."""
+  assert _run(design)["angular"]["state"].startswith(state)
+
+
+
   # L=4, 8 blocks, unit 'layer': one layer per block. Zero queries = uniform over the present
   # sources. Layer l's attention sees b_0..b_l (no partial sum yet: own weight 0), its MLP sees
   # those plus b_(l+1)^1: own weight 1/(l+2). The layer's own weight is the max: 1/(l+2).
@@ -132,3 +143,4 @@ def test_every_design_full_diagnostics(design):
   # Other swaps: 6e-4 to 9e-3 of the loss at init, DeepNorm's 9e-7 (its beta-scaled init).
   assert abs(p[1, 3]) < 1e-6 and np.abs(p[0, 1:3]).max() > 1e-7, (design, p)
   assert np.isfinite(np.asarray(r["angular"]["matrix"])).all()
+  assert r["causal"]["skip"] == metrics.CAUSAL_SKIP   # which skip: the spec leaves it open
