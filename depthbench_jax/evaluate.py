@@ -21,11 +21,12 @@ silently replaces a finished evaluation.
   {"step", "name", "design", "n_layers", "tokenizer", "workdir",
    "options": {"sets", "eval_data_dir", "max_examples", "generate", "max_new_tokens",
                "score_len", "batch_size"},
-   "sets": {set: {"domain", "kind", "n", "tokens", "context_cut", "answer_cut",
-                  "nll_per_token", "nll_per_example",
+   "sets": {set: {"domain", "kind", "file", "examples_sha1", "n", "tokens", "context_cut",
+                  "answer_cut", "nll_per_token", "nll_per_example",
                   "per_example": [{"id", "nll", "tokens"}], + "acc"/"acc_norm" (mc),
                   "exact_match" (math), "pass@1"/"timeouts" (code), "samples"}},
-   "domains": {domain: {"nll_per_token": mean over the domain's sets, "sets": [...]}},
+   "domains": {domain: {"nll_per_token": mean over the domain's sets, "sets": [...],
+                        "examples_sha1": {set: its examples' fingerprint}}},
    "missing": {set: message}}
 """
 
@@ -85,7 +86,8 @@ def domain_means(sets: dict) -> dict:
     found = [n for n in names if n in sets]
     if found:
       out[domain] = {"nll_per_token": sum(sets[n]["nll_per_token"] for n in found) / len(found),
-                     "sets": found}
+                     "sets": found,
+                     "examples_sha1": {n: sets[n].get("examples_sha1") for n in found}}
   return out
 
 
@@ -143,6 +145,10 @@ def evaluate(model_cfg, params, tokenizer, *, sets: Sequence[str] = tuple(datase
         max_new_tokens=max_new_tokens, batch_size=batch_size, timeout_s=timeout_s,
         score_len=score_len)
     results[name]["time_s"] = time.perf_counter() - t0
+    # Which file and examples: GPQA diamond and main are both 'gpqa' (the first file found),
+    # and the report compares depths only over the same examples.
+    results[name]["file"] = datasets.find_file(name, data_dir)
+    results[name]["examples_sha1"] = datasets.examples_fingerprint(examples)
     logging.info("%s: %s", name, {k: v for k, v in results[name].items()
                                   if isinstance(v, (int, float))})
   if not results:

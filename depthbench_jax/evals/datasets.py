@@ -35,6 +35,7 @@ import csv
 import dataclasses
 import glob
 import gzip
+import hashlib
 import importlib.util
 import io
 import json
@@ -241,3 +242,11 @@ def load_set(name: str, data_dir: str | None = None, max_examples: int | None = 
                      + (", none in the test split task_id 11-510" if records else "")
                      + f"); expected the published test split, fields: {', '.join(spec.fields)}")
   return examples
+
+
+def examples_fingerprint(examples: Sequence[Example]) -> str:
+  """sha1 (12 hex digits) of the examples' ids, prompts and answers: the same for the same
+  examples from any file format, another for another file of the set (GPQA diamond or main)
+  or a partial copy."""
+  text = json.dumps([(e.id, e.prompt, e.answer) for e in examples])
+  return hashlib.sha1(text.encode()).hexdigest()[:12]

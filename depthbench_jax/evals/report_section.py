@@ -13,7 +13,8 @@ and domain: the least-squares slope of NLL against ``log2(n_layers)`` (nats per 
 depth; negative = deeper is better), over that design's depths. Only like numbers share a slope:
 runs scored on the first N examples trend apart from full-set runs (one row per N), and a
 domain whose runs averaged different sets (``evals.json`` ``domains[d]['sets']``, e.g. math500
-missing at one depth) reads ``sets differ`` rather than a slope.
+missing at one depth) or a set over other examples (``examples_sha1``: GPQA diamond at one
+depth, main at another) reads ``sets differ`` rather than a slope.
 """
 
 from __future__ import annotations
@@ -94,12 +95,26 @@ def _cut_mark(evals: dict, domain: str) -> str:
   return "*" if any(r.get("context_cut") or r.get("answer_cut") for r in cut) else ""
 
 
+def _varied_sets(results: Sequence[dict]) -> set[str]:
+  """The sets scored on other examples (``examples_sha1``; another file, a partial copy) in
+  some of ``results`` (``evals['domains'][d]``) than in others; a result without one (older
+  evals.json) differs from none."""
+  seen: dict[str, set[str]] = {}
+  for res in results:
+    for name, sha in (res.get("examples_sha1") or {}).items():
+      if sha:
+        seen.setdefault(name, set()).add(sha)
+  return {name for name, shas in seen.items() if len(shas) > 1}
+
+
 def _domain_trend(rows: Sequence[tuple[int, dict]], domain: str) -> str:
   """``_trend`` of one domain's NLL over ``rows`` ``(depth, evals['domains'])``, or
-  ``'sets differ'`` when the runs with a number averaged different sets."""
+  ``'sets differ'`` when the runs with a number averaged different sets, or a set over other
+  examples (GPQA diamond at one depth, main at another)."""
   scored = [(d, doms[domain]) for d, doms in rows
             if _is_number((doms.get(domain) or {}).get("nll_per_token"))]
-  if len({tuple(sorted(res.get("sets") or ())) for _, res in scored}) > 1:
+  if (len({tuple(sorted(res.get("sets") or ())) for _, res in scored}) > 1
+      or _varied_sets([res for _, res in scored])):
     return "sets differ"
   points = [(d, res["nll_per_token"]) for d, res in scored if d]
   return _trend(depth_slope(points), points)
@@ -112,10 +127,12 @@ def _sets_note(pairs: Sequence[tuple[dict, dict]]) -> str:
   parts, different = [], False
   for domain in DOMAINS:
     rows_of: dict[str, list[str]] = {}
+    varied = _varied_sets([(e.get("domains") or {}).get(domain) or {} for _, e in pairs])
     for summary, evals in pairs:
       sets = ((evals.get("domains") or {}).get(domain) or {}).get("sets")
       if sets:
-        rows_of.setdefault("+".join(sorted(sets)), []).append(
+        rows_of.setdefault("+".join(_set_label(evals, s, varied) for s in sorted(sets)),
+                           []).append(
             f"{_design(summary, evals)} {_shape(summary, evals)}")
     if len(rows_of) == 1:
       parts.append(f"{domain} = {next(iter(rows_of))}")
@@ -126,6 +143,14 @@ def _sets_note(pairs: Sequence[tuple[dict, dict]]) -> str:
   return ("Sets averaged per domain" + (" (they differ between rows: those rows' NLLs are not "
                                         "one quantity)" if different else "")
           + ": " + "; ".join(parts) + ".")
+
+
+def _set_label(evals: dict, name: str, varied: set[str]) -> str:
+  """``name``, with its file and example count where the rows scored it on other examples."""
+  if name not in varied:
+    return name
+  res = (evals.get("sets") or {}).get(name) or {}
+  return f"{name} ({os.path.basename(res.get('file') or '?')}, n={res.get('n', '?')})"
 
 
 def _best_lr_only(runs: Sequence[Any]) -> list[Any]:
@@ -187,7 +212,7 @@ def evals_table(runs: Sequence[Any], relative_to: str | None = None) -> str | No
   lines += ["", "Depth trend: slope of domain NLL against log2(depth), nats per doubling "
             f"(negative = deeper is better; |slope| < {FLAT_TOL}: flat; non-monotonic: over "
             f"3+ depths it both rises and falls by more than {FLAT_TOL}; 'sets differ': the "
-            "depths averaged different sets, no slope).", "",
+            "depths averaged different sets, or a set over other examples, no slope).", "",
             "| design | depths | " + " | ".join(DOMAINS) + " |",
             "|---|---|" + "---|" * len(DOMAINS)]
   for design, rows in sorted(by_design.items()):

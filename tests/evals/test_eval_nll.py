@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import os
+import shutil
 
 import flax.linen as nn
 import jax
@@ -339,6 +340,37 @@ def test_depth_trend_compares_only_like_numbers():
   assert "| preln (first 4) | 32, 64 | +0.000 (flat) | - | +0.000 (flat) |" in text
   text = report_section.evals_table([run(8, 2.0, math_sets=("gsm8k",)), run(16, 1.9)])
   assert "| preln | 8, 16 | -0.100 (deeper better) | - | sets differ |" in text
+
+
+def test_depth_trend_compares_a_set_only_over_the_same_examples(tmp_path):
+  """GPQA diamond (198 items) at one depth and GPQA main (448) at another are both 'gpqa' (the
+  first file found): the stem slope mixed two sets' difficulty with no mark. evaluate records
+  each set's file and examples' fingerprint; other examples read 'sets differ', named."""
+  cfg = tiny_model_cfg()
+  params = jax.tree.map(lambda s: (0.05 * np.random.RandomState(1).randn(*s.shape)).astype(
+      np.float32), nn.unbox(abstract_params(cfg)))
+  main_dir = tmp_path / "main"
+  (main_dir / "gpqa").mkdir(parents=True)
+  rows = open(os.path.join(FIXTURES, "gpqa", "gpqa_diamond.csv")).read().splitlines()
+  (main_dir / "gpqa" / "gpqa_main.csv").write_text("\n".join(rows[:2]) + "\n")  # one item
+  score = lambda data_dir: evaluate.evaluate(cfg, params, ByteTok(), sets=["gpqa", "sciq"],
+                                             data_dir=data_dir, generate=False, batch_size=2)
+  diamond, also_diamond = score(FIXTURES), score(FIXTURES)
+  shutil.copytree(os.path.join(FIXTURES, "sciq"), main_dir / "sciq")
+  other = score(str(main_dir))
+  assert diamond["sets"]["gpqa"]["file"].endswith("gpqa_diamond.csv")
+  assert other["sets"]["gpqa"]["file"].endswith("gpqa_main.csv")
+  assert diamond["domains"]["stem"]["examples_sha1"] == also_diamond["domains"]["stem"][
+      "examples_sha1"]
+  run = lambda depth, evals: ({"design": "preln", "n_layers": depth, "name": f"L{depth}"},
+                              {**evals, "n_layers": depth})
+  text = report_section.evals_table([run(8, diamond), run(16, also_diamond)])
+  assert "| preln | 8, 16 | - | +0.000 (flat) | - |" in text
+  text = report_section.evals_table([run(8, diamond), run(16, other)])
+  assert "| preln | 8, 16 | - | sets differ | - |" in text
+  assert ("they differ between rows: those rows' NLLs are not one quantity): stem = gpqa "
+          "(gpqa_diamond.csv, n=2)+sciq (preln 8); gpqa (gpqa_main.csv, n=1)+sciq (preln 16)."
+          in text), text
 
 
 def test_evals_table_names_the_sets_each_domain_averaged():
