@@ -121,10 +121,12 @@ def evaluate(model_cfg, params, tokenizer, *, sets: Sequence[str] = tuple(datase
              score_len: int | None = None) -> dict[str, Any]:
   """Every requested set that is found: ``{'sets', 'domains', 'missing'}`` (see module doc).
 
-  ``score_len``: the longest sequence the NLL and multiple-choice scores read (context +
-  answer; a longer context keeps its last tokens); ``None`` = ``model_cfg.max_seq_len``. The CLI
-  passes the run's training context ``config.data.seq_len``, so no scored position lies beyond
-  the positions the model trained at. Generation keeps ``max_seq_len``.
+  ``score_len``: the most positions the NLL and multiple-choice scores feed the model; a
+  scored sequence (context + answer) has up to ``score_len + 1`` tokens, as a training row of
+  ``seq_len + 1`` tokens fills ``seq_len`` positions (a longer context keeps its last tokens);
+  ``None`` = ``model_cfg.max_seq_len``. The CLI passes the run's training context
+  ``config.data.seq_len``, so no scored position lies beyond the positions the model trained
+  at, and none within them is cut. Generation keeps ``max_seq_len``.
   """
   from depthbench_jax.evals import tasks  # pylint: disable=g-import-not-at-top
 
@@ -143,7 +145,7 @@ def evaluate(model_cfg, params, tokenizer, *, sets: Sequence[str] = tuple(datase
     results[name] = tasks.evaluate_set(
         name, model_cfg, params, tokenizer, examples, generate=generate,
         max_new_tokens=max_new_tokens, batch_size=batch_size, timeout_s=timeout_s,
-        score_len=score_len)
+        score_len=(score_len or model_cfg.max_seq_len) + 1)  # tokens: one past the positions
     results[name]["time_s"] = time.perf_counter() - t0
     # Which file and examples: GPQA diamond and main are both 'gpqa' (the first file found),
     # and the report compares depths only over the same examples.

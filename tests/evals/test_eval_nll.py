@@ -213,6 +213,19 @@ def test_evaluate_on_fixtures_writes_evals_and_tensorboard(tmp_path):
   assert os.listdir(tmp_path / "tensorboard")
 
 
+def test_a_sequence_of_score_len_plus_one_tokens_fills_the_trained_positions_uncut():
+  """A training row is seq_len + 1 tokens over seq_len positions; scoring capped sequences at
+  seq_len tokens, so an example of exactly one training row lost its eos and was marked cut.
+  gsm8k's first fixture: eos + prompt 82 tokens, answer 42: 124 tokens, 123 positions."""
+  cfg = tiny_model_cfg()
+  params = jax.tree.map(lambda s: (0.05 * np.random.RandomState(1).randn(*s.shape)).astype(
+      np.float32), nn.unbox(abstract_params(cfg)))
+  cut = lambda n: evaluate.evaluate(cfg, params, ByteTok(), sets=["gsm8k"], generate=False,
+                                    data_dir=FIXTURES, max_examples=1, batch_size=2,
+                                    score_len=n)["sets"]["gsm8k"]["context_cut"]
+  assert (cut(123), cut(122)) == (0, 1)
+
+
 def test_evaluate_scores_within_score_len():
   # The CLI caps scoring at the training context: a cap below the fixtures' lengths cuts their
   # contexts (different NLL), a cap above them changes nothing.
