@@ -236,6 +236,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   nan_at_step = config.debug.nan_at_step
   preempt = _Preemption()
   metrics_log = summary.MetricsLog(workdir, enabled=process_index == 0)
+  metrics_log.start_session(start_step)
 
   status, last_train_loss, val_loss = "ok", None, None
   shown_val = (None, None)   # (val loss, its step) the progress lines show

@@ -294,7 +294,8 @@ class DivergenceGuard:
 
 class MetricsLog:
   """Appends one JSON line per logged step; a resumed run may repeat steps after its last
-  checkpoint, and ``read_metrics`` keeps the resumed session's records from there on."""
+  checkpoint, and ``read_metrics`` keeps the resumed session's records from there on
+  (``start_session``'s line says where it starts)."""
 
   def __init__(self, workdir: str, enabled: bool = True):
     self.path = os.path.join(workdir, METRICS)
@@ -315,6 +316,14 @@ class MetricsLog:
     except FileNotFoundError:
       pass
 
+  def start_session(self, step: int) -> None:
+    """``{"step": step, "session_from": step}``: the records of an abandoned session after
+    ``step`` (the checkpoint this one starts from) are no longer the run's. Without it only a
+    step going back said so: a session resumed at 500 under a larger log_every, logging 600
+    first, kept the abandoned session's 510..540 (NaNs of a divergence among them)."""
+    if self.enabled:
+      self.append(step, {"session_from": step})
+
   def append(self, step: int, scalars: dict) -> None:
     if not self.enabled:
       return
@@ -325,9 +334,10 @@ class MetricsLog:
 
 def read_metrics(workdir: str, key: str = "train/loss") -> dict[int, float]:
   """``{step: value}`` of one metric as the run's own history: last record per step wins, and
-  where a record's step goes back (a session resumed from an earlier checkpoint) the records of
-  the abandoned session from that step on are dropped, even at steps the new one has not
-  reached yet (they read as the run's progress: "last logged step 1050" for a run at 1020)."""
+  where a session starts from a checkpoint (``MetricsLog.start_session``'s line, or in older
+  files a record whose step goes back) the records of the abandoned session after it are
+  dropped, even at steps the new one has not reached yet (they read as the run's progress:
+  "last logged step 1050" for a run at 1020)."""
   out: dict[int, float] = {}
   path = os.path.join(workdir, METRICS)
   if not os.path.exists(path):
@@ -340,7 +350,10 @@ def read_metrics(workdir: str, key: str = "train/loss") -> dict[int, float]:
       except json.JSONDecodeError:  # A kill mid-write leaves at most one torn last line.
         continue
       step = int(rec["step"])
-      if last is not None and step < last:
+      if "session_from" in rec:
+        for stale in [s for s in out if s > step]:
+          del out[stale]
+      elif last is not None and step < last:
         for stale in [s for s in out if s >= step]:
           del out[stale]
       last = step

@@ -76,6 +76,22 @@ def test_metrics_log_appends_and_read_metrics_skips_what_it_cannot_use(tmp_path)
   assert summary.read_metrics(workdir, "eval/loss") == {2: 6.0}
 
 
+def test_a_session_line_drops_the_abandoned_sessions_records_after_its_checkpoint(tmp_path):
+  """Lost session: 510..540 after its checkpoint at 500 (540 NaN); the resumed one logs every
+  100, from 600: its first record goes back to no earlier step, yet 510..540 are not the run's.
+  A second session line drops the first resumed session's 600 too (resumed again at 500)."""
+  workdir = str(tmp_path)
+  log = summary.MetricsLog(workdir)
+  log.start_session(0)
+  for step in (490, 500, 510, 520, 530, 540):
+    log.append(step, {"train/loss": float("nan") if step == 540 else 3.0})
+  log.start_session(500)
+  log.append(600, {"train/loss": 2.5})
+  assert summary.read_metrics(workdir) == {490: 3.0, 500: 3.0, 600: 2.5}
+  summary.MetricsLog(workdir).start_session(500)
+  assert summary.read_metrics(workdir) == {490: 3.0, 500: 3.0}
+
+
 def test_checkpoint_steps_ignore_orbax_temporary_directories_and_sort_numerically(tmp_path):
   from depthbench_jax.train import checkpoint  # orbax: only this test needs it.
   workdir = str(tmp_path)

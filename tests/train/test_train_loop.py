@@ -462,3 +462,19 @@ def test_with_periodic_evals_off_the_final_val_loss_is_still_logged(train_in_pro
   last = [l for l in capsys.readouterr().out.splitlines() if l.startswith("step 4/4")][-1]
   assert f"val {logged[4]:.4f}" in last, last
 
+
+def test_a_resume_under_a_larger_log_every_drops_the_abandoned_sessions_later_records(
+    reference_run, train_in_process, tmp_path):
+  """A session that logged steps 11..20 past its step-10 checkpoint, then was lost; the resume
+  logs every 7 steps (14, 20). Only a step going back marked a new session, so 11..13 and 15..19
+  of the lost session stayed in the run's history (NaNs, after a divergence). Each session's
+  first line now says where it starts."""
+  workdir = str(tmp_path / "lost")
+  shutil.copytree(reference_run, workdir)
+  shutil.rmtree(os.path.join(workdir, "checkpoints", "20"))
+  os.remove(os.path.join(workdir, "summary.json"))
+  train_in_process(helpers.tiny_config(log_every=7, tensorboard=True), workdir)
+  got, want = helpers.losses(workdir), helpers.losses(reference_run)
+  assert sorted(got) == list(range(1, 11)) + [14, 20]
+  np.testing.assert_allclose([got[s] for s in got], [want[s] for s in got], rtol=1e-6)
+
