@@ -29,7 +29,8 @@ def test_two_fake_devices_hold_params_and_adam_whole_under_data_parallelism():
   assert proc.returncode == 0, proc.stderr[-3000:]
   (line,) = [l for l in proc.stdout.splitlines() if l.startswith("| preln |")]
   cells = [c.strip() for c in line.strip("|").split("|")]
-  assert cells[:4] == ["preln", "4x128", "2, 1, 1", "4 / 2"] and cells[-1] == "NO", cells
+  assert cells[:4] == ["preln", "4x128", "2, 1, 1", "4 / 2"] and cells[-1].startswith("NO (-"), \
+      cells
   state, temp, peak = (float(c) * 2**30 for c in cells[4:7])
   assert 0.99 * 12 * params <= state <= 1.2 * 12 * params, (state, params)
   assert temp > 0 and peak >= 0.99 * (state + temp) - 16 * params   # donated state aliased
