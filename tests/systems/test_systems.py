@@ -10,11 +10,13 @@ import json
 import os
 import subprocess
 
+import jax
 import ml_collections
 import numpy as np
 import pytest
 
 from depthbench_jax.model.config import model_config_from
+from depthbench_jax.residual import registry
 from depthbench_jax.residual.base import static_prefix
 from depthbench_jax.systems import costs, design_costs, flops, xla
 from tests import helpers
@@ -195,6 +197,24 @@ def test_matmul_params_follow_gqa():
   gains = (2 * cfg.n_layers + 1) * cfg.d_model
   assert flops.matmul_params(cfg) == (count_params(cfg)["total"] - cfg.vocab_size * cfg.d_model
                                       - gains)
+
+
+@pytest.mark.parametrize("design", registry.names())
+def test_matmul_params_are_the_models_own_kernels_for_every_design(design):
+  """The analytic count (backbone + the design's ``extra_matmul_params``: MoDA's FFN depth-KV
+  projections) against the ``kernel`` leaves the model really holds, plus the tied head (the
+  input table, multiplied again): only Pre-LN with GQA was compared, the designs' terms with
+  hand formulas alone. The designs' small dynamic weights (HC's W_alpha, mHC's phi) are FLOPs
+  of their own (``design_flops_per_token``), no kernels."""
+  import flax.linen as nn
+  from depthbench_jax.model.transformer import abstract_params
+  for tie in (False, True):
+    cfg = dataclasses.replace(model_cfg(design, n_layers=3, d_model=64, n_heads=4),
+                              n_kv_heads=2, tie_embeddings=tie)
+    leaves = jax.tree_util.tree_leaves_with_path(nn.unbox(abstract_params(cfg)))
+    kernels = sum(int(np.prod(a.shape)) for path, a in leaves
+                  if getattr(path[-1], "key", None) == "kernel")
+    assert flops.matmul_params(cfg) == kernels + tie * cfg.vocab_size * cfg.d_model, design
 
 
 def test_device_hours_by_hand():
