@@ -1,5 +1,6 @@
-"""What the processes of one run tell each other, over JAX's own collectives (no side channel):
-the checks that all hosts run the same run, share its results dir and read the same data."""
+"""How the processes of one run tell each other something: over JAX's own collectives, no side
+channel. The host checks use it: ``main.check_same_run``, ``main.check_results_shared`` and
+``train.config_check.check_same_data``."""
 
 from __future__ import annotations
 
@@ -16,4 +17,3 @@ def gather_text(text: str) -> list[str]:
   padded[:data.size] = data
   rows = np.asarray(multihost_utils.process_allgather(padded))
   return [bytes(row[:size]).decode() for row, size in zip(rows, sizes.reshape(-1))]
-

@@ -53,16 +53,14 @@ Array = jax.Array
 
 PAPER_CAUSAL_THRESHOLD = 0.45
 PAPER_PERMUTATION_THRESHOLD = 0.15
+# What the causal score's skip is (module doc), as diagnostics.json records it.
+CAUSAL_SKIP = ("layer s absent (Csordas et al.: the state as if it were not there); the spec's "
+               "'update set to zero' in Pre-LN, LNS and Sandwich-LN only")
 
 
 # ---------------------------------------------------------------------------------------------
 # Which layers and pairs count.
 # ---------------------------------------------------------------------------------------------
-
-
-# What the causal score's skip is (module doc), as diagnostics.json records it.
-CAUSAL_SKIP = ("layer s absent (Csordas et al.: the state as if it were not there); the spec's "
-               "'update set to zero' in Pre-LN, LNS and Sandwich-LN only")
 
 def late_layers(n_layers: int) -> np.ndarray:
   """Bool [L]: ``l >= L/4`` (the last three quarters; ``4 l >= L`` avoids rounding)."""
