@@ -112,11 +112,20 @@ class ByteTokenizer:
     return "".join(out)
 
 
+def _tokenizer_class(name: str):
+  classes = {"gpt2": GPT2Tokenizer, "byte": ByteTokenizer}
+  if name not in classes:
+    raise ConfigError(f"config.data.tokenizer={name!r} is unknown; allowed: {', '.join(ALLOWED)}")
+  return classes[name]
+
+
+def vocab_size_of(name: str) -> int:
+  """The vocab size of the tokenizer called `name`, without building it: a config check needs
+  no merge table (the device image, without openai-whisper, failed train_memory's)."""
+  return _tokenizer_class(name).vocab_size
+
+
 @functools.cache
 def get_tokenizer(name: str):
   """Returns the tokenizer called `name` (config.data.tokenizer); one instance per name."""
-  if name == "gpt2":
-    return GPT2Tokenizer()
-  if name == "byte":
-    return ByteTokenizer()
-  raise ConfigError(f"config.data.tokenizer={name!r} is unknown; allowed: {', '.join(ALLOWED)}")
+  return _tokenizer_class(name)()

@@ -242,8 +242,8 @@ def validate_data_fields(data, model) -> None:
   batch = data.global_batch_size
   _require(isinstance(batch, int) and batch > 0,
            f"config.data.global_batch_size={batch!r}; allowed: a positive integer")
-  from depthbench_jax.data.tokenizer import get_tokenizer
-  vocab = get_tokenizer(data.tokenizer).vocab_size
+  from depthbench_jax.data.tokenizer import vocab_size_of
+  vocab = vocab_size_of(data.tokenizer)   # no merge table: the data path reads that
   _require(model.vocab_size >= vocab,
            f"config.model.vocab_size={model.vocab_size} is smaller than tokenizer "
            f"{data.tokenizer!r}'s {vocab}; allowed: >= {vocab}")

@@ -109,13 +109,19 @@ def test_gpu_decode_script_times_decoding_in_miniature(tmp_path):
 
 def test_gpu_train_memory_script_compiles_in_miniature(tmp_path):
   # As on the device image, which has no grain (train_memory once reached it through the
-  # training loop's data pipeline and checkpoints): a `grain` that cannot be imported.
+  # training loop's data pipeline and checkpoints) and no openai-whisper (the GPT-2 merge table:
+  # the suites' tokenizer, once loaded by the config check): modules that cannot be imported.
   no_grain = tmp_path / "no_grain"
   no_grain.mkdir()
   (no_grain / "grain.py").write_text("raise ImportError('grain is not on the device image')\n")
+  (no_grain / "whisper.py").write_text("raise ImportError('nor is openai-whisper')\n")
+  suite = tmp_path / "smoke_gpt2.py"   # the smoke suite with the suites' GPT-2 tokenizer
+  suite.write_text("from configs import smoke\nNAME = 'smoke_gpt2'\nsweep = smoke.sweep\n"
+                   "def get_config(arg=None):\n  c = smoke.get_config(arg)\n"
+                   "  c.data.tokenizer, c.model.vocab_size = 'gpt2', 50257\n  return c\n")
   out = tmp_path / "out"
   out.mkdir()
-  run_script("gpu_train_memory.sh", out, MEMORY_CONFIG="configs/smoke.py",
+  run_script("gpu_train_memory.sh", out, MEMORY_CONFIG=str(suite),
              MEMORY_SHAPES="4x128", MEMORY_DESIGNS="preln", MEMORY_GRAD_ACCUM="2",
              PYTHONPATH=f"{no_grain}{os.pathsep}{ROOT}")
   assert os.listdir(out) == ["train_memory.log"]
