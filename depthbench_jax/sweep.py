@@ -708,8 +708,11 @@ def main(argv: Sequence[str] | None = None) -> int:
       from depthbench_jax.main import distributed_settings  # Local: defines main's flags.
       distributed_settings()
     else:  # Each host would run its own local cluster, every run, into the shared run dirs.
+      from depthbench_jax.main import slurm_tasks  # Local: defines main's flags.
       pod = [f"{k}={os.environ[k]}" for k in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES")
              if os.environ.get(k)]
+      if not pod and slurm_tasks() > 1:   # README's srun launch sets no JAX_* variable
+        pod = [f"an srun step of SLURM_NTASKS={slurm_tasks()}"]
       if pod:
         raise ConfigError(f"--local_processes (LOCAL_PROCESSES)={args.local_processes} with "
                           f"{' '.join(pod)}: it replaces them; allowed: LOCAL_PROCESSES on one "

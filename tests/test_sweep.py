@@ -406,6 +406,20 @@ def test_local_processes_with_a_pods_jax_env_is_refused(tiny, monkeypatch, capsy
   assert "allowed" in err[0] and not calls(tiny["log"])
 
 
+def test_local_processes_in_an_srun_step_is_refused(tiny, monkeypatch, capsys):
+  """README's SLURM launch sets no JAX_* variable: each of the step's hosts ran every run as its
+  own local cluster of LOCAL_PROCESSES, all into the same shared run dirs."""
+  from tests.helpers import slurm_step
+  monkeypatch.setenv("FAKE_LOG", tiny["log"])
+  monkeypatch.setenv("LOCAL_PROCESSES", "2")
+  slurm_step(monkeypatch, ntasks=4)
+  assert sweep.main([tiny["config"], "--results_dir", tiny["results"],
+                     "--main_cmd", " ".join(tiny["main_cmd"])]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "LOCAL_PROCESSES)=2 with an srun step of SLURM_NTASKS=4" in err[0], err
+  assert "allowed" in err[0] and not calls(tiny["log"])
+
+
 def test_local_processes_that_is_not_a_number_is_one_error_line(tiny, monkeypatch, capsys):
   """LOCAL_PROCESSES=two was a ValueError traceback from argparse's default."""
   monkeypatch.setenv("LOCAL_PROCESSES", "two")
