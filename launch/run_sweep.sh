@@ -16,10 +16,17 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 "$ROOT/launch/bootstrap.sh"   # no-op when .venv is current
 # Paths the caller gives are the caller's: a config file found from here and --results_dir are
-# made absolute before the cd (a config not found here is looked up in the repo, as before).
+# made absolute before the cd (a config not found here is looked up in the repo, as before;
+# a results dir inside the repo, relative to it).
 CALLER="$PWD"
 absolute() { case "$1" in /*) printf '%s' "$1" ;; *) printf '%s' "$CALLER/$1" ;; esac; }
 caller_file() { if [[ -f "$1" ]]; then absolute "$1"; else printf '%s' "$1"; fi; }
+# A results dir inside the checkout stays relative to it: hosts that mount one shared checkout
+# at other paths then give a run one workdir (main.check_same_run compares it as written).
+results_path() {
+  local p; p="$(absolute "$1")"
+  case "$p" in "$ROOT"/*) printf '%s' "${p#"$ROOT"/}" ;; *) printf '%s' "$p" ;; esac
+}
 has_value() {  # FLAG [VALUE ...]: one error line and exit 2 where the value is missing
   [[ $# -ge 2 ]] || { echo "error: $1 has no value; allowed: $1 PATH or $1=PATH" >&2; exit 2; }
 }
@@ -29,8 +36,8 @@ while [[ $# -gt 0 ]]; do
   case "$1" in
     --config) has_value "$@"; SUITE=("$(caller_file "$2")"); shift 2 ;;
     --config=*) SUITE=("$(caller_file "${1#--config=}")"); shift ;;
-    --results_dir) has_value "$@"; ARGS+=("$1" "$(absolute "$2")"); shift 2 ;;
-    --results_dir=*) ARGS+=("--results_dir=$(absolute "${1#--results_dir=}")"); shift ;;
+    --results_dir) has_value "$@"; ARGS+=("$1" "$(results_path "$2")"); shift 2 ;;
+    --results_dir=*) ARGS+=("--results_dir=$(results_path "${1#--results_dir=}")"); shift ;;
     *) ARGS+=("$1"); shift ;;
   esac
 done

@@ -283,6 +283,26 @@ def test_run_sweep_sh_takes_the_same_suite_given_both_ways(tmp_path):
                      str(results), "--dry_run"]) == 0
 
 
+@pytest.mark.parametrize("cwd, given, passed", [
+    ("repo", "results/try2", "results/try2"), ("repo/results", "try2", "results/try2"),
+    (".", "out", "{tmp}/out")])
+def test_run_sweep_sh_keeps_a_results_dir_inside_the_checkout_relative_to_it(tmp_path, cwd,
+                                                                              given, passed):
+  """It made every --results_dir absolute: hosts mounting one shared checkout at other paths
+  then gave one run two workdirs, and main.check_same_run (which compares the workdir as
+  written, for that case) stopped the sweep at its first run. One outside stays absolute."""
+  script = _fake_repo(tmp_path)
+  (tmp_path / "repo" / "results").mkdir()
+  log = tmp_path / "log"
+  out = subprocess.run([str(script), "--results_dir", given], cwd=tmp_path / cwd,
+                       capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, FAKE_LOG=str(log), FAKE_RESULTS=str(tmp_path)))
+  assert out.returncode == 0, out.stderr[-2000:]
+  passed = passed.format(tmp=tmp_path)
+  assert any(c.endswith(f" --results_dir {passed} --print_results_dir")
+             for c in log.read_text().splitlines()), log.read_text()
+
+
 @pytest.mark.parametrize("flag", ["--config", "--results_dir"])
 def test_run_sweep_sh_flag_without_a_value_is_one_error(tmp_path, flag):
   script = _fake_repo(tmp_path)
