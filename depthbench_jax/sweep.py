@@ -286,7 +286,10 @@ def trained_config(workdir: str) -> dict | None:
 
 def recipe_edits(config_path: str, runs: Sequence[Run]) -> list[tuple[Run, list]]:
   """``[(run, config_check.recipe_changes)]`` of the runs whose trained config (finished or
-  started: ``trained_config``) the suite now gives another recipe (steps, data, schedule, ...)."""
+  started: ``trained_config``) the suite now gives another recipe (steps, data, schedule, ...).
+  A finished run's ``data.path`` is not compared: the same shards spelled otherwise (another
+  mount) are the same run, as for the report (``recipe.RUN_FIELDS``); a started one's resume
+  compares it as written, so there it counts."""
   from depthbench_jax.train import config_check  # Local: pulls in jax.
   module = load_config_module(config_path)
   out = []
@@ -294,6 +297,8 @@ def recipe_edits(config_path: str, runs: Sequence[Run]) -> list[tuple[Run, list]
     trained = trained_config(run.workdir)
     if trained is not None:
       changed = config_check.recipe_changes(trained, config_of(module, run.arg))
+      if run_state(run.workdir) == "done":
+        changed = [c for c in changed if c[0] != "data.path"]
       if changed:
         out.append((run, changed))
   return out

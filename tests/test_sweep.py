@@ -254,6 +254,11 @@ def test_a_finished_run_under_another_recipe_is_refused_before_anything_runs(tin
                         " ".join(tiny["main_cmd"])], capture_output=True, text=True)
   assert out.returncode == 2 and "error: config.steps=120" in out.stderr
   assert not os.path.exists(os.path.join(tiny["results"], "report.md"))
+  # The same shards read from another mount: the same run (a started run's resume compares the
+  # path as written, test below); every sweep stopped at it, dry run included.
+  data = dict(trained["data"], path="/scratch/fineweb-edu")
+  write_summary(done, config=dict(trained, data=data))
+  assert sweep.main([tiny["config"], "--results_dir", tiny["results"], "--dry_run"]) == 0
   write_summary(done, config=dict(trained, log_every=5))   # the same recipe: skipped, the rest run
   assert sweep.main([tiny["config"], "--results_dir", tiny["results"],
                      "--main_cmd", " ".join(tiny["main_cmd"])]) == 0
@@ -278,6 +283,10 @@ def test_a_started_run_under_another_recipe_is_refused_before_anything_runs(tiny
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "config.steps=120" in err[0] and "was trained with 40" in err[0]
   assert not calls(tiny["log"])
+  with open(os.path.join(started, "config.json"), "w") as f:   # its resume would refuse it
+    json.dump(dict(trained, data=dict(trained["data"], path="/scratch/fineweb-edu")), f)
+  assert sweep.main([tiny["config"], "--results_dir", tiny["results"], "--dry_run"]) == 2
+  assert "config.data.path=" in capsys.readouterr().err
   # Crashed before its first checkpoint: nothing trained to keep, the trainer starts it afresh
   # (it was refused, and with it every host's sweep).
   os.rmdir(os.path.join(started, "checkpoints", "16"))
