@@ -621,6 +621,23 @@ def shape_key(record: dict) -> tuple[str, int, int]:
   return str(design), int(n_layers), int(d_model)
 
 
+def design_label(record: dict) -> str:
+  """The design as the report tells runs apart: the residual's name, with each option the run
+  set away from its design's defaults (``hc(n_streams=2)``). README's one-run example with
+  ``--config.model.residual.n_streams=2`` beside the suite's HC runs joined their best-LR choice
+  and depth trend as 'hc'. Options the design no longer has are not named."""
+  residual = ((record.get("config") or {}).get("model") or {}).get("residual") or {}
+  name = str(record.get("design") or residual.get("name"))
+  try:
+    from depthbench_jax.residual import registry  # Local: pulls in jax/flax.
+    defaults = registry.get(name).defaults
+  except Exception:  # pylint: disable=broad-except  # a design not registered here
+    return name
+  changed = [f"{k}={v}" for k, v in sorted(residual.items())
+             if k != "name" and k in defaults and v != defaults[k]]
+  return f"{name}({','.join(changed)})" if changed else name
+
+
 def record_lr(record: dict) -> float:
   lr = record.get("lr")
   return float(lr if lr is not None else (record.get("config") or {}).get("lr"))

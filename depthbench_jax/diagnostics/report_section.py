@@ -40,7 +40,7 @@ HEATMAPS = ("causal", "permutation", "angular")
 
 
 def _design(summary: dict, diag: dict) -> str:
-  return diag.get("design") or summary.get("design") or "?"
+  return summary.get("design") or diag.get("design") or "?"   # the report's label first
 
 
 def _depth(summary: dict, diag: dict) -> int | None:

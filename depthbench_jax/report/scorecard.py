@@ -27,8 +27,8 @@ import sys
 from typing import Any, Iterable, Sequence
 
 from depthbench_jax import recipe, revision
-from depthbench_jax.sweep import (format_lr, is_usable, parse_run_name, read_summary, record_lr,
-                                  select_best_lr, shape_key)
+from depthbench_jax.sweep import (design_label, format_lr, is_usable, parse_run_name,
+                                  read_summary, record_lr, select_best_lr, shape_key)
 
 # The paper's 400M table (val loss, best LR): design -> (16 layers, 32 layers, note).
 PAPER_400M = {
@@ -92,7 +92,7 @@ def collect_runs(results_dir: str) -> list[dict]:
     except (TypeError, ValueError, KeyError):
       continue
     record = dict(summary)
-    record.update(design=design, n_layers=n_layers, d_model=d_model, lr=lr,
+    record.update(design=design_label(summary), n_layers=n_layers, d_model=d_model, lr=lr,
                   aspect_ratio=d_model / n_layers, workdir=root,
                   name=summary.get("name") or os.path.basename(root))
     records.append(record)
@@ -130,7 +130,8 @@ def _planned_run(workdir: str) -> tuple[tuple[str, int, int] | None, float | Non
   try:
     with open(os.path.join(workdir, "config.json")) as f:
       record = {"config": json.load(f)}
-    return shape_key(record), record_lr(record)
+    _, n_layers, d_model = shape_key(record)
+    return (design_label(record), n_layers, d_model), record_lr(record)
   except (OSError, json.JSONDecodeError, TypeError, ValueError, KeyError, AttributeError):
     pass
   named = parse_run_name(os.path.basename(workdir))

@@ -50,7 +50,7 @@ def test_diagnose_writes_json_and_pngs_and_the_report_reads_them(run, tmp_path):
 
   summary = {"name": "tiny", "design": "preln", "config": {"model": {"n_layers": 4}}}
   other = dict(loaded, n_layers=8, design="hc", mixing={"erank_late": 2.61})
-  table = report_section.diagnostics_table([(summary, other), (summary, loaded)])
+  table = report_section.diagnostics_table([(dict(summary, design="hc"), other), (summary, loaded)])
   lines = table.strip().splitlines()
   assert lines[0].startswith("| design | L | d | lr | causal C>0.45 | permutation P>0.15")
   assert lines[2].startswith("| hc | 8 | - | - |") and "| 2.61 |" in lines[2]

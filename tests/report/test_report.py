@@ -463,6 +463,22 @@ def test_an_edge_lr_at_a_reference_depth_is_flagged_though_the_best_shape_is_not
   assert "† best LR at an edge of the grid tried" in text
 
 
+def test_a_design_variant_is_reported_apart_from_its_design(tmp_path):
+  """README's one-run example with ``--config.model.residual.n_streams=2`` beside the suite's
+  HC runs: the recipe checks leave a design's options to the run, so the 2-stream run joined
+  HC's best-LR choice at 16 layers (2.700 for HC's 2.729) and its depth trend, unmarked. It is
+  now its own row, named by the options it set away from the design's defaults."""
+  _grid(tmp_path, "hc", {(16, 1216): (2.75, 2.729, 2.74, 2.76),
+                         (32, 896): (2.75, 2.699, 2.72, 2.74)})
+  _finished(tmp_path, "hc", 16, 1216, 1e-3, 2.700, name="hc_ns2", config={
+      "model": {"residual": {"name": "hc", "n_streams": 2, "dynamic": True}}})
+  text = scorecard.build_report(scorecard.collect_runs(str(tmp_path)))
+  assert _scorecard_row(text, "hc").startswith("| hc | 2.729 | 2.699 |")
+  assert _scorecard_row(text, "hc(n_streams=2)").startswith("| hc(n_streams=2) | 2.700 ‡ | – |")
+  assert sweep.design_label({"design": "hc", "config": {"model": {"residual": {
+      "name": "hc", "n_streams": 4, "retired_option": 1}}}}) == "hc"   # defaults; gone: unnamed
+
+
 def test_a_mark_only_the_lr_table_shows_is_explained_too(tmp_path):
   """Best LRs inside the grid at both reference depths and the best shape, the grid's bottom LR
   at 56 layers: the LR table showed ``**2.800** †`` and no line of the report said what † was
