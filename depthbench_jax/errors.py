@@ -34,7 +34,14 @@ def fail(message: str, code: int = 2) -> NoReturn:
 class OneLineParser(argparse.ArgumentParser):
   """``argparse.ArgumentParser`` whose refusals (a bad type, a choice not offered, a value the
   CLI checks itself via ``error``) are ``fail``'s one ``error:`` line, exit 2, like every other
-  CLI here: argparse printed its usage block first (``--help`` still prints it)."""
+  CLI here: argparse printed its usage block first (``--help`` still prints it). A flag is
+  spelled whole: argparse took ``--results`` for ``--results_dir`` and ``--dry`` for
+  ``--dry_run``, which run_sweep.sh reads itself, so a 'dry run' wrote the report and a
+  relative results dir landed in the repo."""
+
+  def __init__(self, *args, **kwargs):
+    kwargs.setdefault("allow_abbrev", False)
+    super().__init__(*args, **kwargs)
 
   def error(self, message: str) -> NoReturn:
     fail(message)

@@ -415,6 +415,20 @@ def test_local_processes_with_a_pods_jax_env_is_refused(tiny, monkeypatch, capsy
   assert "allowed" in err[0] and not calls(tiny["log"])
 
 
+@pytest.mark.parametrize("flag", ["--results", "--dry"])
+def test_an_abbreviated_flag_is_one_error_line(tiny, capsys, flag):
+  """argparse took ``--results`` for ``--results_dir`` and ``--dry`` for ``--dry_run``, flags
+  run_sweep.sh reads itself by their whole names: its 'dry run' then rendered the report, and a
+  relative results dir went unresolved into the repo root."""
+  with pytest.raises(SystemExit) as exit_:
+    sweep.main([tiny["config"], flag, tiny["results"]] if flag == "--results" else
+               [tiny["config"], "--results_dir", tiny["results"], flag])
+  assert exit_.value.code == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err == [f"error: unrecognized arguments: {flag}" + (
+      f" {tiny['results']}" if flag == "--results" else "")], err
+
+
 def test_local_processes_in_an_srun_step_is_refused(tiny, monkeypatch, capsys):
   """README's SLURM launch sets no JAX_* variable: each of the step's hosts ran every run as its
   own local cluster of LOCAL_PROCESSES, all into the same shared run dirs."""
