@@ -331,6 +331,20 @@ def pending(runs: Iterable[Run]) -> list[Run]:
 # The plan (--dry_run).
 # ---------------------------------------------------------------------------------------------
 
+def checked_config(module, run: Run) -> ml_collections.ConfigDict:
+  """``run``'s config, checked as main.py will check it except for what depends on the devices
+  and the data (mesh, batch split, data path); a ConfigError names the run. The dry run and
+  the sweep both check every run they would launch before the first trains: a suite entry's
+  typo (``arch='hcc'``) stopped only the dry run, the sweep trained every run before it."""
+  from depthbench_jax.train import config_check  # Local: pulls in jax.
+  try:
+    config = config_of(module, run.arg)
+    config_check.validate_without_devices(config)
+  except ConfigError as err:
+    raise ConfigError(f"run {run.name}: {err}") from None
+  return config
+
+
 def plan_rows(config_path: str, runs: Sequence[Run], mfu: float = DEFAULT_MFU,
               peak_flops: float = DEFAULT_PEAK_FLOPS) -> list[dict]:
   """One row per run: params (the design's own, eval_shape), steps, tokens, FLOPs, hours.
@@ -339,16 +353,11 @@ def plan_rows(config_path: str, runs: Sequence[Run], mfu: float = DEFAULT_MFU,
   from depthbench_jax.model.config import model_config_from
   from depthbench_jax.shapes import param_counts
   from depthbench_jax.systems.flops import train_flops_per_token
-  from depthbench_jax.train import config_check
   from depthbench_jax.train.loop import total_steps_of
   module = load_config_module(config_path)
   rows, flops_cache = [], {}
   for run in runs:
-    config = config_of(module, run.arg)
-    try:
-      config_check.validate_without_devices(config)
-    except ConfigError as err:
-      raise ConfigError(f"run {run.name}: {err}") from None
+    config = checked_config(module, run)
     counts = param_counts(config.model)
     steps = total_steps_of(config, counts["total"])   # the trainer's own budget rule
     tokens = steps * config.data.global_batch_size * config.data.seq_len
@@ -726,6 +735,8 @@ def main(argv: Sequence[str] | None = None) -> int:
       print(f"suite {suite_name(module)} -> {results_dir}")
       print(format_plan(rows, args.mfu, args.peak_flops))
       return 0
+    for run in pending(runs):
+      checked_config(module, run)
     if args.local_processes <= 1:  # A bad JAX_* set fails once here, not once per run.
       from depthbench_jax.main import distributed_settings  # Local: defines main's flags.
       distributed_settings()

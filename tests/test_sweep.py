@@ -12,6 +12,7 @@ import pytest
 
 from depthbench_jax import shapes, sweep
 from depthbench_jax.errors import ConfigError
+from depthbench_jax.residual import registry
 from depthbench_jax.main import SLURM_STEP_VARIABLES
 from tests.helpers import slurm_step
 
@@ -415,6 +416,22 @@ def test_local_processes_with_a_pods_jax_env_is_refused(tiny, monkeypatch, capsy
   assert "allowed" in err[0] and not calls(tiny["log"])
 
 
+def test_a_bad_suite_entry_stops_the_sweep_before_any_run_trains(tiny, monkeypatch, capsys):
+  """A typo in the last entry (arch='hcc') stopped the dry run, but the sweep trained every run
+  before it, then recorded that one as failed."""
+  monkeypatch.setenv("FAKE_LOG", tiny["log"])
+  with open(tiny["config"], "a") as f:
+    f.write("_good = sweep\nsweep = lambda: _good() + [dict(arch='hcc', shape='4x128', "
+            "lr=1e-3)]\n")
+  for extra in (["--dry_run"], []):
+    assert sweep.main([tiny["config"], "--results_dir", tiny["results"],
+                       "--main_cmd", " ".join(tiny["main_cmd"])] + extra) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: run hcc_4x128_lr1e-3: config argument arch='hcc'; allowed: "
+                   + ", ".join(registry.names())], err
+  assert not calls(tiny["log"])
+
+
 @pytest.mark.parametrize("flag", ["--results", "--dry"])
 def test_an_abbreviated_flag_is_one_error_line(tiny, capsys, flag):
   """argparse took ``--results`` for ``--results_dir`` and ``--dry`` for ``--dry_run``, flags
@@ -432,7 +449,6 @@ def test_an_abbreviated_flag_is_one_error_line(tiny, capsys, flag):
 def test_local_processes_in_an_srun_step_is_refused(tiny, monkeypatch, capsys):
   """README's SLURM launch sets no JAX_* variable: each of the step's hosts ran every run as its
   own local cluster of LOCAL_PROCESSES, all into the same shared run dirs."""
-  from tests.helpers import slurm_step
   monkeypatch.setenv("FAKE_LOG", tiny["log"])
   monkeypatch.setenv("LOCAL_PROCESSES", "2")
   slurm_step(monkeypatch, ntasks=4)
