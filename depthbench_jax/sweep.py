@@ -260,11 +260,15 @@ def read_summary(workdir: str) -> dict | None:
 
 
 def run_state(workdir: str) -> str:
-  """'done' (summary with a final status), 'partial' (started, e.g. checkpoints) or 'new'."""
+  """'done' (summary with a final status), 'partial' (started, e.g. checkpoints) or 'new' (no
+  folder, or one holding only the sweep's own ``process_<i>.log``: a run refused at its start
+  under LOCAL_PROCESSES read as 'started without a summary (training...)' in the report)."""
   summary = read_summary(workdir)
   if summary is not None and summary.get("status", "ok") in FINAL_STATUSES:
     return "done"
-  return "partial" if os.path.isdir(workdir) and os.listdir(workdir) else "new"
+  started = os.path.isdir(workdir) and any(
+      not re.fullmatch(r"process_\d+\.log", name) for name in os.listdir(workdir))
+  return "partial" if started else "new"
 
 
 def trained_config(workdir: str) -> dict | None:
@@ -571,8 +575,9 @@ def _execute(config_path, runs, main_cmd, local_processes) -> dict[str, list[str
     if _STOP.requested and not summary:
       why = ("a process of the run was preempted" if elsewhere else
              f"stopped by SIGTERM (exit {code})")
-      print(f"[sweep] {run.name}: {why}; the next sweep resumes it from its checkpoint",
-            flush=True)
+      after = ("resumes it from its checkpoint" if checkpoint_steps(run.workdir) else
+               "starts it afresh (it had saved no checkpoint)")
+      print(f"[sweep] {run.name}: {why}; the next sweep {after}", flush=True)
       break
     if code == HOSTS_DIFFER:  # Every later run would differ too: all hosts stop, to restart.
       outcome["failed"].append(run.name)

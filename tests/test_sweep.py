@@ -46,7 +46,9 @@ FAKE_MAIN = textwrap.dedent("""
     if os.path.basename(workdir) == os.environ.get("FAKE_HOSTS_DIFFER"):
       sys.exit(4)  # errors.HOSTS_DIFFER
     if os.path.basename(workdir) == os.environ.get("FAKE_PREEMPTED"):
-      sys.exit(0)  # Saved and stopped at a preemption: no summary.
+      if not os.environ.get("FAKE_NO_CHECKPOINT"):
+        os.makedirs(os.path.join(workdir, "checkpoints", "10"), exist_ok=True)
+      sys.exit(0)  # Saved (or stopped before its first save) at a preemption: no summary.
     if os.path.basename(workdir) == os.environ.get("FAKE_ABORT"):
       import resource
       resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
@@ -331,8 +333,30 @@ def test_a_run_preempted_on_another_host_stops_this_hosts_sweep(tiny, monkeypatc
   assert [os.path.basename(c["workdir"]) for c in calls(tiny["log"])] == [
       "preln_4x128_lr1e-3", "preln_4x128_lr3e-3"]
   out = capsys.readouterr().out
-  assert "preln_4x128_lr3e-3: a process of the run was preempted; the next sweep resumes" in out
+  assert ("preln_4x128_lr3e-3: a process of the run was preempted; the next sweep resumes it "
+          "from its checkpoint") in out
   assert "stopped 1, not started 2" in out
+  # Stopped before its first checkpoint: the message promised one the next sweep did not find.
+  monkeypatch.setenv("FAKE_PREEMPTED", "preln_8x96_lr1e-3")
+  monkeypatch.setenv("FAKE_NO_CHECKPOINT", "1")
+  assert sweep.main([tiny["config"], "--results_dir", tiny["results"], "--main_cmd",
+                     " ".join(tiny["main_cmd"])]) == 143
+  assert ("preln_8x96_lr1e-3: a process of the run was preempted; the next sweep starts it "
+          "afresh (it had saved no checkpoint)") in capsys.readouterr().out
+
+
+def test_a_folder_holding_only_the_sweeps_process_logs_is_no_started_run(tmp_path):
+  """A run refused at its start under LOCAL_PROCESSES leaves process_<i>.log alone: the report
+  counted it 'started without a summary (training, interrupted or crashed)' and its plan line
+  contradicted the table under it."""
+  workdir = tmp_path / "preln_4x128_lr1e-3"
+  assert sweep.run_state(str(workdir)) == "new"
+  workdir.mkdir()
+  (workdir / "process_0.log").write_text("error: config.data.global_batch_size=7 ...\n")
+  (workdir / "process_1.log").write_text("")
+  assert sweep.run_state(str(workdir)) == "new"
+  (workdir / "config.json").write_text("{}")
+  assert sweep.run_state(str(workdir)) == "partial"
 
 
 def test_a_pod_run_whose_hosts_never_joined_stops_the_sweep(tiny, monkeypatch, capsys):
