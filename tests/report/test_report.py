@@ -33,6 +33,10 @@ def test_trend_rule():
   # A middle depth that beats only the shallow end is no peak: the deep end is the trend.
   assert report.depth_trend({16: 2.700, 24: 2.698, 32: 2.750}, ref) == "worse when deeper"
   assert report.depth_trend({16: 2.7}, ref) == "n/a"
+  # The caption's "an in-between depth beats both": a deeper shape beyond the pair, better
+  # still, made 24 no peak and the pair read 'flat'.
+  assert (report.depth_trend({16: 2.760, 24: 2.735, 32: 2.758, 70: 2.730}, ref)
+          == "peak in the middle (L=24)")
 
 
 def test_report_renders(tmp_path):
