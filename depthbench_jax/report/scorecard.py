@@ -44,8 +44,12 @@ PAPER_TOTAL_RANGE = (350e6, 450e6)
 # says otherwise (a long-context copy of the suite; a pilot with a fixed ``steps``, which
 # overrides the 20-tokens-per-parameter budget; the embedded demo text) is not put beside them.
 # ``data.source='parquet'`` is how the suites read FineWeb-Edu (which corpus, it cannot tell).
+# The paper's ~1M-token batch (512 x 2048; a 128-row pilot trains the same tokens in 4x the
+# steps) and Pre-LN's token budget for every design (``budget_design``; '' gives MoDA 12-14%
+# more tokens) count too.
 PAPER_RECIPE = {"data.seq_len": 2048, "data.tokenizer": "gpt2", "tokens_per_param": 20.0,
-                "steps": -1, "data.source": "parquet"}
+                "steps": -1, "data.source": "parquet", "data.global_batch_size": 512,
+                "budget_design": "preln"}
 # The paper's shapes share one total parameter count; its 400M suite's lie within 3.2% of each
 # other. A family whose 16- and 32-layer totals are further apart (the iso-backbone control:
 # 407M -> 374M) measures another trend.

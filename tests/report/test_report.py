@@ -626,7 +626,9 @@ def test_paper_comparison_only_for_shapes_of_one_total(total_32):
 @pytest.mark.parametrize("change, differ", [
     ({}, None), ({"data": {"seq_len": 8192}}, "data.seq_len=8192"),
     ({"data": {"tokenizer": "byte"}}, "data.tokenizer='byte'"),
-    ({"steps": 2000}, "steps=2000"), ({"data": {"source": "embedded"}}, "data.source='embedded'")])
+    ({"steps": 2000}, "steps=2000"), ({"data": {"source": "embedded"}}, "data.source='embedded'"),
+    ({"data": {"global_batch_size": 128}}, "data.global_batch_size=128"),
+    ({"budget_design": ""}, "budget_design=''")])
 def test_paper_comparison_only_for_runs_of_the_paper_recipe(change, differ):
   """A long-context copy of the 400M suite (seq 8192) had its losses put beside the paper's
   seq-2048 ones as if one quantity; so did a 2000-step pilot (``steps`` overrides the
@@ -635,8 +637,10 @@ def test_paper_comparison_only_for_runs_of_the_paper_recipe(change, differ):
   paper's recipe keeps the table; each other one is a line saying why not."""
   records = report.collect_runs(FIXTURE)
   for r in records:
-    data = {"seq_len": 2048, "tokenizer": "gpt2", "source": "parquet", **change.get("data", {})}
-    r["config"] = dict(r.get("config") or {}, data=data, steps=change.get("steps", -1))
+    data = {"seq_len": 2048, "tokenizer": "gpt2", "source": "parquet", "global_batch_size": 512,
+            **change.get("data", {})}
+    r["config"] = dict(r.get("config") or {}, data=data, steps=change.get("steps", -1),
+                       budget_design=change.get("budget_design", "preln"))
   text = scorecard.build_report(records)
   assert "## Against the paper (400M)" in text
   compared = "| architecture | paper 16L | ours 16L |" in text
