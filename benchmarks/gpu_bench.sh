@@ -4,7 +4,8 @@
 # $OUT/results-<device>.json (benchmarks/ when OUT is unset). For the device tool (benchmarks/README.md):
 #   run(command="DEPTHBENCH_COMMIT=<git rev-parse HEAD here> bash benchmarks/gpu_bench.sh",
 #       carry=[".whl"], timeout_s=540)
-# (the copy of the tree there has no .git; the variable names the commit in the JSON).
+# (the copy of the tree there has no .git; the variable names the commit in the JSON; add
+# DEPTHBENCH_DIRTY=1 when `git status --porcelain` here shows edits: the tree copied is timed).
 # .whl holds the pure-Python wheels the device image lacks (ml_collections), fetched here with
 #   pip download --no-deps --only-binary=:all: -d .whl ml_collections==1.1.0
 # Test it locally first with (the cuDNN check fails on a CPU, so it falls back to xla):

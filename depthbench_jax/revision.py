@@ -16,9 +16,12 @@ def code_revision() -> dict[str, Any]:
 
   ``$DEPTHBENCH_COMMIT``, if set, names the commit instead: a copy of the tree on a device
   machine can carry a stale ``.git`` (seen: HEAD at the session's first commit, so "dirty").
-  Outside a git checkout (an installed wheel) both are None."""
+  ``$DEPTHBENCH_DIRTY`` (anything but '' or '0') says the copy held uncommitted changes: the
+  device tool copies the working tree, so a device run before a commit timed other code than
+  the named commit's. Outside a git checkout (an installed wheel) both are None."""
   if os.environ.get("DEPTHBENCH_COMMIT"):
-    return {"commit": os.environ["DEPTHBENCH_COMMIT"], "dirty": False}
+    return {"commit": os.environ["DEPTHBENCH_COMMIT"],
+            "dirty": os.environ.get("DEPTHBENCH_DIRTY", "") not in ("", "0")}
   outside = {"commit": None, "dirty": None}
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   git = lambda *a: subprocess.run(["git", "-C", root, *a], capture_output=True, text=True,

@@ -116,3 +116,16 @@ def test_a_result_of_a_later_step_is_not_replaced_by_an_earlier_one(tmp_path):
   for step in (7770, 8000, None):
     summary.check_replaceable(path, same, overwrite=False, step=step)
   summary.check_replaceable(path, same, overwrite=True, step=100)
+
+
+@pytest.mark.parametrize("dirty, recorded", [(None, False), ("0", False), ("1", True)])
+def test_a_named_commit_records_the_dirty_flag_it_is_given(monkeypatch, dirty, recorded):
+  """A device run names its commit ($DEPTHBENCH_COMMIT: the copy's .git can be stale), and was
+  recorded clean whatever the copied tree held; $DEPTHBENCH_DIRTY says it held edits."""
+  from depthbench_jax import revision
+  monkeypatch.setenv("DEPTHBENCH_COMMIT", "a" * 40)
+  if dirty is None:
+    monkeypatch.delenv("DEPTHBENCH_DIRTY", raising=False)
+  else:
+    monkeypatch.setenv("DEPTHBENCH_DIRTY", dirty)
+  assert revision.code_revision() == {"commit": "a" * 40, "dirty": recorded}
