@@ -67,7 +67,8 @@ def row(config, design: str, shape: str, budget_gib: float) -> dict:
           "fits": peak <= budget_gib * 2**30}
 
 
-def markdown(rows: Sequence[dict], budget_gib: float) -> str:
+def markdown(rows: Sequence[dict], budget_gib: float, backend: str = "cpu") -> str:
+  """The table, and under it what its peak is: XLA:``backend``'s buffer assignment."""
   gib = lambda b: f"{b / 2**30:.3g}"
   lines = ["| design | shape | mesh (data, fsdp, tensor) | rows/device x microbatches | "
            "state GiB | temporaries GiB | peak GiB | fits " + f"{budget_gib:g} GiB (spare) |",
@@ -79,9 +80,11 @@ def markdown(rows: Sequence[dict], budget_gib: float) -> str:
                  f" | {gib(r['state_bytes'])} | {gib(r['temp_bytes'])} | "
                  f"{gib(r['peak_bytes'])} | {'yes' if r['fits'] else 'NO'} ({spare:+.3g}) |")
   # Full AttnRes 28x2048 at 78.1 GiB read 'yes' against 80 with no word on what else a GPU holds.
-  lines += ["", "Peak: XLA:CPU's buffer assignment of the step, not a GPU's. An '80 GB' H100 "
-            "holds 79.6 GiB, less the CUDA context, cuDNN workspace and collective buffers (a "
-            "few GiB, outside this count): a fit with little spare is not one to count on."]
+  where = "XLA:CPU's buffer assignment of the step, not a GPU's" if backend == "cpu" else (
+      f"XLA:{backend.upper()}'s buffer assignment of the step")
+  lines += ["", f"Peak: {where}. An '80 GB' H100 holds 79.6 GiB, less the CUDA context, cuDNN "
+            "workspace and collective buffers (a few GiB, outside this count): a fit with little "
+            "spare is not one to count on."]
   return "\n".join(lines)
 
 
@@ -131,7 +134,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             flush=True)
   except ConfigError as e:
     fail(str(e))
-  print(markdown(rows, args.budget_gib))
+  from depthbench_jax import revision
+  # Which compiler and code: the GPU log and the CPU one otherwise differ only in their numbers.
+  print(f"{jax.devices()[0].device_kind} ({jax.default_backend()}), jax {jax.__version__}, code "
+        f"{revision.label([revision.code_revision()]) or 'unrecorded'}")
+  print(markdown(rows, args.budget_gib, jax.default_backend()))
   return 0
 
 

@@ -27,6 +27,7 @@ def test_two_fake_devices_hold_params_and_adam_whole_under_data_parallelism():
        "--budget_gib=0.001"], cwd=helpers.ROOT, capture_output=True, text=True, timeout=300,
       env=helpers.subprocess_env(devices=1))
   assert proc.returncode == 0, proc.stderr[-3000:]
+  assert proc.stdout.startswith("cpu (cpu), jax "), proc.stdout[:200]   # which compiler, code
   (line,) = [l for l in proc.stdout.splitlines() if l.startswith("| preln |")]
   cells = [c.strip() for c in line.strip("|").split("|")]
   assert cells[:4] == ["preln", "4x128", "2, 1, 1", "4 / 2"] and cells[-1].startswith("NO (-"), \
@@ -74,3 +75,13 @@ def test_bad_input_is_one_error_line_before_any_compile(capsys, monkeypatch, fla
   assert exit_.value.code == 2
   err = capsys.readouterr().err.strip().splitlines()
   assert len([l for l in err if l.startswith("error:")]) == 1 and err[-1].startswith(message), err
+
+
+def test_the_table_names_the_compiler_whose_peak_it_shows():
+  """Run by gpu_train_memory.sh on XLA:GPU, it still said 'XLA:CPU's buffer assignment'."""
+  row = {"design": "preln", "shape": "4x128", "mesh": {"data": 1, "fsdp": 1, "tensor": 1},
+         "rows": 8, "microbatches": 1, "state_bytes": 2**30, "temp_bytes": 2**31,
+         "peak_bytes": 3 * 2**30, "fits": True}
+  gpu, cpu = train_memory.markdown([row], 80, "gpu"), train_memory.markdown([row], 80)
+  assert "| yes (+77) |" in gpu and "Peak: XLA:GPU's buffer assignment of the step." in gpu
+  assert "Peak: XLA:CPU's buffer assignment of the step, not a GPU's." in cpu
