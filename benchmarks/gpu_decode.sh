@@ -7,6 +7,9 @@
 # results-<device>-designs-shapes-decode-contexts-loops.json and
 # decode.log. At batch 1 a decode step reads every weight once and launches every layer's
 # kernels one after another, so the ratio 70x640 / 16x1216 is the latency price of depth.
+# Scanned, Full AttnRes reads every slot of its depth buffer, masked (the layer index is traced:
+# residual/base.static_prefix), so its prefill ratio is an upper bound and the CPU decode table
+# (unrolled) is not its twin; DECODE_LOOPS=unrolled times the serving layout, at that compile.
 # For the device tool, alone or just before gpu_profile.sh (not yet run on a GPU; 9 cases, two
 # compiles each: estimated 2-4 min):
 #   run(command="DEPTHBENCH_COMMIT=<sha> bash benchmarks/gpu_decode.sh", carry=[".whl"],
