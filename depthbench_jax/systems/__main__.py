@@ -139,9 +139,14 @@ def build(config_path: str, seq_len: int, *, designs=None, shapes=None, with_xla
 
 
 def render(result: dict) -> str:
+  from depthbench_jax import revision
   from depthbench_jax.systems import measured, table
   parts = [f"## Systems cost of depth ({result['suite']})", "", table.CONVENTION, "",
            table.markdown_table(result["rows"])]
+  made = result.get("made_by")
+  if made:
+    parts += ["", f"XLA columns compiled by jax {made['jax']} ({made['backend']}) at code "
+              f"{revision.label([made['code']]) or 'unrecorded'}."]
   summary = table.depth_cost_summary(result["rows"])
   if summary:
     parts += ["", "Shallowest -> deepest shape, per design:", "", summary]
@@ -207,6 +212,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"error: {e}", file=sys.stderr)
     return 2
   result["options"] = options
+  import jax
+  from depthbench_jax import revision
+  # XLA's FLOP and peak columns depend on the jax/XLA version and backend that compiled them.
+  result["made_by"] = {"jax": jax.__version__, "backend": jax.default_backend(),
+                       "code": revision.code_revision()}
   os.makedirs(out, exist_ok=True)
   from depthbench_jax.systems import table
   png = table.plot_context_curve(result["curve"], os.path.join(out, "context_curve.png"))

@@ -264,6 +264,10 @@ def test_cli_and_report_section(tmp_path, capsys):
   assert all(r["xla_flops"] > 0 and r["peak_bytes"] > 0 for r in data["rows"])
   assert {r["seq_len"] for r in data["curve"]} == {2048 * 2 ** i for i in range(7)}
   assert (out / "context_curve.png").stat().st_size > 1000
+  # What compiled the XLA columns (they move with jax/XLA): the file said nothing of it.
+  assert data["made_by"]["jax"] == jax.__version__ and data["made_by"]["backend"] == "cpu"
+  assert f"XLA columns compiled by jax {jax.__version__} (cpu) at code" in (
+      out / "systems.md").read_text()
   records = scorecard.collect_runs(os.path.join(ROOT, "tests", "fixtures", "results_small"))
   section = systems_table(records)
   assert "| preln | 16x1216 |" in section and "device-h" in section
