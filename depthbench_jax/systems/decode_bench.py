@@ -255,8 +255,11 @@ def render(result: dict) -> str:
           f"{result['cpu_count']} CPUs), {revision.result_label(result)}, jax {result['jax']}, "
           f"{p['dtype']}, batch {result['batch']}, vocab {p['vocab_size']}, "
           f"{result['rounds']} interleaved rounds\n\n")
+  # The anchor is the first design when Pre-LN is not among them (``anchors``).
+  first = "first Pre-LN" if any(r["design"] == "preln" for r in result["rows"]) else (
+      f"first {result['rows'][0]['design']}" if result["rows"] else "anchor")
   lines = ["| design | shape | context | loop | params | decode ms/token (per sequence) "
-           "| x first Pre-LN (IQR) | MB read/step | GB/s | prefill ms | x first Pre-LN |",
+           f"| x {first} (IQR) | MB read/step | GB/s | prefill ms | x {first} |",
            "|---|---|---|---|---|---|---|---|---|---|---|"]
   for r in result["rows"]:
     band = r["token_over_anchor_rounds"]

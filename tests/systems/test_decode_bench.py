@@ -127,6 +127,12 @@ def test_rows_are_ratios_of_medians_with_round_paired_bands():
   assert deep["read_gb_per_s"] == pytest.approx(500 / 3.0 / 1e9)
   assert deep["prefill_tokens_per_s"] == pytest.approx(2 * 8 / 2.0)
   assert deep["anchor_bytes_ratio"] == 0.5 and (deep["n_layers"], deep["d_model"]) == (4, 16)
+  # The header names the anchor: the first design where Pre-LN is not among them.
+  result = {"preset": {"dtype": "float32", "vocab_size": 64}, "device": "cpu", "host_cpu": "x",
+            "cpu_count": 2, "jax": "0", "batch": 2, "rounds": 3, "rows": [first, deep]}
+  assert "| x first Pre-LN (IQR) |" in decode_bench.render(result)
+  hc = [dict(r, design="hc") for r in (first, deep)]
+  assert "| x first hc (IQR) |" in decode_bench.render(dict(result, rows=hc))
 
 
 @pytest.mark.parametrize("flag,value,message", [
