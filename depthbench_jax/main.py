@@ -90,7 +90,10 @@ def flag_error_message(err: Exception, argv: list[str]) -> str:
       return str(config_error)
     except Exception:  # pylint: disable=broad-except
       pass
-    for arg in argv[1:]:
+    # A field given twice (``--config.steps=200 --config.steps=abc``): config_flags names the
+    # first value in its error; the one it quotes as the bad literal is the one to name.
+    quoted = lambda arg: f"'{arg.partition('=')[2]}'" in text
+    for arg in sorted(argv[1:], key=lambda a: not quoted(a)):
       if arg.lstrip("-").startswith("config."):
         name, _, value = arg.lstrip("-").partition("=")
         problem = _override_problem(config_arg, name, value, text)

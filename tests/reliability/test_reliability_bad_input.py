@@ -604,6 +604,24 @@ def test_an_override_before_its_config_file_names_the_order(monkeypatch):
       "--config=FILE first, then its --config.FIELD overrides")
 
 
+def test_a_field_given_twice_names_the_bad_value(monkeypatch):
+  """``--config.steps=200 --config.steps=abc`` (an override added after README's example): the
+  line named the valid first value, ``--config.steps=200``, as the bad flag."""
+  from absl import flags
+  from ml_collections import config_flags
+  from depthbench_jax import main
+  flag_values = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", None, flag_values=flag_values)
+  argv = ["prog", "--config=configs/smoke.py:arch=hc", "--config.steps=200",
+          "--config.steps=abc"]
+  monkeypatch.setattr(sys, "argv", argv)
+  with pytest.raises(Exception) as err:
+    flag_values(argv)
+    flag_values["config"].value.get("name")
+  assert main.flag_error_message(err.value, argv).startswith(
+      "flag --config.steps=abc: invalid literal for int() with base 10: 'abc'; allowed: ")
+
+
 def test_restore_run_names_what_the_run_dir_lacks_before_orbax_opens_it(tmp_path):
   """Not a run, a run without a complete checkpoint, and a --step it never saved: each one
   ConfigError naming the flag and what is there (once a FileNotFoundError or orbax's own)."""
