@@ -26,6 +26,7 @@ plus the causal attention term, forward + backward) times tokens; device-hours a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import importlib.util
 import json
@@ -335,28 +336,40 @@ def pending(runs: Iterable[Run]) -> list[Run]:
 # The plan (--dry_run).
 # ---------------------------------------------------------------------------------------------
 
-def checked_config(module, run: Run) -> ml_collections.ConfigDict:
-  """``run``'s config, checked as main.py will check it except for what depends on the devices
-  and the data (mesh, batch split, data path); a ConfigError names the run. The dry run and
-  the sweep both check every run they would launch before the first trains: a suite entry's
-  typo (``arch='hcc'``) stopped only the dry run, the sweep trained every run before it."""
-  from depthbench_jax.train import config_check  # Local: pulls in jax.
+@contextlib.contextmanager
+def _naming(run: Run):
+  """A ConfigError raised inside, with the run's name in front."""
   try:
-    config = config_of(module, run.arg)
-    config_check.validate_without_devices(config)
+    yield
   except ConfigError as err:
     raise ConfigError(f"run {run.name}: {err}") from None
+
+
+def checked_config(module, run: Run) -> ml_collections.ConfigDict:
+  """``run``'s config, checked as main.py will check it except for what depends on the devices
+  and the data (mesh, batch split, data path) and, under steps=-1, the warmup against the
+  budget's steps (the dry run counts them, ``plan_rows``); a ConfigError names the run. The dry
+  run and the sweep both check every run they would launch before the first trains: a suite
+  entry's typo (``arch='hcc'``) stopped only the dry run, the sweep trained every run before
+  it."""
+  from depthbench_jax.train import config_check  # Local: pulls in jax.
+  with _naming(run):
+    config = config_of(module, run.arg)
+    config_check.validate_without_devices(config)
+    config_check.validate_iso(config)
+    if config.steps > 0:
+      config_check.check_warmup(config, config.steps)
   return config
 
 
 def plan_rows(config_path: str, runs: Sequence[Run], mfu: float = DEFAULT_MFU,
               peak_flops: float = DEFAULT_PEAK_FLOPS) -> list[dict]:
   """One row per run: params (the design's own, eval_shape), steps, tokens, FLOPs, hours.
-  Each run's config is checked as main.py will check it, except for what depends on the
-  devices and the data (mesh, batch split, data path): a ConfigError names the run."""
+  Each run's config is checked as main.py will check it (``checked_config``)."""
   from depthbench_jax.model.config import model_config_from
   from depthbench_jax.shapes import param_counts
   from depthbench_jax.systems.flops import train_flops_per_token
+  from depthbench_jax.train.config_check import check_warmup
   from depthbench_jax.train.loop import total_steps_of
   module = load_config_module(config_path)
   rows, flops_cache = [], {}
@@ -364,6 +377,9 @@ def plan_rows(config_path: str, runs: Sequence[Run], mfu: float = DEFAULT_MFU,
     config = checked_config(module, run)
     counts = param_counts(config.model)
     steps = total_steps_of(config, counts["total"])   # the trainer's own budget rule
+    if config.steps <= 0:
+      with _naming(run):
+        check_warmup(config, steps)
     tokens = steps * config.data.global_batch_size * config.data.seq_len
     key = json.dumps(config.model.to_dict(), sort_keys=True, default=str)
     if key not in flops_cache:

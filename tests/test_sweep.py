@@ -456,6 +456,23 @@ def test_a_bad_suite_entry_stops_the_sweep_before_any_run_trains(tiny, monkeypat
   assert not calls(tiny["log"])
 
 
+def test_a_warmup_not_below_the_suites_steps_stops_the_sweep_before_any_run_trains(
+    tiny, monkeypatch, capsys):
+  """A pilot copied from smoke.py with steps=10 keeps its warmup of 12: the dry run passed and
+  the sweep launched every run, each refused by the trainer, 'continuing' run after run."""
+  monkeypatch.setenv("FAKE_LOG", tiny["log"])
+  with open(tiny["config"], "a") as f:
+    f.write("def get_config(arg=None):\n  c = smoke.get_config(arg)\n  c.steps = 10\n"
+            "  return c\n")
+  for extra in (["--dry_run"], []):
+    assert sweep.main([tiny["config"], "--results_dir", tiny["results"],
+                       "--main_cmd", " ".join(tiny["main_cmd"])] + extra) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        "error: run preln_4x128_lr1e-3: config.warmup_steps=12 is 12 of the run's 10 steps"), err
+  assert not calls(tiny["log"])
+
+
 @pytest.mark.parametrize("flag", ["--results", "--dry"])
 def test_an_abbreviated_flag_is_one_error_line(tiny, capsys, flag):
   """argparse took ``--results`` for ``--results_dir`` and ``--dry`` for ``--dry_run``, flags
