@@ -5,7 +5,8 @@ FLOPs per sequence (analytic, causal and as computed, the paper's approximation,
 ``cost_analysis`` of an abstract ``--dtype`` compile, bf16 by default), KV-cache and
 residual-state bytes per sequence, parameter bytes, peak memory of ``--batch`` sequences from
 ``memory_analysis`` (no allocation), training FLOPs per token and device-hours for the suite's
-Chinchilla budget at ``--mfu`` of ``--peak_flops``. Then the same prefill FLOPs as a curve
+training tokens (the Chinchilla budget, or steps x batch x T for a suite that fixes its steps)
+at ``--mfu`` of ``--peak_flops``. Then the same prefill FLOPs as a curve
 over context 2k..128k (the ``T^2 L d`` term), as a PNG.
 
 Writes ``OUT/systems.json`` (rows + curve + convention), ``OUT/systems.md`` and
@@ -144,7 +145,7 @@ def render(result: dict) -> str:
   parts = [f"## Systems cost of depth ({result['suite']})", "", table.CONVENTION, "",
            table.markdown_table(result["rows"])]
   made = result.get("made_by")
-  if made:
+  if made and any("xla_flops" in r for r in result["rows"]):   # --xla=false compiles nothing
     parts += ["", f"XLA columns compiled by jax {made['jax']} ({made['backend']}) at code "
               f"{revision.label([made['code']]) or 'unrecorded'}."]
   summary = table.depth_cost_summary(result["rows"])
