@@ -655,17 +655,24 @@ def design_label(record: dict) -> str:
   """The design as the report tells runs apart: the residual's name, with each option the run
   set away from its design's defaults (``hc(n_streams=2)``). README's one-run example with
   ``--config.model.residual.n_streams=2`` beside the suite's HC runs joined their best-LR choice
-  and depth trend as 'hc'. Options the design no longer has are not named."""
+  and depth trend as 'hc'. Options the design no longer has, and implementation switches
+  (``Design.implementation_options``: mHC's Pallas Sinkhorn), are not named."""
   residual = ((record.get("config") or {}).get("model") or {}).get("residual") or {}
   name = str(record.get("design") or residual.get("name"))
   try:
     from depthbench_jax.residual import registry  # Local: pulls in jax/flax.
-    defaults = registry.get(name).defaults
+    design = registry.get(name)
   except Exception:  # pylint: disable=broad-except  # a design not registered here
     return name
   changed = [f"{k}={v}" for k, v in sorted(residual.items())
-             if k != "name" and k in defaults and v != defaults[k]]
+             if k in design.defaults and v != design.defaults[k]
+             and k not in design.implementation_options]
   return f"{name}({','.join(changed)})" if changed else name
+
+
+def design_name(label: str) -> str:
+  """The registered design of a ``design_label``: ``hc(n_streams=2)`` -> ``hc``."""
+  return label.split("(", 1)[0]
 
 
 def record_lr(record: dict) -> float:

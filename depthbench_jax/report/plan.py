@@ -19,8 +19,8 @@ from typing import Sequence
 
 from depthbench_jax import recipe
 from depthbench_jax.errors import ConfigError
-from depthbench_jax.sweep import (config_of, format_lr, list_runs, load_config_module, read_summary,
-                                  run_state, trained_config)
+from depthbench_jax.sweep import (config_of, design_name, format_lr, list_runs,
+                                  load_config_module, read_summary, run_state, trained_config)
 
 STATES = ("ok", "diverged", "started", "not started", "other recipe")
 
@@ -37,6 +37,7 @@ def other_recipe_runs(config_path: str, items: Sequence[dict]) -> dict[str, dict
   for item in items:
     design, n_layers, d_model = item.get("key") or (
         item.get("design"), item.get("n_layers"), item.get("d_model"))
+    design = design_name(design) if design else design   # a variant's label: its design's recipe
     lr, workdir = item.get("lr"), item.get("workdir")
     trained = trained_config(workdir) if workdir else None
     if trained is None or None in (design, n_layers, d_model, lr):

@@ -154,6 +154,9 @@ class Design:
   layer: type[LayerWiring]
   io: type[StateIO] = StateIO
   defaults: dict = dataclasses.field(default_factory=dict)
+  # Options of ``defaults`` that choose how the same math runs, not what it is (mHC's Sinkhorn
+  # kernel): a run that sets one is the design itself, not a variant (``sweep.design_label``).
+  implementation_options: tuple[str, ...] = ()
   init_scales: Callable[[Any], InitScales] = lambda cfg: InitScales()
   check: Callable[[Any, int], None] = lambda residual, n_layers: None
   description: str = ""

@@ -157,5 +157,6 @@ def _check(residual, n_layers):
 DESIGN = Design(name="mhc", layer=MHC, io=StreamIO, check=_check,
                 defaults={"n_streams": 4, "sinkhorn_iters": 20, "res_init": "identity",
                           "sinkhorn_kernel": "xla"},
+                implementation_options=("sinkhorn_kernel",),
                 decayed=("phi",),
                 description="H <- SK(.) H + 2sig(.)^T F(N(sig(.) H)), dynamic from vec(H)")
