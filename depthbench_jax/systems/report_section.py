@@ -124,6 +124,7 @@ def systems_table(runs: Iterable[dict], relative_to: str | None = None) -> str |
         # A suite that fixes its steps (the smoke sweep) trains those, not the Chinchilla
         # budget: its device-hours were 450x the dry run's.
         train_tokens=costs.fixed_train_tokens(config))
+    row["design"] = design   # the report's label: a variant (hc(n_streams=2)) is a row apart
     extra = xla_rows.get((design, shape))
     if extra and extra.get("params_total", row["params_total"]) != row["params_total"]:
       # Another model at this (design, shape): a run's own option (n_streams=2, n_kv_heads).

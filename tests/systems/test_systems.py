@@ -448,6 +448,27 @@ def test_report_section_reads_a_runs_budget_design():
   assert report_section._budget_params(record("")) is None
 
 
+def test_report_section_rows_keep_a_design_variant_apart():
+  """A 2-stream HC run beside the suite's: the report grouped it under its label, yet the row
+  read 'hc' (two 'hc 4x128' rows) and the depth summary took it for HC's deepest shape."""
+  from configs import smoke
+  from depthbench_jax import sweep
+  from depthbench_jax.report import scorecard
+  from depthbench_jax.systems import report_section
+  def record(name, **residual):
+    config = smoke.get_config(f"arch=hc,shape={name},lr=1e-3").to_dict()
+    config["model"]["residual"].update(residual)
+    summary = {"design": "hc", "n_layers": int(name.split("x")[0]),
+               "d_model": int(name.split("x")[1]), "config": config}
+    return dict(summary, design=sweep.design_label(summary))
+  records = [record("4x128"), record("8x96"), record("8x96", n_streams=2)]
+  scorecard.assign_families(records)
+  text = report_section.systems_table(records)
+  rows = [l.split(" | ")[:2] for l in text.splitlines() if l.startswith("| hc")]
+  assert rows == [["| hc", "4x128"], ["| hc", "8x96"], ["| hc(n_streams=2)", "8x96"],
+                  ["| hc", "4x128 -> 8x96"]], rows   # HC's depth summary: its own two shapes
+
+
 def test_report_section_rows_read_each_runs_recipe_and_the_nearest_systems_json(
     tmp_path, monkeypatch):
   """Rows sorted by depth as a number, from the run's own data.seq_len, tokens_per_param and
