@@ -101,13 +101,18 @@ def check_sets(sets: Sequence[str]) -> None:
 
 def check_found(sets: Sequence[str], data_dir: str | None, strict: bool) -> None:
   """One ``ConfigError`` when no requested set's file is found, or (``strict``) any one is not;
-  it says where each missing file goes. Only looks for the files, reads none."""
+  it says where each missing file goes. A found file with no example, or one lacking the
+  published fields, is one too (its first example is read): it was a ValueError traceback
+  after every set before it had been scored, and no evals.json."""
   missing = {}
   for name in sets:
     try:
-      datasets.find_file(name, data_dir)
+      datasets.load_set(name, data_dir, max_examples=1)
     except datasets.MissingEvalSet as e:
       missing[name] = str(e)
+    except ValueError as e:
+      raise ConfigError(f"--sets: {e}; allowed: the set's published file, or --sets without "
+                        f"{name}") from None
   if missing and (strict or len(missing) == len(sets)):
     flag = "--strict" if strict else f"--sets={','.join(sets)}"
     raise ConfigError(f"{flag}: {', '.join(missing)} not found; allowed: sets whose files are "

@@ -86,12 +86,15 @@ def test_cli_bad_flag_is_one_error_line_before_the_checkpoint_loads(tmp_path, fl
     # A typo once read the sets from their default places (humaneval from its wheel) unsaid.
     (["--eval_data_dir=/nonexistent/evals", "--sets=humaneval"],
      "--eval_data_dir=/nonexistent/evals: no such directory"),
+    # A header-only file: a ValueError traceback after the sets before it were scored.
+    (["--sets=humaneval,gpqa"], "gpqa_diamond.csv: no 'gpqa' examples in it"),
 ])
 def test_cli_refusal_after_the_config_is_read_is_one_error_line_and_writes_nothing(
     tmp_path, flags, named):
   workdir = str(tmp_path / "run")
   helpers.saved_run(workdir, **{"model.residual.name": "hc"})
-  (tmp_path / "no_sets").mkdir()
+  (tmp_path / "no_sets" / "gpqa").mkdir(parents=True)
+  (tmp_path / "no_sets" / "gpqa" / "gpqa_diamond.csv").write_text("Question,Correct Answer\n")
   before = sorted(os.listdir(workdir))
   proc = subprocess.run(
       [sys.executable, "-m", "depthbench_jax.evaluate", f"--workdir={workdir}",
