@@ -743,9 +743,11 @@ def write_report(results_dir: str, out_dir: str | None = None, plots: bool = Tru
     on_disk = [r["workdir"] for r in records + unfinished]
     off = plan_lib.off_plan(plan, on_disk, results_dir)
     if on_disk and len(off) == len(on_disk):
+      planned = (f"it plans e.g. {os.path.basename(plan[0]['workdir'])}" if plan else
+                 "it plans no run")
       print(f"warning: --config={config_path} plans none of the {len(on_disk)} run folders in "
-            f"{results_dir} (it plans e.g. {os.path.basename(plan[0]['workdir'])}): is it the "
-            f"suite swept into them?", file=sys.stderr, flush=True)
+            f"{results_dir} ({planned}): is it the suite swept into them?", file=sys.stderr,
+            flush=True)
     aside_off = plan_lib.off_plan(plan, [w for w in on_disk if os.path.abspath(w) in other],
                                   results_dir)
     progress = plan_lib.progress_markdown(plan, config_path,

@@ -172,6 +172,32 @@ def test_a_suite_that_plans_none_of_the_folders_runs_is_named_in_a_warning(half,
   assert report_main.main([str(half["results"]), "--no_plots",
                            f"--config={half['config']}"]) == 0
   assert "warning" not in capsys.readouterr().err
+  other.write_text(HALF_SUITE.replace('("preln", "hc", "mhc")', '()'))   # a sweep() of nothing
+  assert report_main.main([str(half["results"]), "--no_plots", f"--config={other}"]) == 0
+  assert "(it plans no run): is it the suite swept into them?" in capsys.readouterr().err
+
+
+def test_a_variant_of_another_recipe_is_set_aside_under_its_label(half):
+  """README's one-run example with ``--config.model.residual.n_streams=2`` and ``steps=40``:
+  once the report labelled variants, the plan looked the label up as a design, found none, and
+  the 40-step run read 'still reported'. An mHC run on the Pallas Sinkhorn is no variant."""
+  from configs import smoke
+  from depthbench_jax import sweep
+  variant = half["results"] / "hc_ns2"
+  variant.mkdir()
+  config = smoke.get_config("arch=hc,shape=4x128,lr=1e-3").to_dict()
+  config["model"]["residual"]["n_streams"] = 2
+  (variant / "summary.json").write_text(json.dumps(dict(
+      name="hc_ns2", design="hc", n_layers=4, d_model=128, aspect_ratio=32.0, lr=1e-3,
+      final_val_loss=2.5, status="ok", params_total=1e6, config=dict(config, steps=40))))
+  assert report_main.main([str(half["results"]), "--no_plots",
+                           f"--config={half['config']}"]) == 0
+  text = (half["results"] / "report.md").read_text()
+  assert "- `hc_ns2`: steps=40 (reported: 120)" in text.split("## Set aside")[1]
+  assert ("and of another recipe than it gives them (set aside below): hc_ns2." in text
+          and "still reported): preln_16x64_lr1e-3." in text)
+  pallas = {"config": {"model": {"residual": {"name": "mhc", "sinkhorn_kernel": "pallas"}}}}
+  assert sweep.design_label(pallas) == "mhc"
 
 
 def test_without_config_the_report_infers_gaps_from_disk_as_before(half):
