@@ -784,10 +784,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                      bool(args.shapes))
   try:
     summary.check_replaceable(  # Before timing: a finished result is never lost (--no_hf
-        path, {"designs": p.designs, "shapes": p.shapes, "hf": p.hf},  # dropped ours/HF).
+        path, {"designs": p.designs, "shapes": p.shapes, "no_hf": not p.hf},  # dropped ours/HF).
         args.overwrite, recorded=lambda r: {"designs": r["preset"]["designs"],
-                                            "shapes": r["preset"]["shapes"],
-                                            "hf": r["preset"].get("hf", p.hf)})  # Older: no hf.
+                                            "shapes": r["preset"]["shapes"],   # Older: no hf.
+                                            "no_hf": not r["preset"].get("hf", p.hf)},
+        rounds=(p.rounds, lambda r: r["preset"]["rounds"]))
   except ValueError as e:
     ap.error(str(e))
 

@@ -396,7 +396,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         flag=lambda key: "--designs/--shapes/--contexts/--loops" if key == "cases" else "--batch",
         recorded=lambda r: {"cases": sorted(
             f"{x['design']}@{x['shape']}@ctx{x['context']}@{x['loop']}" for x in r["rows"]),
-                            "batch": r["batch"]})
+                            "batch": r["batch"]},
+        rounds=(args.rounds, lambda r: r["rounds"]))
   except ValueError as e:
     ap.error(str(e))
   os.makedirs(args.out, exist_ok=True)

@@ -82,7 +82,8 @@ def check_run_folder(workdir: str) -> None:
 def check_replaceable(path: str, settings: dict, overwrite: bool,
                       flag: Callable[[str], str] = "--{}".format,
                       recorded: Callable[[dict], dict] = recorded_options,
-                      step: int | None = None, workdir: str | None = None) -> None:
+                      step: int | None = None, workdir: str | None = None,
+                      rounds: tuple[int, Callable[[dict], Any]] | None = None) -> None:
   """Raises one ``ConfigError`` when ``path`` holds a result whose ``recorded(result)`` settings
   differ from ``settings`` (the values that decide its numbers; ``flag(key)`` is how the user
   sets one): a debug rerun (fewer examples, other designs, other thresholds) would silently
@@ -92,8 +93,10 @@ def check_replaceable(path: str, settings: dict, overwrite: bool,
   not record (older code, or a file ``recorded`` cannot read) counts as different. With
   ``workdir``, a result of another run (its recorded ``workdir``; a debug ``--out`` reused for
   a second run replaced the first's without a word) is refused too; one that records none is
-  not. One check for every tool that writes a result: evaluate, diagnose, systems, bench and
-  decode_bench."""
+  not. With ``rounds`` ``(asked, read)``, a timing of fewer rounds than ``read(result)`` is
+  refused too (``--rounds=1`` over the committed 7-round bench: a noisier result, and an IQR of
+  one round). One check for every tool that writes a result: evaluate, diagnose, systems,
+  bench and decode_bench."""
   if os.path.isdir(path):
     raise ConfigError(f"{path} is a directory; allowed: a file path for the result (--out)")
   check_folder(os.path.dirname(os.path.abspath(path)), f"--out={path}")
@@ -115,6 +118,16 @@ def check_replaceable(path: str, settings: dict, overwrite: bool,
         f"checkpoint step {step} (--step, else the latest): {path} holds the result of the "
         f"later step {made_at}, which this run would replace; allowed: --out to write this "
         f"result elsewhere, or --overwrite")
+  if rounds is not None:
+    try:
+      had = rounds[1](result)
+    except (KeyError, TypeError, AttributeError):
+      had = None
+    if isinstance(had, int) and rounds[0] < had:
+      raise ConfigError(
+          f"--rounds={rounds[0]}: {path} holds a result of {had} rounds, which this run would "
+          f"replace with a noisier one; allowed: --rounds >= {had}, another --out, or "
+          f"--overwrite")
   asked = json.loads(json.dumps(settings))  # Tuples as lists, as the file holds them.
   changed = [k for k in asked if k not in before or before[k] != asked[k]]
   if not changed:

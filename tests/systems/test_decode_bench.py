@@ -169,6 +169,10 @@ def test_a_result_of_other_cases_is_not_replaced_without_overwrite(tmp_path, cap
   assert "--designs/--shapes/--contexts/--loops=" in err and f"{earlier} holds a result" in err
   assert "--overwrite" in err
   assert len(json.loads(earlier.read_text())["rows"]) == 2
+  earlier.write_text(json.dumps(dict(json.loads(earlier.read_text()), rounds=3)))
+  with pytest.raises(SystemExit):   # fewer rounds: a noisier result over the finished one
+    decode_bench.main([*flags, "--designs=hc,preln", "--rounds=1"])
+  assert f"--rounds=1: {earlier} holds a result of 3 rounds" in capsys.readouterr().err
   for more in (["--designs=hc,preln", "--rounds=3"], ["--designs=preln,mhc", "--overwrite"]):
     with pytest.raises(helpers.RunReached):
       decode_bench.main([*flags, *more])

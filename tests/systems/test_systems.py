@@ -931,7 +931,14 @@ def test_bench_refuses_to_replace_a_result_of_other_designs(tmp_path, capsys, mo
   assert json.loads(earlier.read_text())["preset"]["designs"] == ["preln", "hc"]
   with pytest.raises(SystemExit):   # Without HF: the result's ours/HF figures would be lost.
     bench.main(["--preset=quick", "--designs=preln,hc", "--no_hf", "--out", str(tmp_path)])
-  assert f"--hf=false: {earlier} holds a result made with hf=true" in capsys.readouterr().err
+  assert f"--no_hf=true: {earlier} holds a result made with no_hf=false" in (
+      capsys.readouterr().err)   # the flag the user gave (there is no --hf)
+  # Fewer rounds over a finished result: a noisier one (the committed bench has 7).
+  earlier.write_text(json.dumps({"preset": {"designs": ["preln", "hc"], "shapes": [],
+                                            "hf": True, "rounds": 3}}))
+  with pytest.raises(SystemExit):
+    bench.main(["--preset=quick", "--designs=preln,hc", "--rounds=1", "--out", str(tmp_path)])
+  assert f"--rounds=1: {earlier} holds a result of 3 rounds" in capsys.readouterr().err
   for flags in (["--designs=preln,hc", "--rounds=3"], ["--designs=preln,mhc", "--overwrite"]):
     with pytest.raises(helpers.RunReached):
       bench.main(["--preset=quick", *flags, "--out", str(tmp_path)])
