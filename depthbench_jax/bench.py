@@ -294,14 +294,17 @@ def shape_spec(spec: str, n_heads: int, flag: str = "--shapes") -> tuple[int, in
 def check_model(p: Preset, spec: str, shape: str, flag: str = "--designs") -> None:
   """Validates the model of ``spec`` at ``shape`` (``model_config_from``) before anything is
   compiled: a bad residual field or value would otherwise show only as that candidate's failed
-  row after every other one was timed. ValueError naming ``flag``, the entry and the field."""
+  row after every other one was timed. ValueError naming ``flag``, the entry and the field; a
+  shape no design can take (an odd head_dim) names ``--shapes`` (it blamed ``--designs``)."""
   from depthbench_jax.errors import ConfigError
   from depthbench_jax.model.config import model_config_from
   n_layers, d_model = shape_spec(shape, p.n_heads)
-  try:
-    model_config_from(bench_config(p, spec, n_layers, d_model).model)
-  except ConfigError as e:
-    raise ValueError(f"{flag} entry {spec!r} at {shape}: {e}") from e
+  for named, candidate in ((f"--shapes entry {shape!r}", "preln"),
+                           (f"{flag} entry {spec!r} at {shape}", spec)):
+    try:
+      model_config_from(bench_config(p, candidate, n_layers, d_model).model)
+    except ConfigError as e:
+      raise ValueError(f"{named}: {e}") from e
 
 
 def replot_json_path(json_path: str, out: str | None) -> str:

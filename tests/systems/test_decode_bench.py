@@ -140,6 +140,8 @@ def test_rows_are_ratios_of_medians_with_round_paired_bands():
     ("--designs", "preln,hc:n_stream=2", "'hc:n_stream=2' at 8x512: config.model.residual."
      "n_stream: not a field of design 'hc'"),
     ("--shapes", "2x32,3x17", "'3x17': d_model 17 is not a multiple"),
+    # Quick's 2 heads over d=30: an odd head_dim, which no design takes (it named --designs).
+    ("--shapes", "2x30", "error: --shapes entry '2x30': config.model.head_dim=15"),
     ("--contexts", "16,0", "--contexts entry '0': allowed: positive integers"),
     ("--loops", "scan,unroll", "--loops entry 'unroll': allowed: scan, unrolled"),
     ("--contexts", ",", "--contexts: empty"),
