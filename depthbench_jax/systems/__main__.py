@@ -47,8 +47,9 @@ def suite_shapes(config_path: str, module) -> list[str]:
 
 
 def comma_list(text: str) -> list[str] | None:
-  """``'a, b,'`` -> ``['a', 'b']``; None for an empty flag (the tool's default)."""
-  return [x.strip() for x in text.split(",") if x.strip()] or None
+  """``'a, b,a'`` -> ``['a', 'b']`` (an entry given twice was two identical rows, and a rerun
+  without the repeat was refused as other settings); None for an empty flag (the default)."""
+  return list(dict.fromkeys(x.strip() for x in text.split(",") if x.strip())) or None
 
 
 def suite_configs(config_path: str, designs: Sequence[str] | None = None,
@@ -66,8 +67,8 @@ def suite_configs(config_path: str, designs: Sequence[str] | None = None,
   out = []
   for design in designs:
     for shape in shapes:
-      config = sweep.config_of(module, f"arch={design},shape={shape}")
       try:  # A shape the model refuses is named as the shape (head_dim=25 was all it said).
+        config = sweep.config_of(module, f"arch={design},shape={shape}")
         model_config_from(config.model)
       except ConfigError as err:
         raise ConfigError(f"--shapes: {shape} gives {err}") from None

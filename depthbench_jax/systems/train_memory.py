@@ -111,10 +111,13 @@ def main(argv: Sequence[str] | None = None) -> int:
   p.add_argument("--budget_gib", type=float, default=80.0, help="memory per device, GiB")
   args = p.parse_args(argv)
   from depthbench_jax.errors import fail
-  if args.devices < 1 or args.grad_accum_steps < 0 or not args.budget_gib > 0:
-    fail(f"--devices={args.devices}, --grad_accum_steps={args.grad_accum_steps}, "
-         f"--budget_gib={args.budget_gib}; allowed: devices >= 1, grad_accum_steps >= 0 "
-         "(0 = the suite's), budget_gib > 0")
+  for flag, value, ok, allowed in (
+      ("devices", args.devices, args.devices >= 1, "an integer >= 1"),
+      ("grad_accum_steps", args.grad_accum_steps, args.grad_accum_steps >= 0,
+       "an integer >= 0 (0 = the suite's)"),
+      ("budget_gib", args.budget_gib, args.budget_gib > 0, "GiB > 0")):
+    if not ok:   # one flag named: the line listed all three, good and bad alike
+      fail(f"--{flag}={value}; allowed: {allowed}")
   import jax
   if jax.device_count() != args.devices:
     if jax.default_backend() != "cpu" or os.environ.get(_CHILD):

@@ -90,6 +90,11 @@ def test_decode_config_is_the_cases_shape_loop_and_context():
     assert cfg.scan_layers is scanned and cfg.max_seq_len == 13
 
 
+def test_an_entry_given_twice_is_one_case():
+  cases = decode_bench.parse_cases(QUICK, "preln,preln", "2x32,2x32", "16,16", "unrolled")
+  assert [c.name for c in cases] == ["preln@2x32@ctx16@unrolled"]
+
+
 def test_cases_are_context_major_then_loop_shape_design():
   names = [c.name for c in decode_bench.parse_cases(QUICK, "preln,hc", "2x32,4x16", "8,16",
                                                     "scan,unrolled")]

@@ -1532,3 +1532,8 @@ def test_cli_a_shape_the_model_refuses_is_named_as_the_shape(tmp_path, capsys):
                    "--xla", "false", "--out", str(tmp_path / "sys")]) == 2
   assert capsys.readouterr().err.startswith("error: --shapes: 3x100 gives config.model.head_dim=25")
   assert not (tmp_path / "sys").exists()
+  # A shape that does not parse said "shape='4x'; allowed: ..." without the flag.
+  assert cli.main(["--config", os.path.join(ROOT, "configs", "smoke.py"), "--shapes", "4x",
+                   "--xla", "false", "--out", str(tmp_path / "sys")]) == 2
+  assert capsys.readouterr().err.startswith("error: --shapes: 4x gives ")
+  assert cli.comma_list("4x128, 4x128,8x96,") == ["4x128", "8x96"]   # two identical rows once
