@@ -78,6 +78,9 @@ class Case:
     return self.context, self.loop
 
 
+DECODE_PRESET_FIELDS = ("vocab_size", "n_heads", "dtype", "attention_kernel")
+
+
 def decode_config(p: bench.Preset, case: Case):
   """The ``ModelConfig`` of ``case`` for inference: the preset's dtype for params and compute,
   no remat, room for ``context + 1`` positions, scanned or unrolled layers."""
@@ -227,6 +230,9 @@ def _check_maps(done: int, total: int, held: int, limit: int, largest: int) -> N
 def run(p: bench.Preset, cases: Sequence[Case], batch: int, rounds: int,
         log: Callable[[str], None] = print) -> dict:
   record = bench.run_record(p)  # Read before the run, so an edit landing during it is not.
+  # The preset fields a decode case reads (``decode_config``); the train bench's batch,
+  # seq_len, rounds, designs ... contradicted this run's own batch and rounds.
+  record["preset"] = {k: record["preset"][k] for k in DECODE_PRESET_FIELDS}
   prepared, largest = [], 0
   for case in cases:
     before = hostmem.memory_maps()

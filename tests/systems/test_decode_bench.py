@@ -207,6 +207,9 @@ def test_quick_run_writes_the_result_its_picture_and_a_table(tmp_path, capsys):
   assert [(r["design"], r["shape"], r["loop"]) for r in result["rows"]] == [
       ("preln", "2x32", "unrolled"), ("preln", "4x16", "unrolled")]
   assert all(len(t) == 2 for t in result["times_s"].values()) and len(result["times_s"]) == 4
+  # The preset fields decode reads, not the train bench's batch 2 and 2 rounds beside its own.
+  assert sorted(result["preset"]) == sorted(decode_bench.DECODE_PRESET_FIELDS)
+  assert (result["batch"], result["rounds"]) == (1, 2)
   assert os.path.exists(os.path.splitext(path)[0] + ".png")
   out = capsys.readouterr().out
   assert "| preln | 4x16 | 8 | unrolled |" in out
