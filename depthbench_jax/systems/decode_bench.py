@@ -417,6 +417,14 @@ def main(argv: Sequence[str] | None = None) -> int:
   except TooManyMaps as e:
     log(str(e))
     return 2
+  except jax.errors.JaxRuntimeError as e:
+    if "out of memory" not in str(e).lower() and "RESOURCE_EXHAUSTED" not in str(e):
+      raise
+    # A cache too large for the device (--contexts=100000) was a traceback from dispatch.
+    first = str(e).strip().splitlines()[0]
+    log(f"error: --contexts/--batch/--shapes: a case does not fit this device ({first}); "
+        f"allowed: a smaller context, batch or shape; nothing written")
+    return 2
   result["preset_name"] = name
   summary.atomic_write_json(path, result, indent=1, sort_keys=False)
   print(render(result))

@@ -240,6 +240,21 @@ def test_a_run_about_to_exhaust_memory_maps_stops_before_timing(tmp_path, capsys
   assert not list(tmp_path.iterdir())
 
 
+def test_a_case_out_of_device_memory_is_one_error_line(tmp_path, capsys, monkeypatch):
+  """--contexts=100000: 'Out of memory allocating 160092800144 bytes' was a traceback."""
+  import jax
+  def out_of_memory(*args, **kwargs):
+    raise jax.errors.JaxRuntimeError(
+        "RESOURCE_EXHAUSTED: Out of memory allocating 160092800144 bytes.")
+  monkeypatch.setattr(decode_bench, "run", out_of_memory)
+  assert decode_bench.main(["--preset=quick", "--designs=preln", "--shapes=2x32",
+                            "--contexts=100000", "--out", str(tmp_path)]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err[-1].startswith("error: --contexts/--batch/--shapes: a case does not fit this "
+                            "device (RESOURCE_EXHAUSTED: Out of memory allocating"), err
+  assert not list(tmp_path.iterdir())
+
+
 def test_memory_maps_reads_this_process_and_the_kernel_limit():
   from depthbench_jax import hostmem
   maps = hostmem.memory_maps()
