@@ -56,9 +56,11 @@ def match(cost_rows: Iterable[dict], measured: Iterable[dict], *, peak_flops: fl
     if row is None or (m["device"],) + key in seen:
       continue
     if abs(m["flops_per_token"] / row["train_flops_per_token"] - 1.0) > FLOPS_REL_TOL:
+      # Four figures and the gap: a tiny model's 0.006 read 'against the table's 0.006'.
       skipped.append(f"{m['source']}: {m['design']} {m['shape']} timed a different model "
-                     f"({m['flops_per_token'] / 1e9:.3f} GFLOPs/token against the table's "
-                     f"{row['train_flops_per_token'] / 1e9:.3f})")
+                     f"({m['flops_per_token']:.4g} FLOPs/token against the table's "
+                     f"{row['train_flops_per_token']:.4g}, "
+                     f"{m['flops_per_token'] / row['train_flops_per_token'] - 1:+.1%})")
       continue
     seen.add((m["device"],) + key)
     band = m.get("step_over_preln_rounds") or {}
