@@ -360,7 +360,9 @@ def parse_cases(p: bench.Preset, designs: str, shapes: str, contexts: str,
 def main(argv: Sequence[str] | None = None) -> int:
   ap = OneLineParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--preset", default=None, choices=sorted(bench.PRESETS),
-                  help="vocabulary, heads and dtype (default: cpu, or gpu400m on an accelerator)")
+                  help="vocabulary, heads and dtype only (default: cpu, or gpu400m on an "
+                       "accelerator); 'quick' keeps the 8x512..64x176 shapes: give --shapes "
+                       "(e.g. 2x32) for a quick run")
   ap.add_argument("--designs", default=",".join(DESIGNS))
   ap.add_argument("--shapes", default=",".join(SHAPES), help="comma list of LxD")
   ap.add_argument("--contexts", default="512", help="tokens in the cache, comma list")
