@@ -64,6 +64,7 @@ def row(config, design: str, shape: str, budget_gib: float) -> dict:
   return {"design": design, "shape": shape, "mesh": dict(mesh.shape), "rows": rows,
           "microbatches": k, "state_bytes": memory.argument_size_in_bytes,
           "temp_bytes": memory.temp_size_in_bytes, "peak_bytes": peak,
+          "alias_bytes": memory.alias_size_in_bytes,   # the donated state, updated in place
           "fits": peak <= budget_gib * 2**30}
 
 

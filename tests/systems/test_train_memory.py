@@ -37,6 +37,20 @@ def test_two_fake_devices_hold_params_and_adam_whole_under_data_parallelism():
   assert temp > 0 and peak >= 0.99 * (state + temp) - 16 * params   # donated state aliased
 
 
+def test_the_state_is_donated_and_the_peak_counts_it_once():
+  """The subprocess test above bounds the peak from below only: a step that lost its donation
+  (two copies of params and Adam alive) or a peak that left the arguments out passed it. Here,
+  in this process's one device: the aliased bytes are the whole fp32 state (12 bytes a
+  parameter), and the peak lies between the temporaries and state + temporaries."""
+  from configs import smoke
+  from depthbench_jax.shapes import param_counts
+  config = smoke.get_config("arch=preln,shape=4x128")
+  params = param_counts(config.model)["total"]
+  r = train_memory.row(config, "preln", "4x128", budget_gib=80)
+  assert 0.99 * 12 * params <= r["alias_bytes"] <= r["state_bytes"], (r, params)
+  assert r["temp_bytes"] < r["peak_bytes"] <= 1.01 * (r["state_bytes"] + r["temp_bytes"]), r
+
+
 def _scan_gradient(dtype):
   """The gradient of a rematerialised 32-layer scan ``x <- tanh(x W_l)``, x [256, 256]."""
   import jax.numpy as jnp
