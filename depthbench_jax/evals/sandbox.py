@@ -87,7 +87,9 @@ def _hook(event, args):
   elif event.startswith(_DENY):
     raise PermissionError(f"sandbox: {{event}} is not allowed")
   elif event == "import" and args and args[0] in ("ctypes", "_ctypes"):
-    raise PermissionError(f"sandbox: import {{args[0]}} is not allowed")
+    # An ImportError, as if absent: numpy's `try: import ctypes / except ImportError` then
+    # goes on (a PermissionError failed every program that imports numpy).
+    raise ModuleNotFoundError(f"sandbox: import {{args[0]}} is not allowed")
 
 sys.addaudithook(_hook)
 del _hook

@@ -114,9 +114,17 @@ def test_output_keeps_the_tail_and_the_temp_dir_is_removed():
 
 
 def test_signals_and_ctypes_are_blocked():
-  for code in ("import os\nos.kill(os.getpid(), 0)\n", "import ctypes\n"):
-    r = sandbox.run_program(code)
-    assert r.status == "failed" and "PermissionError" in r.output, code
+  r = sandbox.run_program("import os\nos.kill(os.getpid(), 0)\n")
+  assert r.status == "failed" and "PermissionError" in r.output
+  r = sandbox.run_program("import ctypes\n")
+  assert r.status == "failed" and "ModuleNotFoundError: sandbox: import ctypes" in r.output
+
+
+def test_a_program_that_imports_numpy_runs():
+  """numpy imports ctypes behind ``except ImportError``; the refusal was a PermissionError, so
+  every correct program that imported numpy failed (a pass@1 false negative)."""
+  r = sandbox.run_program("import numpy as np\nassert float(np.median([3, 1, 2])) == 2.0\n")
+  assert r.passed, r.output
 
 
 def test_exiting_before_the_tests_is_not_a_pass():
