@@ -92,17 +92,54 @@ def last_boxed(text: str) -> str | None:
   return None
 
 
+# A number as MATH writes one: commas only between thousands ("0, 1" is a list of two).
+_MATH_NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
+
+
+def _braced_fracs(t: str) -> str:
+  """``\\frac12`` -> ``\\frac{1}{2}``, ``\\frac1{b}`` -> ``\\frac{1}{b}``."""
+  head, *parts = t.split("\\frac")
+  out = [head]
+  for part in parts:
+    if part.startswith("{") or len(part) < 2:
+      out.append(part)
+    elif part[1] == "{":
+      out.append("{" + part[0] + "}" + part[1:])
+    else:
+      out.append("{" + part[0] + "}{" + part[1] + "}" + part[2:])
+  return "\\frac".join(out)
+
+
 def normalize_math(text: str) -> str:
-  """Light MATH normalisation: no spaces/``$``/``\\left``/``\\right``/``\\!``, ``dfrac`` ->
-  ``frac``, no ``^\\circ``/``\\%``/trailing period, ``\\text{x}`` -> ``x``; numbers canonical."""
-  t = text.strip()
-  t = re.sub(r"\\text\{([^}]*)\}", r"\1", t)
-  for old, new in (("\\left", ""), ("\\right", ""), ("\\!", ""), ("$", ""), ("dfrac", "frac"),
-                   ("tfrac", "frac"), ("^{\\circ}", ""), ("^\\circ", ""), ("\\%", ""),
-                   (" ", "")):
+  """MATH answer normalisation, the steps of the MATH grader's ``strip_string`` (Hendrycks et
+  al., 2021; lm-eval-harness's ``hendrycks_math``, PRM800K's MATH-500 grader) in its order: no
+  line breaks, ``\\!``, ``\\left``/``\\right``, degrees, ``\\$``, units after ``\\text{ ``,
+  ``\\%``; ``dfrac``/``tfrac`` -> ``frac``; ``.5`` -> ``0.5``; a short left side dropped (``x=5``
+  -> ``5``); ``\\sqrt3`` -> ``\\sqrt{3}``; no spaces; ``\\frac12`` -> ``\\frac{1}{2}``;
+  ``a/b`` of integers -> ``\\frac{a}{b}``. Then ours: ``\\text{x}`` -> ``x``, no ``$`` or trailing
+  period, and a number canonical (``1,000.50`` -> ``1000.5``; commas only between thousands, so
+  a list ``0, 1`` stays a list), ``0.5`` -> ``\\frac{1}{2}`` as the grader does."""
+  t = text.strip().replace("\n", "")
+  for old, new in (("\\!", ""), ("\\\\", "\\"), ("tfrac", "frac"), ("dfrac", "frac"),
+                   ("\\left", ""), ("\\right", ""), ("^{\\circ}", ""), ("^\\circ", ""),
+                   ("\\$", "")):
     t = t.replace(old, new)
-  t = t.rstrip(".")
-  return normalize_number(t) if _NUMBER.fullmatch(t) else t
+  t = t.split("\\text{ ")[0] if "\\text{ " in t else t   # units on the right: 5.4 \text{ cents}
+  t = t.replace("\\%", "").replace("%", "")
+  t = t.replace(" .", " 0.").replace("{.", "{0.")
+  t = "0" + t if t.startswith(".") else t
+  left, eq, right = t.partition("=")
+  if eq and "=" not in right and len(left.strip()) <= 2:   # "k = 5", not "x+y=5"
+    t = right
+  t = re.sub(r"\\sqrt(\w)", r"\\sqrt{\1}", t)
+  t = _braced_fracs(t.replace(" ", ""))
+  t = re.sub(r"\\text\{([^}]*)\}", r"\1", t).replace("$", "").rstrip(".")
+  fraction = re.fullmatch(r"(-?\d+)/(\d+)", t)
+  if fraction:
+    t = f"\\frac{{{fraction.group(1)}}}{{{fraction.group(2)}}}"
+  if _MATH_NUMBER.fullmatch(t):
+    t = normalize_number(t)
+  return "\\frac{1}{2}" if t == "0.5" else t
 
 
 def math_extract(text: str) -> str:

@@ -184,6 +184,20 @@ def test_answer_extraction():
   assert tasks.math_extract("no box") == ""
 
 
+@pytest.mark.parametrize("gold, answer, same", [
+    # A list is no number: the commas went, and one of two solutions matched "0, 1" as 1.
+    ("0, 1", "1", False), ("3, 5, 7", "357", False), ("-2,1", "-21", False),
+    ("0, 1", "0,1", True),
+    # The grader's own steps (hendrycks_math's strip_string), which a model's answer may need:
+    (r"\$32,\!348", "32348", True), (r"\$18.90", "18.9", True),   # '\$' left a backslash
+    (r"\frac{4}{3}", r"\frac43", True), ("5", "x=5", True), (r"\sqrt{2}", r"\sqrt2", True),
+    (r"\frac{1}{2}", "1/2", True), (r"\frac{1}{2}", "0.5", True),
+    ("5.4", r"5.4 \text{ cents}", True), ("x+y=5", "5", False)])
+def test_math_answers_normalise_as_the_math_grader_does(gold, answer, same):
+  assert (tasks.normalize_math(gold) == tasks.normalize_math(answer)) == same, (
+      tasks.normalize_math(gold), tasks.normalize_math(answer))
+
+
 def test_numbers_compare_exactly_at_any_length():
   """Through a float, 400 digits raised OverflowError (ending the evaluation) and integers past
   2^53 collapsed: ...891 and ...890 were one answer."""
