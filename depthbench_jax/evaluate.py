@@ -20,7 +20,7 @@ silently replaces a finished evaluation.
 
   {"step", "name", "design", "n_layers", "tokenizer", "workdir",
    "options": {"sets", "eval_data_dir", "max_examples", "generate", "max_new_tokens",
-               "score_len", "batch_size"},
+               "timeout_s", "score_len", "batch_size"},
    "sets": {set: {"domain", "kind", "file", "examples_sha1", "n", "tokens", "context_cut",
                   "answer_cut", "nll_per_token", "nll_per_example",
                   "per_example": [{"id", "nll", "tokens"}], + "acc"/"acc_norm" (mc),
@@ -76,7 +76,7 @@ USAGE = ("python -m depthbench_jax.evaluate --workdir=RUN_DIR [--step=N] [--sets
          "[--overwrite] ...")
 # The options that decide the numbers (batch_size only groups the rows).
 RESULT_OPTIONS = ("sets", "eval_data_dir", "max_examples", "generate", "max_new_tokens",
-                  "score_len")
+                  "timeout_s", "score_len")
 
 
 def domain_means(sets: dict) -> dict:
@@ -234,10 +234,13 @@ def main(argv):
                "eval_data_dir": os.path.abspath(data_dir or datasets.default_data_dir()),
                "max_examples": _MAX_EXAMPLES.value, "generate": _GENERATE.value,
                "max_new_tokens": _MAX_NEW.value, "batch_size": _BATCH.value,
-               "score_len": int(config.data.seq_len)}
+               "timeout_s": _TIMEOUT.value, "score_len": int(config.data.seq_len)}
     # max_new_tokens decides nothing without generation: a --generate=false rerun was refused
-    # for the one an earlier --generate=false run recorded.
-    deciding = [k for k in RESULT_OPTIONS if _GENERATE.value or k != "max_new_tokens"]
+    # for the one an earlier --generate=false run recorded. The sandbox's timeout decides
+    # pass@1 (a 3 s program passes at 10 s, fails at 1 s), so it counts where code runs.
+    runs_code = _GENERATE.value and bool({"humaneval", "mbpp"} & set(_SETS.value))
+    deciding = [k for k in RESULT_OPTIONS
+                if (_GENERATE.value or k != "max_new_tokens") and (runs_code or k != "timeout_s")]
     summary.check_replaceable(  # Before the tokenizer and model: a finished result is never lost.
         out, {k: options[k] for k in deciding}, _OVERWRITE.value,
         lambda key: "config.data.seq_len" if key == "score_len" else f"--{key}", step=step,

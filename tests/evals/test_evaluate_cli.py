@@ -110,7 +110,8 @@ def test_cli_refusal_after_the_config_is_read_is_one_error_line_and_writes_nothi
 
 # A finished evaluation as the CLI records it (tiny run: score_len = config.data.seq_len = 32).
 FULL = {"sets": ["gsm8k", "sciq"], "eval_data_dir": FIXTURES, "max_examples": None,
-        "generate": True, "max_new_tokens": 4, "score_len": 32, "batch_size": 8}
+        "generate": True, "max_new_tokens": 4, "timeout_s": 10.0, "score_len": 32,
+        "batch_size": 8}
 FULL_FLAGS = [f"--eval_data_dir={FIXTURES}", "--sets=gsm8k,sciq", "--max_new_tokens=4"]
 # A cheap debug rerun and what it records.
 DEBUG = dict(FULL, sets=["sciq"], max_examples=1, generate=False)
@@ -180,6 +181,18 @@ def test_cli_out_holding_another_runs_result_is_refused(tmp_path):
                    f"({os.path.abspath(workdir)}), which this run would replace; allowed: "
                    "another --out, or --overwrite"], proc.stderr[-2000:]
   assert json.load(open(side))["workdir"] == os.path.abspath(workdir)
+
+
+def test_cli_rerun_with_another_sandbox_timeout_is_refused_where_code_runs(tmp_path):
+  """The timeout decides pass@1 (a 3 s program passes at 10 s, fails at 1 s), yet a rerun at
+  --timeout_s=1 replaced the result silently, and evals.json never said which it was."""
+  code = dict(FULL, sets=["humaneval"])
+  workdir, before = _run_with_evals(tmp_path, code)
+  proc = _evaluate(workdir, f"--eval_data_dir={FIXTURES}", "--sets=humaneval",
+                   "--max_new_tokens=4", "--timeout_s=1")
+  assert proc.returncode == 2
+  assert "error: --timeout_s=1.0: " in proc.stderr and "timeout_s=10.0" in proc.stderr
+  assert open(os.path.join(workdir, "evals.json"), "rb").read() == before
 
 
 def test_cli_without_generation_max_new_tokens_decides_nothing(tmp_path):
