@@ -622,6 +622,12 @@ def test_verdict_at_and_around_the_targets():
               TARGETS["compile_deep_over_shallow"])
   assert all(c["pass"] for c in at.values()), at
   assert at["MFU Pre-LN 8x512"]["op"] == ">=" and at["HC / Pre-LN step 8x512"]["op"] == "<="
+  # A CPU run without torch/transformers: the HF check was simply absent, four checks all PASS.
+  result = {"train": [{"design": "preln", "shape": "8x512", "mfu": 0.5,
+                       "step_over_preln": 1.0}], "torch": None, "backend": "cpu",
+            "compile": {"deep_layers": 70, "shallow_layers": 16, "deep_over_shallow": 1.0}}
+  hf = {c["check"]: c for c in verdict(result)}["ours / HF LLaMA step"]
+  assert not hf["pass"] and hf["failed"].startswith("not measured: torch or transformers")
   below = checks(0.3, 0.95, {"q1": 0.9, "median": 0.95, "q3": 0.98}, 1.0)
   assert below["HC / Pre-LN step 8x512"]["pass"]
   assert not below["HC / Pre-LN step 8x512"]["within_noise"]
@@ -912,6 +918,27 @@ def test_an_out_that_is_a_file_is_refused_before_anything_compiles(tmp_path, cap
     module.main(["--preset=quick", "--out", str(taken)])
   assert f"--out={taken}: {taken} is a file; allowed: a folder there" in capsys.readouterr().err
   assert taken.read_text() == "notes"
+
+
+def test_bench_without_torch_says_so_and_keeps_a_result_that_holds_ours_over_hf(
+    tmp_path, capsys, monkeypatch):
+  """Without transformers the HF check left the verdict without a word, and the replace guard
+  (made for --no_hf) let the run replace a result holding ours/HF figures."""
+  import importlib.util
+  from depthbench_jax import bench
+  find_spec = importlib.util.find_spec
+  monkeypatch.setattr(importlib.util, "find_spec",
+                      lambda name, *a: None if name == "transformers" else find_spec(name, *a))
+  assert bench.hf_missing() == "transformers not installed (pip install -e '.[test]')"
+  helpers.stub_run(monkeypatch, bench, "run_bench")
+  earlier = tmp_path / "results-cpu-quick-designs.json"
+  earlier.write_text(json.dumps({"preset": {"designs": ["preln", "hc"], "shapes": [],
+                                            "hf": True, "rounds": 2}}))
+  with pytest.raises(SystemExit):
+    bench.main(["--preset=quick", "--designs=preln,hc", "--out", str(tmp_path)])
+  err = capsys.readouterr().err
+  assert "HF LlamaForCausalLM left out: transformers not installed" in err
+  assert f"--no_hf=true: {earlier} holds a result made with no_hf=false" in err
 
 
 def test_bench_refuses_to_replace_a_result_of_other_designs(tmp_path, capsys, monkeypatch):
