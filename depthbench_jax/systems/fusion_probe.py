@@ -43,8 +43,8 @@ SHAPE = {"B": 8, "T": 128, "n": 4, "d": 512, "L": 8}
 
 def materialise(x: jax.Array, block: int = 16) -> jax.Array:
   """``x`` through an identity dot (``x.reshape(-1, block) @ I``, ``block`` dividing
-  ``x.size``): the same values (exact, subnormals aside: XLA:CPU's dot flushes them to zero),
-  but its own op, at ``block`` multiply-adds an element."""
+  ``x.size``): the same values (exact, subnormals aside: XLA:CPU's dot flushes them to zero;
+  a zero's sign aside: -0 + 0 = +0), but its own op, at ``block`` multiply-adds an element."""
   eye = jnp.eye(block, dtype=x.dtype)
   flat = jax.lax.dot_general(x.reshape(-1, block), eye, (((1,), (0,)), ((), ())),
                              precision=jax.lax.Precision.HIGHEST)
