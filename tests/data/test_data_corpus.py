@@ -1,3 +1,5 @@
+import os
+
 import numpy as np
 import pytest
 
@@ -34,9 +36,13 @@ def test_embedded_token_counts_and_cache(make_config):
   assert train[len(train) - 1:len(train)][0] == tok_eos
   n_docs = len(corpus.embedded_split("train"))
   assert int(np.sum(train[0:len(train)] == tok_eos)) == n_docs
-  # Second call reads the cache (same files, same content).
+  # Second call reads the cache: the same files, not rewritten (a re-tokenization writes new
+  # ones by rename; equal paths and tokens alone held either way).
+  stamp = lambda paths: [(os.stat(p).st_ino, os.stat(p).st_mtime_ns) for p in paths]
+  before = stamp(train.paths)
   again = pipeline.token_stream(config, "train")
   assert again.paths == train.paths and np.array_equal(again[0:1000], train[0:1000])
+  assert stamp(again.paths) == before
 
 
 def test_held_out_rule_and_split_names_by_hand():
