@@ -77,12 +77,20 @@ def gsm8k_extract(text: str) -> str:
 
 
 def last_boxed(text: str) -> str | None:
-  """Contents of the last ``\\boxed{...}`` (balanced braces), or None."""
+  """Contents of the last ``\\boxed{...}`` (balanced braces), else of ``\\fbox{...}``, or None;
+  ``\\boxed 5`` (no braces) is ``5``, up to a ``$`` (MATH's ``last_boxed_only_string``: the
+  brace-less form read the next brace anywhere after it, ``\\fbox`` nothing)."""
   k = text.rfind("\\boxed")
   if k == -1:
+    k = text.rfind("\\fbox")
+  if k == -1:
     return None
-  i = text.find("{", k)
-  if i == -1:
+  command = "\\boxed" if text.startswith("\\boxed", k) else "\\fbox"
+  after = text[k + len(command):]
+  if after.startswith(" "):
+    return after.split("$")[0].strip()
+  i = k + len(command)
+  if not after.startswith("{"):
     return None
   depth = 0
   for j in range(i, len(text)):
@@ -117,8 +125,9 @@ def normalize_math(text: str) -> str:
   ``\\%``; ``dfrac``/``tfrac`` -> ``frac``; ``.5`` -> ``0.5``; a short left side dropped (``x=5``
   -> ``5``); ``\\sqrt3`` -> ``\\sqrt{3}``; no spaces; ``\\frac12`` -> ``\\frac{1}{2}``;
   ``a/b`` of integers -> ``\\frac{a}{b}``. Then ours: ``\\text{x}`` -> ``x``, no ``$`` or trailing
-  period, and a number canonical (``1,000.50`` -> ``1000.5``; commas only between thousands, so
-  a list ``0, 1`` stays a list), ``0.5`` -> ``\\frac{1}{2}`` as the grader does."""
+  period, and a number canonical (``1,000.50`` -> ``1000.5``; commas only between thousands and
+  never before a space, so the lists ``0, 1`` and ``3, 120`` stay lists), then ``0.5`` ->
+  ``\\frac{1}{2}`` as the grader does (after the ``a/b`` step here, which changes no answer)."""
   t = text.strip().replace("\n", "")
   for old, new in (("\\!", ""), ("\\\\", "\\"), ("tfrac", "frac"), ("dfrac", "frac"),
                    ("\\left", ""), ("\\right", ""), ("^{\\circ}", ""), ("^\\circ", ""),
@@ -132,12 +141,13 @@ def normalize_math(text: str) -> str:
   if eq and "=" not in right and len(left.strip()) <= 2:   # "k = 5", not "x+y=5"
     t = right
   t = re.sub(r"\\sqrt(\w)", r"\\sqrt{\1}", t)
+  listed = re.search(r",\s", t)   # "3, 120" is a list of two, not the number 3120
   t = _braced_fracs(t.replace(" ", ""))
   t = re.sub(r"\\text\{([^}]*)\}", r"\1", t).replace("$", "").rstrip(".")
   fraction = re.fullmatch(r"(-?\d+)/(\d+)", t)
   if fraction:
     t = f"\\frac{{{fraction.group(1)}}}{{{fraction.group(2)}}}"
-  if _MATH_NUMBER.fullmatch(t):
+  if _MATH_NUMBER.fullmatch(t) and not listed:
     t = normalize_number(t)
   return "\\frac{1}{2}" if t == "0.5" else t
 

@@ -182,12 +182,15 @@ def test_answer_extraction():
   assert tasks.math_extract(r"\boxed{x^{2}+1} and \boxed{ 42 }") == "42"
   assert tasks.normalize_math(r"\left( 1, 2 \right)") == "(1,2)"
   assert tasks.math_extract("no box") == ""
+  # MATH's last_boxed_only_string: the brace-less form up to '$', and \fbox when no \boxed.
+  assert tasks.math_extract(r"so $\boxed 5$.") == "5"
+  assert tasks.math_extract(r"\fbox{7}") == "7"
 
 
 @pytest.mark.parametrize("gold, answer, same", [
     # A list is no number: the commas went, and one of two solutions matched "0, 1" as 1.
     ("0, 1", "1", False), ("3, 5, 7", "357", False), ("-2,1", "-21", False),
-    ("0, 1", "0,1", True),
+    ("0, 1", "0,1", True), ("3, 120", "3120", False), ("1,000", "1000", True),
     # The grader's own steps (hendrycks_math's strip_string), which a model's answer may need:
     (r"\$32,\!348", "32348", True), (r"\$18.90", "18.9", True),   # '\$' left a backslash
     (r"\frac{4}{3}", r"\frac43", True), ("5", "x=5", True), (r"\sqrt{2}", r"\sqrt2", True),
