@@ -108,7 +108,9 @@ def collect_unfinished(results_dir: str) -> list[dict]:
   torn summary, which a sweep re-launches too): ``{'name', 'workdir', 'step', 'train_loss',
   'checkpoint_step', 'key', 'lr', 'torn'}`` from ``metrics.jsonl``, ``checkpoints/`` and
   ``config.json`` (``key``: ``(design, L, d)``, None when unknown); a folder with none of
-  ``metrics.jsonl``, checkpoints or a summary file is not a run."""
+  ``config.json`` (the trainer's first file), logged losses, checkpoints or a summary file is
+  not a run. A run restarted from step 0 and stopped before its first log line (its
+  metrics.jsonl a session line alone) vanished from the report."""
   from depthbench_jax.train.summary import checkpoint_steps, read_metrics  # Local, and light.
   out = []
   for root, files in _folders(results_dir):
@@ -116,10 +118,13 @@ def collect_unfinished(results_dir: str) -> list[dict]:
       continue
     saved = checkpoint_steps(root)
     losses = read_metrics(root) if "metrics.jsonl" in files else {}
-    if not saved and not losses and "summary.json" not in files:
+    key, lr = _planned_run(root) if "config.json" in files else (None, None)
+    started = key is not None   # a run's config.json (an HF export's hf/config.json is none)
+    if not saved and not losses and "summary.json" not in files and not started:
       continue
     last = max(losses) if losses else None
-    key, lr = _planned_run(root)
+    if key is None:
+      key, lr = _planned_run(root)
     out.append({"name": os.path.basename(root), "workdir": root, "step": last,
                 "train_loss": losses.get(last) if last is not None else None,
                 "checkpoint_step": saved[-1] if saved else None, "key": key, "lr": lr,

@@ -496,6 +496,25 @@ def test_a_mark_only_the_lr_table_shows_is_explained_too(tmp_path):
   assert "† best LR at an edge of the grid tried: the optimum may lie outside it." in text
 
 
+def test_a_run_restarted_and_stopped_before_its_first_log_is_still_a_run(tmp_path):
+  """A run restarted from step 0 (no checkpoint) and stopped before it logged: its config.json
+  and metrics.jsonl's session line alone. Its earlier records are rightly dropped, and then the
+  report said 'no run ... nothing to report'. An HF export's hf/config.json is no run."""
+  import json
+  restarted = tmp_path / "preln_4x128_lr1e-3"
+  restarted.mkdir()
+  (restarted / "config.json").write_text(json.dumps(
+      {"lr": 1e-3, "model": {"n_layers": 4, "d_model": 128, "residual": {"name": "preln"}}}))
+  (restarted / "metrics.jsonl").write_text('{"step": 30, "train/loss": 5.0}\n'
+                                           '{"step": 0, "session_from": 0.0}\n')
+  (tmp_path / "hc_4x128_lr1e-3" / "hf").mkdir(parents=True)
+  (tmp_path / "hc_4x128_lr1e-3" / "hf" / "config.json").write_text('{"model_type": "llama"}')
+  _finished(tmp_path, "hc", 4, 128, 1e-3, 3.0)
+  unfinished = scorecard.collect_unfinished(str(tmp_path))
+  assert [(u["name"], u["key"], u["step"]) for u in unfinished] == [
+      ("preln_4x128_lr1e-3", ("preln", 4, 128), None)]
+
+
 def test_a_best_lr_from_an_incomplete_grid_says_which_lrs_it_lacks(tmp_path):
   """Full AttnRes at 24L: lr 1e-3 still training (config.json, metrics, a checkpoint) and the
   best picked from the other three with nothing in the scorecard or the LR table saying so (the
