@@ -159,11 +159,17 @@ def train_and_evaluate(config, workdir: str) -> dict:
     return diverged
   counts = count_params(model_cfg)
   steps = total_steps_of(config, counts["total"])
-  if resumed_step == steps:
+  # A finished run whose checkpoints were deleted to free disk (its config.json and summary
+  # kept) trained again from scratch, setting its result aside; it is finished as well.
+  pruned = resumed_step is None and os.path.exists(saved_config)
+  if resumed_step == steps or pruned:
     finished = _finished_summary(workdir, steps)
     if finished is not None:  # Nothing to train: its files stay as they are.
+      if pruned:   # the recipe it finished with, as a resume would compare it
+        config_check.check_resume(summary.read_json(saved_config), config, workdir)
       if process_index == 0:
-        print(f"{workdir}: finished at step {steps} ({summary.SUMMARY}); nothing to train",
+        print(f"{workdir}: finished at step {steps} ({summary.SUMMARY}"
+              + ("; its checkpoints are gone" if pruned else "") + "); nothing to train",
               flush=True)
       return finished
   config_check.check_warmup(config, steps)   # steps=-1 resolved: the first place it is known

@@ -12,6 +12,7 @@ import jax
 import numpy as np
 import pytest
 
+from depthbench_jax.errors import ConfigError
 from depthbench_jax.train import summary as summary_lib
 from tests import helpers
 
@@ -477,4 +478,24 @@ def test_a_resume_under_a_larger_log_every_drops_the_abandoned_sessions_later_re
   got, want = helpers.losses(workdir), helpers.losses(reference_run)
   assert sorted(got) == list(range(1, 11)) + [14, 20]
   np.testing.assert_allclose([got[s] for s in got], [want[s] for s in got], rtol=1e-6)
+
+
+def test_a_finished_run_whose_checkpoints_were_deleted_is_still_finished(train_in_process,
+                                                                        tmp_path, capsys):
+  """Checkpoints deleted to free disk, config.json and summary.json kept: the same command
+  trained it again from scratch and set its result aside (README: a finished run 'says so and
+  changes nothing'). Under another recipe it is refused, as a resume would be."""
+  config = helpers.tiny_config(steps=4, checkpoint_every=4)
+  workdir = str(tmp_path / "run")
+  train_in_process(config, workdir)
+  shutil.rmtree(os.path.join(workdir, "checkpoints"))
+  before = helpers.snapshot(workdir)
+  capsys.readouterr()
+  assert train_in_process(config, workdir)["steps"] == 4
+  assert "finished at step 4 (summary.json; its checkpoints are gone); nothing to train" in (
+      capsys.readouterr().out)
+  assert helpers.snapshot(workdir) == before
+  with pytest.raises(ConfigError, match=r"config.lr="):
+    train_in_process(helpers.tiny_config(steps=4, checkpoint_every=4, lr=0.5), workdir)
+  assert helpers.snapshot(workdir) == before
 
