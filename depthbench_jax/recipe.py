@@ -31,6 +31,10 @@ GUARD_FIELDS = ("divergence.", "skip_nonfinite_steps", "debug.")
 # same shards are spelled differently on another host; the checkpoints fingerprint the data).
 RUN_FIELDS = ("lr", "model.residual.", "model.n_layers", "model.d_model", "model.head_dim",
               "model.ffn_dim", "seed", "data.seed", "data.path")
+# Of those, the ones that differ from a suite's config for the run's own design, shape and LR
+# without making it another run (report.plan.other_recipe_runs): the seeds and the data's path.
+# The design's options do count there: a 2-stream HC run in a planned HC folder is no HC run.
+OWN_FIELDS = ("seed", "data.seed", "data.path")
 
 
 def flatten_fields(tree: dict, prefix: str = "") -> dict:
@@ -55,6 +59,10 @@ def is_resumable(field: str) -> bool:
 
 def is_run_field(field: str) -> bool:
   return _named(field, RUN_FIELDS)
+
+
+def is_own_field(field: str) -> bool:
+  return _named(field, OWN_FIELDS)
 
 
 def is_guard_field(field: str) -> bool:

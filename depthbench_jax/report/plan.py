@@ -28,8 +28,9 @@ STATES = ("ok", "diverged", "started", "not started", "other recipe")
 def other_recipe_runs(config_path: str, items: Sequence[dict]) -> dict[str, dict]:
   """``{abspath(workdir): {field: (trained value, the suite's)}}`` of the runs in ``items``
   (the report's records and runs without a summary, planned or not) that trained another
-  recipe than the suite gives their design, shape and LR now (``sweep.trained_config``; a run's own fields, data.path and
-  the seeds, do not count). Off-plan folders were compared only with each other, so a copy of
+  recipe than the suite gives their design, shape and LR now (``sweep.trained_config``; a run's
+  own fields, ``recipe.OWN_FIELDS``: data.path and the seeds, do not count; the design's
+  options do). Off-plan folders were compared only with each other, so a copy of
   an old run could be reported beside nothing of the suite's recipe."""
   from depthbench_jax.train import config_check  # Local: pulls in jax.
   module = load_config_module(config_path)
@@ -47,7 +48,7 @@ def other_recipe_runs(config_path: str, items: Sequence[dict]) -> dict[str, dict
     except ConfigError:   # a design or shape this suite cannot build: nothing to compare
       continue
     changes = {field: (was, now) for field, was, now in config_check.recipe_changes(trained, suite)
-               if not recipe.is_run_field(field)}
+               if not recipe.is_own_field(field)}
     if changes:
       out[os.path.abspath(workdir)] = changes
   return out

@@ -193,9 +193,21 @@ def test_a_variant_of_another_recipe_is_set_aside_under_its_label(half):
   assert report_main.main([str(half["results"]), "--no_plots",
                            f"--config={half['config']}"]) == 0
   text = (half["results"] / "report.md").read_text()
-  assert "- `hc_ns2`: steps=40 (reported: 120)" in text.split("## Set aside")[1]
+  assert ("- `hc_ns2`: model.residual.n_streams=2 (reported: 4), steps=40 (reported: 120)"
+          in text.split("## Set aside")[1])
   assert ("and of another recipe than it gives them (set aside below): hc_ns2." in text
           and "still reported): preln_16x64_lr1e-3." in text)
+  # In a planned folder too: the 2-stream run was counted as the suite's finished HC run.
+  workdir = _run_dir(half["results"], "hc", 4, 128, 1e-3)
+  summary = json.loads((workdir / "summary.json").read_text())
+  summary["config"] = config
+  (workdir / "summary.json").write_text(json.dumps(summary))
+  assert report_main.main([str(half["results"]), "--no_plots",
+                           f"--config={half['config']}"]) == 0
+  text = (half["results"] / "report.md").read_text()
+  assert "1 trained with another recipe than the suite's now" in text
+  assert ("- `hc_4x128_lr1e-3`: model.residual.n_streams=2 (reported: 4)"
+          in text.split("## Set aside")[1])
   pallas = {"config": {"model": {"residual": {"name": "mhc", "sinkhorn_kernel": "pallas"}}}}
   assert sweep.design_label(pallas) == "mhc"
 
