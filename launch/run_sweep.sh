@@ -27,8 +27,11 @@ results_path() {
   local p; p="$(absolute "$1")"
   case "$p" in "$ROOT"/*) printf '%s' "${p#"$ROOT"/}" ;; *) printf '%s' "$p" ;; esac
 }
-has_value() {  # FLAG [VALUE ...]: one error line and exit 2 where the value is missing
-  [[ $# -ge 2 ]] || { echo "error: $1 has no value; allowed: $1 PATH or $1=PATH" >&2; exit 2; }
+has_value() {  # FLAG [VALUE ...]: one error line and exit 2 where the value is missing or empty
+  # (an unset variable's --results_dir= once meant the caller's directory here and results/
+  # <suite> to the sweep).
+  [[ $# -ge 2 && -n "$2" ]] || {
+    echo "error: $1 has no value; allowed: $1 PATH or $1=PATH" >&2; exit 2; }
 }
 ARGS=()
 SUITE=()  # --config=FILE (the spelling main.py, systems and report take) is the suite positional.
@@ -37,7 +40,8 @@ while [[ $# -gt 0 ]]; do
     --config) has_value "$@"; SUITE=("$(caller_file "$2")"); shift 2 ;;
     --config=*) SUITE=("$(caller_file "${1#--config=}")"); shift ;;
     --results_dir) has_value "$@"; ARGS+=("$1" "$(results_path "$2")"); shift 2 ;;
-    --results_dir=*) ARGS+=("--results_dir=$(results_path "${1#--results_dir=}")"); shift ;;
+    --results_dir=*) has_value --results_dir "${1#--results_dir=}"
+                     ARGS+=("--results_dir=$(results_path "${1#--results_dir=}")"); shift ;;
     *) ARGS+=("$1"); shift ;;
   esac
 done

@@ -341,11 +341,15 @@ def test_run_sweep_sh_keeps_a_results_dir_inside_the_checkout_relative_to_it(tmp
              for c in log.read_text().splitlines()), log.read_text()
 
 
-@pytest.mark.parametrize("flag", ["--config", "--results_dir"])
-def test_run_sweep_sh_flag_without_a_value_is_one_error(tmp_path, flag):
+@pytest.mark.parametrize("args, flag", [
+    (["--config"], "--config"), (["--results_dir"], "--results_dir"),
+    # Empty (an unset variable): the caller's own directory here, results/<suite> to the sweep.
+    (["--results_dir="], "--results_dir"), (["--results_dir", ""], "--results_dir")])
+def test_run_sweep_sh_flag_without_a_value_is_one_error(tmp_path, args, flag):
   script = _fake_repo(tmp_path)
-  out = subprocess.run([str(script), "configs/smoke.py", flag], cwd=tmp_path, capture_output=True,
-                       text=True, timeout=60, env=dict(os.environ, FAKE_LOG=str(tmp_path / "log")))
+  out = subprocess.run([str(script), "configs/smoke.py", *args], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, FAKE_LOG=str(tmp_path / "log")))
   assert out.returncode == 2 and out.stderr.splitlines() == [
       f"error: {flag} has no value; allowed: {flag} PATH or {flag}=PATH"], out.stderr
   assert not (tmp_path / "log").exists()   # nothing ran
