@@ -98,7 +98,9 @@ def collect_runs(results_dir: str) -> list[dict]:
     record = dict(summary)
     record.update(design=design_label(summary), n_layers=n_layers, d_model=d_model, lr=lr,
                   aspect_ratio=d_model / n_layers, workdir=root,
-                  name=summary.get("name") or os.path.basename(root))
+                  # The folder, as report.md names runs: a copy or a variant trained under
+                  # another folder repeated its config's name in runs.csv.
+                  name=os.path.basename(root))
     records.append(record)
   return sorted(records, key=lambda r: r["name"])
 

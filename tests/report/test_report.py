@@ -496,6 +496,21 @@ def test_a_mark_only_the_lr_table_shows_is_explained_too(tmp_path):
   assert "† best LR at an edge of the grid tried: the optimum may lie outside it." in text
 
 
+def test_runs_csv_names_each_run_by_its_folder(tmp_path):
+  """A copy of a run under another folder repeated its config's name in runs.csv, while
+  report.md names runs by folder: two rows called preln_4x128_lr1e-3."""
+  import json
+  _finished(tmp_path, "preln", 4, 128, 1e-3, 3.0)
+  copy = tmp_path / "copy"
+  copy.mkdir()
+  (copy / "summary.json").write_text(
+      (tmp_path / "preln_4x128_lr0.001" / "summary.json").read_text())
+  assert json.loads((copy / "summary.json").read_text())["name"] == "preln_4x128_lr0.001"
+  scorecard.write_report(str(tmp_path), plots=False)
+  with open(tmp_path / "runs.csv") as f:
+    assert sorted(r["name"] for r in csv.DictReader(f)) == ["copy", "preln_4x128_lr0.001"]
+
+
 def test_a_run_restarted_and_stopped_before_its_first_log_is_still_a_run(tmp_path):
   """A run restarted from step 0 (no checkpoint) and stopped before it logged: its config.json
   and metrics.jsonl's session line alone. Its earlier records are rightly dropped, and then the
