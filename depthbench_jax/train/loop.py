@@ -150,6 +150,10 @@ def train_and_evaluate(config, workdir: str) -> dict:
     if os.path.exists(saved_config):
       config_check.check_resume(summary.read_json(saved_config), config, workdir)
     checkpoint.check_committed(workdir, resumed_step)
+    if not os.path.exists(saved_config):  # deleted: the resume trained on unchecked
+      trained = checkpoint.read_progress(workdir, resumed_step).get("config")
+      if trained:  # the recipe each checkpoint records (older checkpoints: none)
+        config_check.check_resume(trained, config, workdir)
   diverged = _diverged_summary(workdir, config)
   if diverged is not None:  # The same rules would stop it again: its files stay as they are.
     if process_index == 0:
@@ -312,7 +316,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
                             progress={"wall_time_s": wall_s(), "device_seconds": device_s(),
                                       "code": code,
                                       **guard.progress(),
-                                      "train_data": train_data})
+                                      "train_data": train_data,
+                                      "config": config_check.as_json(config)})
       if log_now and process_index == 0:  # After the eval: an eval step shows its own val loss.
         print(_progress_line(step, steps, scalars, shown_val[0], clock.eta_s(step, steps),
                              shown_val[1]), flush=True)

@@ -499,3 +499,17 @@ def test_a_finished_run_whose_checkpoints_were_deleted_is_still_finished(train_i
     train_in_process(helpers.tiny_config(steps=4, checkpoint_every=4, lr=0.5), workdir)
   assert helpers.snapshot(workdir) == before
 
+
+
+def test_a_resume_without_config_json_checks_the_recipe_its_checkpoint_records(
+    reference_run, train_in_process, tmp_path):
+  """config.json deleted: the resume's recipe check was skipped, and steps 11-20 trained at
+  another LR than 1-10 in one run. Each checkpoint now records the config it was trained
+  with, and the resume is refused as with config.json there."""
+  workdir = str(tmp_path / "no_config")
+  preempted_at_step_10(reference_run, workdir)
+  os.remove(os.path.join(workdir, "config.json"))
+  before = helpers.snapshot(workdir)
+  with pytest.raises(ConfigError, match=r"config.lr=0.5"):
+    train_in_process(helpers.tiny_config(lr=0.5, tensorboard=True), workdir)
+  assert helpers.snapshot(workdir) == before
