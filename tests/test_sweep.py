@@ -440,36 +440,28 @@ def test_local_processes_with_a_pods_jax_env_is_refused(tiny, monkeypatch, capsy
   assert "allowed" in err[0] and not calls(tiny["log"])
 
 
-def test_a_bad_suite_entry_stops_the_sweep_before_any_run_trains(tiny, monkeypatch, capsys):
-  """A typo in the last entry (arch='hcc') stopped the dry run, but the sweep trained every run
-  before it, then recorded that one as failed."""
+@pytest.mark.parametrize("edit, error", [
+    # A typo in the last entry: it stopped the dry run, but the sweep trained every run before
+    # it, then recorded that one as failed.
+    ("_good = sweep\nsweep = lambda: _good() + [dict(arch='hcc', shape='4x128', lr=1e-3)]\n",
+     "error: run hcc_4x128_lr1e-3: config argument arch='hcc'; allowed: "
+     + ", ".join(registry.names())),
+    # A pilot copied from smoke.py with steps=10 keeps its warmup of 12: the dry run passed and
+    # the sweep launched every run, each refused by the trainer, 'continuing' run after run.
+    ("def get_config(arg=None):\n  c = smoke.get_config(arg)\n  c.steps = 10\n  return c\n",
+     "error: run preln_4x128_lr1e-3: config.warmup_steps=12 is 12 of the run's 10 steps"),
+])
+def test_a_suite_the_trainer_would_refuse_stops_the_sweep_before_any_run_trains(
+    tiny, monkeypatch, capsys, edit, error):
+  """The dry run and the sweep check every run they would launch (``sweep.checked_config``)."""
   monkeypatch.setenv("FAKE_LOG", tiny["log"])
   with open(tiny["config"], "a") as f:
-    f.write("_good = sweep\nsweep = lambda: _good() + [dict(arch='hcc', shape='4x128', "
-            "lr=1e-3)]\n")
+    f.write(edit)
   for extra in (["--dry_run"], []):
     assert sweep.main([tiny["config"], "--results_dir", tiny["results"],
                        "--main_cmd", " ".join(tiny["main_cmd"])] + extra) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["error: run hcc_4x128_lr1e-3: config argument arch='hcc'; allowed: "
-                   + ", ".join(registry.names())], err
-  assert not calls(tiny["log"])
-
-
-def test_a_warmup_not_below_the_suites_steps_stops_the_sweep_before_any_run_trains(
-    tiny, monkeypatch, capsys):
-  """A pilot copied from smoke.py with steps=10 keeps its warmup of 12: the dry run passed and
-  the sweep launched every run, each refused by the trainer, 'continuing' run after run."""
-  monkeypatch.setenv("FAKE_LOG", tiny["log"])
-  with open(tiny["config"], "a") as f:
-    f.write("def get_config(arg=None):\n  c = smoke.get_config(arg)\n  c.steps = 10\n"
-            "  return c\n")
-  for extra in (["--dry_run"], []):
-    assert sweep.main([tiny["config"], "--results_dir", tiny["results"],
-                       "--main_cmd", " ".join(tiny["main_cmd"])] + extra) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith(
-        "error: run preln_4x128_lr1e-3: config.warmup_steps=12 is 12 of the run's 10 steps"), err
+    assert len(err) == 1 and err[0].startswith(error), err
   assert not calls(tiny["log"])
 
 
