@@ -44,6 +44,7 @@ from typing import Any, Iterable, Sequence
 
 import ml_collections
 
+from depthbench_jax import recipe
 from depthbench_jax.errors import ConfigError, HOSTS_DIFFER, OneLineParser
 from depthbench_jax.shapes import FFNRule, Shape, parse_shape, shaped_model
 from depthbench_jax.train.summary import CONFIG, SUMMARY, check_folder, checkpoint_steps
@@ -292,9 +293,10 @@ def trained_config(workdir: str) -> dict | None:
 def recipe_edits(config_path: str, runs: Sequence[Run]) -> list[tuple[Run, list]]:
   """``[(run, config_check.recipe_changes)]`` of the runs whose trained config (finished or
   started: ``trained_config``) the suite now gives another recipe (steps, data, schedule, ...).
-  A finished run's ``data.path`` is not compared: the same shards spelled otherwise (another
-  mount) are the same run, as for the report (``recipe.RUN_FIELDS``); a started one's resume
-  compares it as written, so there it counts."""
+  A finished run's own fields (``recipe.OWN_FIELDS``: data.path, the seeds) are not compared,
+  as the report's ``other_recipe_runs`` does not: the same shards spelled otherwise (another
+  mount) are the same run. A started one's resume compares them as written, so there they
+  count."""
   from depthbench_jax.train import config_check  # Local: pulls in jax.
   module = load_config_module(config_path)
   out = []
@@ -303,7 +305,7 @@ def recipe_edits(config_path: str, runs: Sequence[Run]) -> list[tuple[Run, list]
     if trained is not None:
       changed = config_check.recipe_changes(trained, config_of(module, run.arg))
       if run_state(run.workdir) == "done":
-        changed = [c for c in changed if c[0] != "data.path"]
+        changed = [c for c in changed if not recipe.is_own_field(c[0])]
       if changed:
         out.append((run, changed))
   return out
