@@ -8,8 +8,8 @@ runs with status 'ok' and a finite loss; diverged runs are listed, never chosen.
 Depth trend of a design, at its best LR per shape, over the two reference depths (16 and 32
 layers, the paper's table, when the results have both; else the shallowest and deepest):
 ``peak in the middle (L=..)`` when the best depth strictly between them beats both by more than
-``tol`` (a deeper shape beyond the pair does not hide it); else ``better when deeper`` / ``worse when deeper`` when the deep value is
-lower / higher by more than ``tol``; else ``flat``.
+``tol`` (a deeper shape beyond the pair does not hide it); else ``better when deeper`` /
+``worse when deeper`` when the deep value is lower / higher by more than ``tol``; else ``flat``.
 
 When one design has several shapes at the same depth (the multi-scale suite), shapes are split
 into scale families by parameter count (``assign_families``), and each family gets its own table.
@@ -120,13 +120,12 @@ def collect_unfinished(results_dir: str) -> list[dict]:
       continue
     saved = checkpoint_steps(root)
     losses = read_metrics(root) if "metrics.jsonl" in files else {}
-    key, lr = _planned_run(root) if "config.json" in files else (None, None)
-    started = key is not None   # a run's config.json (an HF export's hf/config.json is none)
+    key, lr = _planned_run(root)
+    # A run's config.json (an HF export's hf/config.json places no run: key None).
+    started = "config.json" in files and key is not None
     if not saved and not losses and "summary.json" not in files and not started:
       continue
     last = max(losses) if losses else None
-    if key is None:
-      key, lr = _planned_run(root)
     out.append({"name": os.path.basename(root), "workdir": root, "step": last,
                 "train_loss": losses.get(last) if last is not None else None,
                 "checkpoint_step": saved[-1] if saved else None, "key": key, "lr": lr,
