@@ -774,10 +774,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = dataclasses.replace(p, rounds=args.rounds)
   if args.no_hf:
     p = dataclasses.replace(p, hf=False)
-  elif p.hf and jax.default_backend() == "cpu" and hf_missing():
+  elif p.hf and jax.default_backend() == "cpu" and (why := hf_missing()):
     # As --no_hf, said: the check left the verdict without a word, and the replace guard
     # (no_hf) let the run replace a result that holds ours/HF.
-    print(f"HF LlamaForCausalLM left out: {hf_missing()}", file=sys.stderr, flush=True)
+    print(f"HF LlamaForCausalLM left out: {why}", file=sys.stderr, flush=True)
     p = dataclasses.replace(p, hf=False)
   if args.attention_kernel:
     p = dataclasses.replace(p, attention_kernel=args.attention_kernel)
