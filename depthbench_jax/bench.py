@@ -542,9 +542,12 @@ def torch_matmul_runner(n: int, reps: int) -> Callable[[], None] | None:
 # The bench.
 # ---------------------------------------------------------------------------------------------
 
-def run_bench(p: Preset, log=print, save_partial: Callable[[dict], None] | None = None) -> dict:
+def run_bench(p: Preset, log=print, save_partial: Callable[[dict], None] | None = None,
+              hf_left_out: str | None = None) -> dict:
   """The bench; ``save_partial(result)`` is called once the train section is in, so a run cut
-  off later (a device lease running out in the compile section) keeps its step times."""
+  off later (a device lease running out in the compile section) keeps its step times.
+  ``hf_left_out``: why the HF baseline could not run (``hf_missing``), recorded for the
+  verdict."""
   from depthbench_jax.residual import registry
   dtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[p.dtype]
   designs = p.designs or registry.names()
@@ -553,6 +556,8 @@ def run_bench(p: Preset, log=print, save_partial: Callable[[dict], None] | None 
   shapes = p.shapes or (f"{p.n_layers}x{p.d_model}",)
   result: dict[str, Any] = {**run_record(p), "torch": torch_version(), "targets": TARGETS,
                             "remat": REMAT}
+  if hf_left_out:
+    result["hf_left_out"] = hf_left_out
   log(f"device {result['device']} ({result['device_kind']}), {os.cpu_count()} CPUs "
       f"({result['host_cpu']}), host malloc {result['host_malloc']}")
   matmul = matmul_runner(p.matmul_n, dtype, p.matmul_reps)
@@ -774,10 +779,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = dataclasses.replace(p, rounds=args.rounds)
   if args.no_hf:
     p = dataclasses.replace(p, hf=False)
-  elif p.hf and jax.default_backend() == "cpu" and (why := hf_missing()):
+  hf_left_out = None
+  if p.hf and jax.default_backend() == "cpu" and (hf_left_out := hf_missing()):
     # As --no_hf, said: the check left the verdict without a word, and the replace guard
     # (no_hf) let the run replace a result that holds ours/HF.
-    print(f"HF LlamaForCausalLM left out: {why}", file=sys.stderr, flush=True)
+    print(f"HF LlamaForCausalLM left out: {hf_left_out}", file=sys.stderr, flush=True)
     p = dataclasses.replace(p, hf=False)
   if args.attention_kernel:
     p = dataclasses.replace(p, attention_kernel=args.attention_kernel)
@@ -816,7 +822,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   log = lambda s: print(s, file=sys.stderr, flush=True)
   partial = os.path.splitext(path)[0] + "-partial.json"
   with compiles_without_disk_cache(log):
-    result = run_bench(p, log=log, save_partial=lambda r: save(r, partial))
+    result = run_bench(p, log=log, save_partial=lambda r: save(r, partial),
+                       hf_left_out=hf_left_out)
   save(result)
   if os.path.exists(partial):
     os.remove(partial)

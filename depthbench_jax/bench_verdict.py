@@ -60,14 +60,12 @@ def verdict(result: dict) -> list[dict]:
   c = result["compile"]
   add(f"compile {c['deep_layers']}L / {c['shallow_layers']}L", c["deep_over_shallow"],
       TARGETS["compile_deep_over_shallow"])
-  ours_over_hf = pre and pre.get("ours_over_hf")
-  # Not measured for want of torch/transformers (a CPU run recording no torch): a FAIL line
-  # saying so, as a design that did not compile; left out only under --no_hf with them there.
-  missing = (None if ours_over_hf or result.get("backend", "cpu") != "cpu"
-             or "torch" not in result or result["torch"] is not None else
-             "not measured: torch or transformers not installed (pip install -e '.[test]')")
-  add("ours / HF LLaMA step", ours_over_hf, TARGETS["ours_over_hf"],
-      band=pre and pre.get("ours_over_hf_rounds"), failed=missing)
+  # Not measured for want of torch/transformers (``bench.hf_missing``, recorded by the run): a
+  # FAIL line saying so, as a design that did not compile; left out only under --no_hf.
+  left_out = result.get("hf_left_out")
+  add("ours / HF LLaMA step", pre and pre.get("ours_over_hf"), TARGETS["ours_over_hf"],
+      band=pre and pre.get("ours_over_hf_rounds"),
+      failed=f"not measured: {left_out}" if left_out else None)
   starved = torch_starved(pre or {})
   if starved and checks and checks[-1]["check"] == "ours / HF LLaMA step":
     checks[-1].update({"pass": False, "failed": starved})

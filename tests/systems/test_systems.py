@@ -624,10 +624,10 @@ def test_verdict_at_and_around_the_targets():
   assert at["MFU Pre-LN 8x512"]["op"] == ">=" and at["HC / Pre-LN step 8x512"]["op"] == "<="
   # A CPU run without torch/transformers: the HF check was simply absent, four checks all PASS.
   result = {"train": [{"design": "preln", "shape": "8x512", "mfu": 0.5,
-                       "step_over_preln": 1.0}], "torch": None, "backend": "cpu",
+                       "step_over_preln": 1.0}], "hf_left_out": "transformers not installed",
             "compile": {"deep_layers": 70, "shallow_layers": 16, "deep_over_shallow": 1.0}}
   hf = {c["check"]: c for c in verdict(result)}["ours / HF LLaMA step"]
-  assert not hf["pass"] and hf["failed"].startswith("not measured: torch or transformers")
+  assert not hf["pass"] and hf["failed"] == "not measured: transformers not installed"
   below = checks(0.3, 0.95, {"q1": 0.9, "median": 0.95, "q3": 0.98}, 1.0)
   assert below["HC / Pre-LN step 8x512"]["pass"]
   assert not below["HC / Pre-LN step 8x512"]["within_noise"]
@@ -939,6 +939,11 @@ def test_bench_without_torch_says_so_and_keeps_a_result_that_holds_ours_over_hf(
   err = capsys.readouterr().err
   assert "HF LlamaForCausalLM left out: transformers not installed" in err
   assert f"--no_hf=true: {earlier} holds a result made with no_hf=false" in err
+  seen = {}
+  monkeypatch.setattr(bench, "run_bench", lambda p, **kw: seen.update(kw) or 1 / 0)
+  with pytest.raises(ZeroDivisionError):   # reached the run: the reason goes to the result
+    bench.main(["--preset=quick", "--designs=preln,hc", "--out", str(tmp_path / "new")])
+  assert seen["hf_left_out"] == "transformers not installed (pip install -e '.[test]')"
 
 
 def test_bench_refuses_to_replace_a_result_of_other_designs(tmp_path, capsys, monkeypatch):
