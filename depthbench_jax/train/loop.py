@@ -154,6 +154,11 @@ def train_and_evaluate(config, workdir: str) -> dict:
       trained = checkpoint.read_progress(workdir, resumed_step).get("config")
       if trained:  # the recipe each checkpoint records (older checkpoints: none)
         config_check.check_resume(trained, config, workdir)
+  # A finished run whose checkpoints were deleted to free disk (config.json and summary kept):
+  # its recipe is compared as a resume's would be, whatever the steps, then it is finished.
+  pruned = resumed_step is None and os.path.exists(saved_config)
+  if pruned and _saved_summary(workdir) is not None:
+    config_check.check_resume(summary.read_json(saved_config), config, workdir)
   diverged = _diverged_summary(workdir, config)
   if diverged is not None:  # The same rules would stop it again: its files stay as they are.
     if process_index == 0:
@@ -163,14 +168,10 @@ def train_and_evaluate(config, workdir: str) -> dict:
     return diverged
   counts = count_params(model_cfg)
   steps = total_steps_of(config, counts["total"])
-  # A finished run whose checkpoints were deleted to free disk (its config.json and summary
-  # kept) trained again from scratch, setting its result aside; it is finished as well.
-  pruned = resumed_step is None and os.path.exists(saved_config)
+  # A pruned finished run trained again from scratch, setting its result aside; it is finished.
   if resumed_step == steps or pruned:
     finished = _finished_summary(workdir, steps)
     if finished is not None:  # Nothing to train: its files stay as they are.
-      if pruned:   # the recipe it finished with, as a resume would compare it
-        config_check.check_resume(summary.read_json(saved_config), config, workdir)
       if process_index == 0:
         print(f"{workdir}: finished at step {steps} ({summary.SUMMARY}"
               + ("; its checkpoints are gone" if pruned else "") + "); nothing to train",

@@ -495,9 +495,11 @@ def test_a_finished_run_whose_checkpoints_were_deleted_is_still_finished(train_i
   assert "finished at step 4 (summary.json; its checkpoints are gone); nothing to train" in (
       capsys.readouterr().out)
   assert helpers.snapshot(workdir) == before
-  with pytest.raises(ConfigError, match=r"config.lr="):
-    train_in_process(helpers.tiny_config(steps=4, checkpoint_every=4, lr=0.5), workdir)
-  assert helpers.snapshot(workdir) == before
+  for other in ({"lr": 0.5}, {"steps": 8}):   # more steps: it trained again from scratch
+    with pytest.raises(ConfigError, match=rf"config.{next(iter(other))}="):
+      train_in_process(helpers.tiny_config(**{"steps": 4, "checkpoint_every": 4, **other}),
+                       workdir)
+    assert helpers.snapshot(workdir) == before
 
 
 
