@@ -25,15 +25,25 @@ from depthbench_jax.sweep import (config_of, design_name, format_lr, list_runs,
 STATES = ("ok", "diverged", "started", "not started", "other recipe")
 
 
-def other_recipe_runs(config_path: str, items: Sequence[dict]) -> dict[str, dict]:
+def other_recipe_runs(config_path: str, items: Sequence[dict],
+                      planned: dict[str, str] | None = None) -> dict[str, dict]:
   """``{abspath(workdir): {field: (trained value, the suite's)}}`` of the runs in ``items``
   (the report's records and runs without a summary, planned or not) that trained another
-  recipe than the suite gives their design, shape and LR now (``sweep.trained_config``; a run's
-  own fields, ``recipe.OWN_FIELDS``: data.path and the seeds, do not count; the design's
-  options do). Off-plan folders were compared only with each other, so a copy of
-  an old run could be reported beside nothing of the suite's recipe."""
-  from depthbench_jax.train import config_check  # Local: pulls in jax.
+  recipe than the suite gives them now (``sweep.trained_config``). Off-plan folders were
+  compared only with each other, so a copy of an old run could be reported beside nothing of
+  the suite's recipe.
+
+  A planned run (its workdir in ``planned``, ``{abspath(workdir): run argument}``, or an item
+  with its ``arg``) is compared with the suite's config for its own entry, design options
+  included (``recipe.OWN_FIELDS``: only the seeds and data.path are a run's own): a 2-stream HC
+  run in a planned HC folder is no run of the suite's. An off-plan run, with the suite's config
+  for its design, shape and LR, its design options being its own (``recipe.RUN_FIELDS``: a
+  variant, reported under ``sweep.design_label``). Implementation switches
+  (``Design.implementation_options``) are no recipe either way."""
+  from depthbench_jax.residual import registry  # Local: pulls in jax.
+  from depthbench_jax.train import config_check
   module = load_config_module(config_path)
+  planned = planned or {}
   out = {}
   for item in items:
     design, n_layers, d_model = item.get("key") or (
@@ -43,12 +53,16 @@ def other_recipe_runs(config_path: str, items: Sequence[dict]) -> dict[str, dict
     trained = trained_config(workdir) if workdir else None
     if trained is None or None in (design, n_layers, d_model, lr):
       continue
+    arg = item.get("arg") or planned.get(os.path.abspath(workdir))
+    own = recipe.is_own_field if arg else recipe.is_run_field
     try:
-      suite = config_of(module, f"arch={design},shape={n_layers}x{d_model},lr={format_lr(lr)}")
-    except ConfigError:   # a design or shape this suite cannot build: nothing to compare
+      suite = config_of(module, arg or
+                        f"arch={design},shape={n_layers}x{d_model},lr={format_lr(lr)}")
+      switches = registry.get(design).implementation_options
+    except (ConfigError, KeyError):   # a design or shape this suite cannot build
       continue
     changes = {field: (was, now) for field, was, now in config_check.recipe_changes(trained, suite)
-               if not recipe.is_own_field(field)}
+               if not own(field) and field not in {f"model.residual.{s}" for s in switches}}
     if changes:
       out[os.path.abspath(workdir)] = changes
   return out
@@ -76,7 +90,7 @@ def load_plan(config_path: str, results_dir: str) -> list[dict]:
     raise ConfigError(f"{where}: {err}") from None
   except Exception as err:  # pylint: disable=broad-except  # sweep() entries that are no runs
     raise ConfigError(f"{where}: {type(err).__name__}: {err}; {allowed}") from None
-  plan = [{"name": r.name, "design": r.design,
+  plan = [{"name": r.name, "design": r.design, "arg": r.arg,
            "key": (r.design, r.shape.n_layers, r.shape.d_model), "lr": r.lr,
            "workdir": r.workdir, "state": _state(r.workdir)} for r in runs]
   other = other_recipe_runs(config_path, plan)

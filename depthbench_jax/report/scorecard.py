@@ -742,7 +742,9 @@ def write_report(results_dir: str, out_dir: str | None = None, plots: bool = Tru
   records, unfinished = collect_runs(results_dir), collect_unfinished(results_dir)
   if not records and not unfinished and plan is None:
     return None
-  other = (plan_lib.other_recipe_runs(config_path, records + unfinished)
+  other = (plan_lib.other_recipe_runs(
+      config_path, records + unfinished,
+      planned={os.path.abspath(p["workdir"]): p["arg"] for p in plan or ()})
            if config_path is not None else {})
   progress = None
   if plan is not None:

@@ -3,6 +3,7 @@ the run folders the suite no longer lists, on a hand-written half-finished sweep
 
 import json
 import os
+import shutil
 import subprocess
 import textwrap
 
@@ -177,39 +178,51 @@ def test_a_suite_that_plans_none_of_the_folders_runs_is_named_in_a_warning(half,
   assert "(it plans no run): is it the suite swept into them?" in capsys.readouterr().err
 
 
-def test_a_variant_of_another_recipe_is_set_aside_under_its_label(half):
-  """README's one-run example with ``--config.model.residual.n_streams=2`` and ``steps=40``:
-  once the report labelled variants, the plan looked the label up as a design, found none, and
-  the 40-step run read 'still reported'. An mHC run on the Pallas Sinkhorn is no variant."""
+def test_with_config_a_variant_is_set_aside_in_a_planned_folder_and_reported_off_plan(half):
+  """README's one-run example with ``--config.model.residual.n_streams=2``: off plan, a variant
+  of the suite's recipe, reported as its own row (``hc(n_streams=2)``), and set aside only for
+  a recipe field (``steps=40``; the plan once looked its label up as a design, found none, and
+  the 40-step run read 'still reported'). In a planned HC folder it is no run of the suite's
+  (it counted as the suite's finished HC run, which the sweep refuses). An mHC run on the
+  Pallas Sinkhorn is neither."""
   from configs import smoke
   from depthbench_jax import sweep
   variant = half["results"] / "hc_ns2"
   variant.mkdir()
   config = smoke.get_config("arch=hc,shape=4x128,lr=1e-3").to_dict()
   config["model"]["residual"]["n_streams"] = 2
-  (variant / "summary.json").write_text(json.dumps(dict(
-      name="hc_ns2", design="hc", n_layers=4, d_model=128, aspect_ratio=32.0, lr=1e-3,
-      final_val_loss=2.5, status="ok", params_total=1e6, config=dict(config, steps=40))))
-  assert report_main.main([str(half["results"]), "--no_plots",
-                           f"--config={half['config']}"]) == 0
-  text = (half["results"] / "report.md").read_text()
-  assert ("- `hc_ns2`: model.residual.n_streams=2 (reported: 4), steps=40 (reported: 120)"
-          in text.split("## Set aside")[1])
+  summary = dict(name="hc_ns2", design="hc", n_layers=4, d_model=128, aspect_ratio=32.0,
+                 lr=1e-3, final_val_loss=2.5, status="ok", params_total=1e6, config=config)
+  report = lambda: (report_main.main([str(half["results"]), "--no_plots",
+                                      f"--config={half['config']}"]),
+                    (half["results"] / "report.md").read_text())[1]
+  (variant / "summary.json").write_text(json.dumps(summary))
+  text = report()
+  assert "## Set aside" not in text and "| hc(n_streams=2) | 4x128 | 32.0 | **2.500** ‡" in text
+  (variant / "summary.json").write_text(json.dumps(dict(summary, config=dict(config, steps=40))))
+  text = report()
+  assert "- `hc_ns2`: steps=40 (reported: 120)" in text.split("## Set aside")[1]
   assert ("and of another recipe than it gives them (set aside below): hc_ns2." in text
           and "still reported): preln_16x64_lr1e-3." in text)
-  # In a planned folder too: the 2-stream run was counted as the suite's finished HC run.
+  shutil.rmtree(variant)
   workdir = _run_dir(half["results"], "hc", 4, 128, 1e-3)
-  summary = json.loads((workdir / "summary.json").read_text())
-  summary["config"] = config
-  (workdir / "summary.json").write_text(json.dumps(summary))
-  assert report_main.main([str(half["results"]), "--no_plots",
-                           f"--config={half['config']}"]) == 0
-  text = (half["results"] / "report.md").read_text()
+  planned = json.loads((workdir / "summary.json").read_text())
+  (workdir / "summary.json").write_text(json.dumps(dict(planned, config=config)))
+  text = report()
   assert "1 trained with another recipe than the suite's now" in text
   assert ("- `hc_4x128_lr1e-3`: model.residual.n_streams=2 (reported: 4)"
           in text.split("## Set aside")[1])
-  pallas = {"config": {"model": {"residual": {"name": "mhc", "sinkhorn_kernel": "pallas"}}}}
-  assert sweep.design_label(pallas) == "mhc"
+  (workdir / "summary.json").write_text(json.dumps(planned))
+  pallas = smoke.get_config("arch=mhc,shape=4x128,lr=1e-3").to_dict()
+  pallas["model"]["residual"]["sinkhorn_kernel"] = "pallas"
+  _summary(half["results"], "mhc", 4, 128, 1e-3, 2.6)
+  mhc_run = _run_dir(half["results"], "mhc", 4, 128, 1e-3)
+  (mhc_run / "summary.json").write_text(json.dumps(dict(
+      json.loads((mhc_run / "summary.json").read_text()), config=pallas)))
+  text = report()
+  assert "## Set aside" not in text and "| mhc | 1 of 4 | 1 |" in text
+  mhc = {"config": {"model": {"residual": {"name": "mhc", "sinkhorn_kernel": "pallas"}}}}
+  assert sweep.design_label(mhc) == "mhc"
 
 
 def test_without_config_the_report_infers_gaps_from_disk_as_before(half):
