@@ -11,8 +11,8 @@ the tokenizer once, in chunks of `DOCS_PER_CHUNK` documents, and appended to two
 
 Document d of a shard goes to val iff `d % shard.val_every == shard.val_every - 1`. Files are
 written under a temporary name and renamed, so concurrent processes (several hosts on one shared
-filesystem, or a sweep launching runs together) at worst tokenize a shard twice and never read a
-partial file. Each JAX process starts at a different shard (rotated by process index), so on a
+filesystem, or a sweep launching runs together) may tokenize a shard more than once (each
+process that reaches it unfinished) and never read a partial file. Each JAX process starts at a different shard (rotated by process index), so on a
 shared filesystem the processes split the work; on separate disks each does all of it. The cache
 is shared by every run with the same tokenizer, so a sweep pays for tokenization once (or run
 `python -m depthbench_jax.data.prepare` before it).
@@ -98,10 +98,17 @@ def _is_running(pid: int) -> bool:
   return True
 
 
+# A temporary file untouched this long has no live writer (one appends a chunk every few
+# seconds): the PID test alone deleted a live writer's files from a container that shares the
+# node's hostname (Kubernetes hostNetwork) but not its PID namespace.
+STALE_TEMP_S = 600.0
+
+
 def _remove_dead_writers_files(paths: dict[str, str]) -> None:
   """Deletes this shard's temporary files whose writer ran on this host and is gone (a kill -9
-  mid-shard left them; a FineWeb-Edu shard's are GBs). Another host's are left alone: its PID
-  means nothing here, and on a shared filesystem it may still be writing."""
+  mid-shard left them; a FineWeb-Edu shard's are GBs), once untouched for ``STALE_TEMP_S``.
+  Another host's are left alone: its PID means nothing here, and on a shared filesystem it may
+  still be writing."""
   root = os.path.dirname(paths["meta"])
   prefix_of = {os.path.basename(p) + ".tmp-": p for p in paths.values()}
   host = socket.gethostname()
@@ -111,12 +118,20 @@ def _remove_dead_writers_files(paths: dict[str, str]) -> None:
         continue
       writer, _, _ = name[len(prefix):].rpartition("-")
       writer_host, _, pid = writer.rpartition("-")
-      if writer_host == host and pid.isdigit() and not _is_running(int(pid)):
+      if writer_host == host and pid.isdigit() and not _is_running(int(pid)) and _stale(
+          os.path.join(root, name)):
         try:
           os.remove(os.path.join(root, name))
           logging.warning("token cache: removed %s, left by a writer no longer running", name)
         except FileNotFoundError:  # Another process removed it first.
           pass
+
+
+def _stale(path: str) -> bool:
+  try:
+    return time.time() - os.path.getmtime(path) > STALE_TEMP_S
+  except FileNotFoundError:  # renamed or removed meanwhile
+    return False
 
 
 def _files_match(meta: dict, paths: dict[str, str]) -> bool:

@@ -1,4 +1,5 @@
 import os
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -228,8 +229,9 @@ def test_a_cached_shard_whose_token_file_is_cut_short_is_tokenized_again(tmp_pat
 def test_a_killed_writers_temporary_files_are_removed_and_live_or_remote_ones_kept(tmp_path):
   """A kill -9 mid-shard (a `prepare` or a run's first start) left its `.tmp-*` token files in
   the cache for good. The next writer of the shard removes those of a writer on this host that
-  is gone; a running writer's, another host's (its PID means nothing here) and an older-format
-  name are kept."""
+  is gone and that nobody touched for ``STALE_TEMP_S``; a running writer's, another host's (its
+  PID means nothing here), an older-format name, and a fresh one (a live writer in another PID
+  namespace under the node's hostname: its PID reads as gone here) are kept."""
   import socket
   import subprocess
   import sys
@@ -241,17 +243,21 @@ def test_a_killed_writers_temporary_files_are_removed_and_live_or_remote_ones_ke
                         capture_output=True, text=True, check=True)
   host = socket.gethostname()
   names = {"dead": f"synthetic.train.bin.tmp-{host}-{gone.stdout.strip()}-0123abcd",
+           "fresh": f"synthetic.val.bin.tmp-{host}-{gone.stdout.strip()}-4567cdef",
            "dead_meta": f"synthetic.json.tmp-{host}-{gone.stdout.strip()}-0123abcd",
            "live": f"synthetic.val.bin.tmp-{host}-{os.getpid()}-0123abcd",
            "remote": f"synthetic.train.bin.tmp-{host}x-{gone.stdout.strip()}-0123abcd",
            "old_format": f"synthetic.train.bin.tmp-{gone.stdout.strip()}-0123abcd",
            "other_shard": f"other.train.bin.tmp-{host}-{gone.stdout.strip()}-0123abcd"}
-  for name in names.values():
+  old = time.time() - token_cache.STALE_TEMP_S - 60
+  for key, name in names.items():
     (root / name).write_bytes(b"x" * 8)
+    if key != "fresh":
+      os.utime(root / name, (old, old))
   token_cache.tokenize_shard(shard, tok, str(tmp_path))
   left = set(os.listdir(root))
   assert names["dead"] not in left and names["dead_meta"] not in left
-  assert {names[k] for k in ("live", "remote", "old_format", "other_shard")} <= left
+  assert {names[k] for k in ("fresh", "live", "remote", "old_format", "other_shard")} <= left
   assert not [n for n in left if ".tmp-" in n and n not in names.values()]  # its own: renamed
 
 
