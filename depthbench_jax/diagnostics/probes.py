@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from typing import Any, Sequence
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -96,6 +96,14 @@ class Options:
                           "(0 = one at a time)")
     if self.curve_points < 2:
       raise ConfigError(f"config.diagnostics.curve_points={self.curve_points}; allowed: >= 2")
+    # As config_check.validate_diagnostics; diagnose --set reached them unchecked, and
+    # dead_threshold=2 put every Block AttnRes layer in the dead prefix.
+    for name in ("causal_threshold", "permutation_threshold"):
+      if not getattr(self, name) >= 0:
+        raise ConfigError(f"config.diagnostics.{name}={getattr(self, name)}; allowed: >= 0")
+    if not 0 <= self.dead_threshold <= 1:
+      raise ConfigError(f"config.diagnostics.dead_threshold={self.dead_threshold}; allowed: a "
+                        "weight in [0, 1]")
 
 
 def diagnostics_model_config(cfg: ModelConfig) -> ModelConfig:
@@ -236,7 +244,6 @@ class Probes:
     tokens = jnp.asarray(tokens, jnp.int32)
     timing = {}
     late_pairs = metrics.late_pairs(n)
-    curve_t = np.linspace(0.0, 1.0, opt.curve_points)
 
     t0 = time.perf_counter()
     clean = jax.device_get(self._clean(params, tokens))
@@ -259,7 +266,7 @@ class Probes:
       causal = metrics.mask_upper(jax.device_get(
           self._causal(params, tokens, jnp.asarray(clean["update"]))))
       timing["causal_s"] = time.perf_counter() - t0
-      result["causal"] = _scored(causal, late_pairs, opt.causal_threshold, curve_t)
+      result["causal"] = _scored(causal, late_pairs, opt.causal_threshold, opt.curve_points)
       result["causal"]["reduction"] = opt.causal_reduction
       result["causal"]["skip"] = metrics.CAUSAL_SKIP
 
@@ -268,7 +275,8 @@ class Probes:
       swapped = np.asarray(jax.device_get(self._swapped(params, tokens, jnp.asarray(self.orders))))
       timing["permutation_s"] = time.perf_counter() - t0
       perm = metrics.permutation_matrix(self.pairs, swapped, loss, n)
-      result["permutation"] = _scored(perm, late_pairs, opt.permutation_threshold, curve_t)
+      result["permutation"] = _scored(perm, late_pairs, opt.permutation_threshold,
+                                      opt.curve_points)
       result["permutation"]["pairs"] = opt.permutation_pairs
 
     if "mixing" in clean:
@@ -297,12 +305,17 @@ def _mean(values: np.ndarray) -> float:
 
 
 def _scored(matrix: np.ndarray, late_pairs: np.ndarray, threshold: float,
-            curve_t: Sequence[float]) -> dict:
+            curve_points: int) -> dict:
   """Shares over all late pairs and the mean over their finite scores. A non-finite score of a
   late pair (the swapped or skipped run blew up: the largest effect there is) counts above
-  every threshold rather than dropping out of the share; ``non_finite`` says how many."""
+  every threshold rather than dropping out of the share; ``non_finite`` says how many. The
+  share curve's thresholds run from 0 to 1, or further, to the threshold used and the largest
+  finite late score (a max-over-tokens causal score passes 1: the curve stopped short of both)."""
   blown = late_pairs & ~np.isfinite(matrix)
   scores = np.where(blown, np.inf, matrix)
+  finite = matrix[late_pairs & ~blown]
+  top = max(1.0, float(threshold), float(finite.max()) if finite.size else 0.0)
+  curve_t = np.linspace(0.0, top, curve_points)
   return {"matrix": matrix, "threshold": float(threshold),
           "share": metrics.share_above(scores, late_pairs, threshold),
           "late_mean": _mean(matrix[late_pairs & ~blown]), "non_finite": int(blown.sum()),

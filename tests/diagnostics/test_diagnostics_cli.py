@@ -79,6 +79,8 @@ def test_cli_two_flags_setting_one_option_are_one_error_line(tmp_path, flags, na
     ("curve_points=abc", "curve_points"),           # once a TypeError traceback
     ("batch_size=0", "batch_size"),                 # once silently the whole held-out batch
     ("dead_threshold=abc", "dead_threshold"),       # once silently accepted
+    ("dead_threshold=2", "dead_threshold"),         # every Block AttnRes layer 'dead'
+    ("causal_threshold=-0.1", "causal_threshold"),  # a 100% share
     ("run_causal=maybe", "run_causal"),             # once silently true
 ])
 def test_cli_bad_set_value_is_one_error_line_before_the_checkpoint_loads(tmp_path, item, named):

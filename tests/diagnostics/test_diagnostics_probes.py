@@ -69,11 +69,24 @@ def test_a_late_pair_that_blew_up_counts_above_every_threshold():
   late[1, 2] = late[1, 3] = late[2, 3] = True
   matrix = np.full((L, L), np.nan)
   matrix[1, 2], matrix[1, 3], matrix[2, 3] = 0.1, np.nan, 0.5
-  r = probes._scored(matrix, late, 0.15, [0.0, 1e9])
+  r = probes._scored(matrix, late, 0.15, 2)
   assert r["share"] == pytest.approx(2 / 3) and r["late_mean"] == pytest.approx(0.3)
   assert r["non_finite"] == 1 and r["curve"]["share"] == pytest.approx([1.0, 1 / 3])
   matrix[1, 3] = np.inf
-  assert probes._scored(matrix, late, 0.15, [0.0])["share"] == pytest.approx(2 / 3)
+  assert probes._scored(matrix, late, 0.15, 2)["share"] == pytest.approx(2 / 3)
+
+
+def test_the_share_curve_reaches_the_largest_score_and_the_threshold_used():
+  """Scores pass 1 (a max over tokens: 1.46) and a threshold may too (1.5): the curve stopped
+  at 1, short of both, so it could not show where the share falls to zero."""
+  late = np.zeros((L, L), bool)
+  late[1, 2] = late[1, 3] = late[2, 3] = True
+  matrix = np.full((L, L), np.nan)
+  matrix[1, 2], matrix[1, 3], matrix[2, 3] = 0.1, 1.46, 0.5
+  curve = probes._scored(matrix, late, 0.45, 3)["curve"]
+  assert curve["thresholds"].tolist() == pytest.approx([0.0, 0.73, 1.46])
+  assert curve["share"] == pytest.approx([1.0, 1 / 3, 0.0])
+  assert probes._scored(matrix, late, 1.5, 3)["curve"]["thresholds"][-1] == 1.5
 
 
 def test_vmapped_passes_match_direct_calls(preln):
