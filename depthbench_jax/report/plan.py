@@ -33,8 +33,7 @@ def other_recipe_runs(config_path: str, items: Sequence[dict],
   compared only with each other, so a copy of an old run could be reported beside nothing of
   the suite's recipe.
 
-  A planned run (its workdir in ``planned``, ``{abspath(workdir): run argument}``, or an item
-  with its ``arg``) is compared with the suite's config for its own entry, design options
+  A planned run (its workdir in ``planned``, ``{abspath(workdir): run argument}``) is compared with the suite's config for its own entry, design options
   included (``recipe.OWN_FIELDS``: only the seeds and data.path are a run's own): a 2-stream HC
   run in a planned HC folder is no run of the suite's. An off-plan run, with the suite's config
   for its design, shape and LR, its design options being its own (``recipe.RUN_FIELDS``: a
@@ -53,7 +52,7 @@ def other_recipe_runs(config_path: str, items: Sequence[dict],
     trained = trained_config(workdir) if workdir else None
     if trained is None or None in (design, n_layers, d_model, lr):
       continue
-    arg = item.get("arg") or planned.get(os.path.abspath(workdir))
+    arg = planned.get(os.path.abspath(workdir))
     own = recipe.is_own_field if arg else recipe.is_run_field
     try:
       suite = config_of(module, arg or
@@ -75,9 +74,11 @@ def shown_path(path: str) -> str:
 
 
 def load_plan(config_path: str, results_dir: str) -> list[dict]:
-  """Every planned run of the suite as ``{'name', 'design', 'key': (design, L, d), 'lr',
-  'workdir', 'state'}``. A missing file, a file that does not import, or one that is no suite
-  (no ``sweep``, or entries the sweep refuses) is one ConfigError naming ``--config``."""
+  """Every planned run of the suite as ``{'name', 'design', 'arg', 'key': (design, L, d), 'lr',
+  'workdir', 'state'}`` (the state on disk; the report marks 'other recipe' from its
+  ``other_recipe_runs`` over every run folder, these among them). A missing file, a file that
+  does not import, or one that is no suite (no ``sweep``, or entries the sweep refuses) is one
+  ConfigError naming ``--config``."""
   where = f"--config={config_path}"
   allowed = "allowed: a suite file whose sweep() lists its runs, e.g. configs/smoke.py"
   if not os.path.isfile(config_path):
@@ -90,14 +91,9 @@ def load_plan(config_path: str, results_dir: str) -> list[dict]:
     raise ConfigError(f"{where}: {err}") from None
   except Exception as err:  # pylint: disable=broad-except  # sweep() entries that are no runs
     raise ConfigError(f"{where}: {type(err).__name__}: {err}; {allowed}") from None
-  plan = [{"name": r.name, "design": r.design, "arg": r.arg,
+  return [{"name": r.name, "design": r.design, "arg": r.arg,
            "key": (r.design, r.shape.n_layers, r.shape.d_model), "lr": r.lr,
            "workdir": r.workdir, "state": _state(r.workdir)} for r in runs]
-  other = other_recipe_runs(config_path, plan)
-  for p in plan:
-    if os.path.abspath(p["workdir"]) in other:
-      p["state"] = "other recipe"
-  return plan
 
 
 def _state(workdir: str) -> str:

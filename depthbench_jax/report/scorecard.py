@@ -742,10 +742,15 @@ def write_report(results_dir: str, out_dir: str | None = None, plots: bool = Tru
   records, unfinished = collect_runs(results_dir), collect_unfinished(results_dir)
   if not records and not unfinished and plan is None:
     return None
+  # Once, over every run folder (the planned ones among them: each planned run that trained
+  # has a summary or checkpoints); load_plan built every trained planned run's config again.
   other = (plan_lib.other_recipe_runs(
       config_path, records + unfinished,
       planned={os.path.abspath(p["workdir"]): p["arg"] for p in plan or ()})
            if config_path is not None else {})
+  for p in plan or ():
+    if os.path.abspath(p["workdir"]) in other:
+      p["state"] = "other recipe"
   progress = None
   if plan is not None:
     on_disk = [r["workdir"] for r in records + unfinished]
