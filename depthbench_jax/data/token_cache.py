@@ -12,8 +12,9 @@ the tokenizer once, in chunks of `DOCS_PER_CHUNK` documents, and appended to two
 Document d of a shard goes to val iff `d % shard.val_every == shard.val_every - 1`. Files are
 written under a temporary name and renamed, so concurrent processes (several hosts on one shared
 filesystem, or a sweep launching runs together) may tokenize a shard more than once (each
-process that reaches it unfinished) and never read a partial file. Each JAX process starts at a different shard (rotated by process index), so on a
-shared filesystem the processes split the work; on separate disks each does all of it. The cache
+process that reaches it unfinished) and never read a partial file. Each JAX process starts at
+a different shard (rotated by process index), so on a shared filesystem the processes split
+the work; on separate disks each does all of it. The cache
 is shared by every run with the same tokenizer, so a sweep pays for tokenization once (or run
 `python -m depthbench_jax.data.prepare` before it).
 

@@ -33,12 +33,13 @@ def other_recipe_runs(config_path: str, items: Sequence[dict],
   compared only with each other, so a copy of an old run could be reported beside nothing of
   the suite's recipe.
 
-  A planned run (its workdir in ``planned``, ``{abspath(workdir): run argument}``) is compared with the suite's config for its own entry, design options
-  included (``recipe.OWN_FIELDS``: only the seeds and data.path are a run's own): a 2-stream HC
-  run in a planned HC folder is no run of the suite's. An off-plan run, with the suite's config
-  for its design, shape and LR, its design options being its own (``recipe.RUN_FIELDS``: a
-  variant, reported under ``sweep.design_label``). Implementation switches
-  (``Design.implementation_options``) are no recipe either way."""
+  A planned run (its workdir in ``planned``, ``{abspath(workdir): run argument}``) is compared
+  with the suite's config for its own entry, design options included (``recipe.OWN_FIELDS``:
+  only the seeds and data.path are a run's own): a 2-stream HC run in a planned HC folder is
+  no run of the suite's. An off-plan run, with the suite's config for its design, shape and
+  LR, its design options being its own (``recipe.RUN_FIELDS``: a variant, reported under
+  ``sweep.design_label``). Implementation switches (``Design.implementation_options``) are no
+  recipe either way."""
   from depthbench_jax.residual import registry  # Local: pulls in jax.
   from depthbench_jax.train import config_check
   module = load_config_module(config_path)

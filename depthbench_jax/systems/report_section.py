@@ -164,7 +164,7 @@ def systems_table(runs: Iterable[dict], relative_to: str | None = None) -> str |
     spent = lambda r: sweep.format_duration(r["wall_s"]) + (
         f" = {r['run_device_hours']:.3g} device-hours ({', '.join(r['device_kinds'])})"
         if r["run_device_hours"] else "")
-    parts += ["", "Measured time of the runs (all runs of a shape summed, every LR and copy; device-hours = each "
-              "session's wall time x its devices, from summary.json): " +
+    parts += ["", "Measured time of the runs (all runs of a shape summed, every LR and copy; "
+              "device-hours = each session's wall time x its devices, from summary.json): " +
               ", ".join(f"{r['design']} {r['shape']} {spent(r)}" for r in walls) + "."]
   return "\n".join(parts)

@@ -544,8 +544,9 @@ def test_processes_that_do_not_share_the_results_dir_refuse_alike(monkeypatch, t
   """A node-local --results_dir trained each run to its end with the summary on host 0 alone;
   the other hosts' sweeps took that for a preemption. Every process now looks for a file
   process 0 wrote there (by its name, in its own spelling of the folder) and all refuse, naming
-  the process that did not see it; the file is gone afterwards. Faked in one process: process 1's view of the folder is another tmp dir
-  (two real processes sharing one: test_train_loop's two-process runs pass this check)."""
+  the process that did not see it; the file is gone afterwards. Faked in one process: process
+  1's view of the folder is another tmp dir (two real processes sharing one: test_train_loop's
+  two-process runs pass this check)."""
   import jax
   from depthbench_jax import main
   host0, host1 = tmp_path / "host0" / "results", tmp_path / "host1" / "results"
