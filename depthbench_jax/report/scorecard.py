@@ -565,19 +565,18 @@ def lr_table(records: Sequence[dict], groups: dict, gaps: dict | None = None) ->
   gaps = gaps or {}
   lrs = sorted({r["lr"] for r in records} | {lr for g in gaps.values()
                                              for lr in g["pending"] + g["not_started"]
-                                             + g.get("other_recipe", [])})
+                                             + g["other_recipe"]})
   lines = ["| design | shape | AR | " + " | ".join(f"lr {format_lr(lr)}" for lr in lrs) + " |",
            "|---|---|---|" + "---|" * len(lrs)]
   order = _design_order(list(records) + [{"design": k[0]} for k in gaps])
   for key in sorted(set(groups) | set(gaps), key=lambda k: (order.index(k[0]), k[1], k[2])):
     group = groups.get(key, {"runs": [], "best": None})
-    gap = gaps.get(key, {"pending": [], "missing": [], "not_started": []})
-    set_aside = gap.get("other_recipe", [])
+    gap = gaps.get(key, {"pending": [], "missing": [], "not_started": [], "other_recipe": []})
     cells = []
     for lr in lrs:
       runs = [r for r in group["runs"] if r["lr"] == lr]
       if not runs:
-        cells.append("other recipe" if lr in set_aside else
+        cells.append("other recipe" if lr in gap["other_recipe"] else
                      "no summary yet" if lr in gap["pending"] else
                      "not started" if lr in gap["not_started"] else
                      "not run" if lr in gap["missing"] else "")
