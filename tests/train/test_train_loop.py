@@ -186,6 +186,10 @@ def test_sharded_2x2x2_matches_single_device(reference_run, tmp_path):
   flags = helpers.tiny_flags(**{"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2})
   helpers.run_main(workdir, flags, devices=8)
   assert_losses_match(workdir, reference_run, rtol=2e-4)
+  # Device-hours are the report's measured cost: wall time x every device of the mesh.
+  s = helpers.summary(workdir)
+  assert s["devices"] == 8
+  assert s["device_hours"] == pytest.approx(8 * s["wall_time_s"] / 3600, rel=0.05)
   # The post-hoc tools read a pod's checkpoint on one device (this process has one).
   import jax
   from depthbench_jax.train import checkpoint
