@@ -87,7 +87,7 @@ def test_diagnostics_json_names_the_state_the_angular_distance_compares(design, 
   assert _run(design)["angular"]["state"].startswith(state)
 
 
-
+def test_block_attnres_own_block_weight_at_init():
   # L=4, 8 blocks, unit 'layer': one layer per block. Zero queries = uniform over the present
   # sources. Layer l's attention sees b_0..b_l (no partial sum yet: own weight 0), its MLP sees
   # those plus b_(l+1)^1: own weight 1/(l+2). The layer's own weight is the max: 1/(l+2).
