@@ -22,8 +22,8 @@ Designs at a shape share the Pre-LN shape (the paper: parameter count "roughly f
 parameters are not re-solved [I]. Over the seven shapes HC, AttnRes and the norm variants add
 under 0.2%, mHC's phi +0.92% (16x1216) to +2.09% (70x640), which is +2.93% off the 408M target
 there, and MoDA's FFN depth-K/V projections (2 d^2 per layer) +11.61% to +13.94%. Every design
-at a shape trains on Pre-LN's token budget (``budget_design``), so MoDA is the one design that
-is bigger, not longer-trained.
+at a shape trains on Pre-LN's token budget (``budget_design``), so MoDA (and, by 1-2%, mHC) is
+bigger, not longer-trained.
 
 [I] (the paper does not give them): optimizer details and the LR grid. AdamW (0.9, 0.95),
 weight decay 0.1, clip 1.0, 2% warmup, cosine to 10%; LR grid 5e-4..4e-3 (factor 2).

@@ -4,8 +4,9 @@
 
 [I] Depths and targets are not in the paper summary: three depths per scale span shallow-wide
 to deep-narrow, and each scale's target is nudged off the round number (204M, 304M, 490M)
-so that all three widths on the d = 32 k grid land within 2%; the "500M" shapes count
-482M to 485M. The 400M point is the main suite, at 16 and 32 layers only: it has no
+to centre its three widths on the d = 32 k grid: at 200M every width is 2.5-2.8% over and at
+500M 48x832 is 3.0% under, while 304M only tightens 300M's 0.8-1.8% to within 0.6%; the
+"500M" shapes count 482M to 485M. The 400M point is the main suite, at 16 and 32 layers only: it has no
 48-layer shape (48x768, the nearest, is +2.21% off its 408M target), so the 48-layer scale
 trend is 200M, 300M, 500M.
 Same backbone, recipe and LR grids as ``suite_400m``.
