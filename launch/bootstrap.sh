@@ -9,7 +9,16 @@ STAMP="$VENV/.depthbench-installed"
 # (its deps would pull a CUDA torch); the reference residual implementations for parity tests.
 NO_DEPS=(openai-whisper==20250625 hyper-connections==0.4.11 attn-res==0.1.0 moda-attention==0.1.0)
 
-want="$(cat "$ROOT/setup.py" "$ROOT/launch/constraints.txt" "$ROOT/launch/bootstrap.sh" | sha256sum | cut -c1-16)"
+# The CUDA build of JAX (extra 'gpu') is installed with DEPTHBENCH_GPU=1, and kept once a venv
+# has it: reinstalling only '[test]' after a jax bump left the old plugin, which jaxlib then
+# skips with a warning, and every run trained on the host's CPU.
+EXTRAS=test
+CUDA_PLUGIN="$VENV/lib/python3*/site-packages/jax_cuda12_plugin"
+if [[ "${DEPTHBENCH_GPU:-0}" == 1 ]] || compgen -G "$CUDA_PLUGIN" >/dev/null; then
+  EXTRAS=test,gpu
+fi
+want="$( (cat "$ROOT"/{setup.py,launch/constraints.txt,launch/bootstrap.sh}; echo "$EXTRAS") |
+  sha256sum | cut -c1-16)"
 current() { [[ -x "$VENV/bin/python" && -f "$STAMP" && "$(cat "$STAMP")" == "$want" ]]; }
 current && exit 0
 # Every host of a pod starts here at once on a shared filesystem: one installs, the others wait
@@ -33,8 +42,8 @@ PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check -q)
 # uv reads no pip configuration, so the machine's pip find-links and constraint files are
 # passed on (here they hold the CPU-only torch wheel and its cap).
 UV_VERSION=0.13.9
-install() {  # INSTALLER...: the project with its test extras, then NO_DEPS without theirs
-  "$@" -c "$ROOT/launch/constraints.txt" -e "$ROOT[test]" &&
+install() {  # INSTALLER...: the project with its EXTRAS, then NO_DEPS without theirs
+  "$@" -c "$ROOT/launch/constraints.txt" -e "$ROOT[$EXTRAS]" &&
     "$@" --no-deps -c "$ROOT/launch/constraints.txt" "${NO_DEPS[@]}"
 }
 install_with_uv() {

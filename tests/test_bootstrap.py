@@ -19,9 +19,9 @@ mkdir -p "$3/bin" && cp "$WORKING" "$3/bin/python" && chmod +x "$3/bin/python"
 """
 
 
-def test_a_venv_left_without_pip_is_made_again(tmp_path):
-  """`python3 -m venv` without Debian's python3-venv (or cut short) leaves bin/python and no
-  pip; every later bootstrap failed at its first pip call until the user removed .venv."""
+def fake_repo(tmp_path):
+  """A copy of the bootstrap's inputs under tmp_path/repo, python3 faked; returns (root, run,
+  log): run() bootstraps it, log holds every interpreter call."""
   root = tmp_path / "repo"
   (root / "launch").mkdir(parents=True)
   for name in ("setup.py", "launch/constraints.txt", "launch/bootstrap.sh"):
@@ -31,15 +31,23 @@ def test_a_venv_left_without_pip_is_made_again(tmp_path):
   for path, text in ((fakes / "python3", PYTHON3), (tmp_path / "working", WORKING_PYTHON)):
     path.write_text(text)
     path.chmod(0o755)
+  log = tmp_path / "log"
+  env = dict(os.environ, PATH=f"{fakes}:{os.environ['PATH']}", FAKE_LOG=str(log),
+             WORKING=str(tmp_path / "working"))
+  env.pop("DEPTHBENCH_GPU", None)
+  run = lambda: subprocess.run(["bash", str(root / "launch" / "bootstrap.sh")], env=env,
+                               capture_output=True, text=True, timeout=60)
+  return root, run, log
+
+
+def test_a_venv_left_without_pip_is_made_again(tmp_path):
+  """`python3 -m venv` without Debian's python3-venv (or cut short) leaves bin/python and no
+  pip; every later bootstrap failed at its first pip call until the user removed .venv."""
+  root, run, log = fake_repo(tmp_path)
   half = root / ".venv" / "bin" / "python"
   half.parent.mkdir(parents=True)
   half.write_text("#!/bin/sh\necho 'No module named pip' >&2\nexit 1\n")
   half.chmod(0o755)
-  log = tmp_path / "log"
-  env = dict(os.environ, PATH=f"{fakes}:{os.environ['PATH']}", FAKE_LOG=str(log),
-             WORKING=str(tmp_path / "working"))
-  run = lambda: subprocess.run(["bash", str(root / "launch" / "bootstrap.sh")], env=env,
-                               capture_output=True, text=True, timeout=60)
   out = run()
   assert out.returncode == 0, out.stderr
   calls = log.read_text().splitlines()
@@ -48,3 +56,21 @@ def test_a_venv_left_without_pip_is_made_again(tmp_path):
   assert (root / ".venv" / ".depthbench-installed").exists()
   log.write_text("")
   assert run().returncode == 0 and log.read_text() == ""          # stamp current: nothing runs
+
+
+def test_a_venv_with_the_cuda_plugin_keeps_it_across_reinstalls(tmp_path):
+  """README's GPU step installs '.[gpu]' by hand; a later reinstall of '[test]' alone (a jax
+  bump) left the old plugin, which jaxlib skips with a warning: every run then trained on the
+  host's CPU. A venv holding the plugin is installed with the 'gpu' extra, once."""
+  root, run, log = fake_repo(tmp_path)
+  assert run().returncode == 0
+  installs = lambda: [c for c in log.read_text().splitlines() if " -e " in c]
+  assert installs() and all(c.endswith("[test]") for c in installs())
+  (root / ".venv" / "lib" / "python3.12" / "site-packages" / "jax_cuda12_plugin").mkdir(
+      parents=True)
+  log.write_text("")
+  out = run()
+  assert out.returncode == 0, out.stderr
+  assert installs() and all(c.endswith("[test,gpu]") for c in installs())
+  log.write_text("")
+  assert run().returncode == 0 and log.read_text() == ""          # recorded in the stamp
