@@ -18,6 +18,7 @@ without a heartbeat from a peer.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
@@ -296,6 +297,17 @@ def check_results_shared(workdir: str) -> None:
         f"allowed: a results dir on a filesystem every host sees (README: Multi-host GPU pods)")
 
 
+def warn_if_gpus_idle(backend: str, gpu_nodes: str = "/dev/nvidia[0-9]*") -> None:
+  """One stderr line when the host has NVIDIA GPUs and JAX chose the CPU unasked.
+
+  A CUDA plugin that does not match jaxlib is skipped with a Python warning only, and the run
+  then trains on the host's CPU; ``JAX_PLATFORMS`` set says the CPU is meant."""
+  if backend == "cpu" and not os.environ.get("JAX_PLATFORMS") and glob.glob(gpu_nodes):
+    print("warning: this host has NVIDIA GPUs but JAX runs on the CPU (no CUDA build of JAX, or "
+          "one jaxlib skipped: see the warnings above); README 'On GPUs' installs it, "
+          "JAX_PLATFORMS=cpu silences this", file=sys.stderr, flush=True)
+
+
 def _timeouts() -> dict:
   """Seconds to wait for all processes to join, and without a peer's heartbeat before the
   coordination service stops every process (a process that died, or hangs)."""
@@ -332,6 +344,7 @@ def main(argv):
     fail(str(err))
   import jax
   from depthbench_jax.train import config_check
+  warn_if_gpus_idle(jax.default_backend())
   try:
     check_same_run(config, _WORKDIR.value)
     check_results_shared(_WORKDIR.value)

@@ -771,3 +771,20 @@ def test_a_workdir_that_is_a_sweeps_results_folder_is_one_error_line(tmp_path):
   check_run_folder(str(results))
   check_run_folder(str(tmp_path / "new"))     # not there yet
   check_run_folder(str(results / "preln_4x128_lr3e-3"))
+
+
+def test_a_gpu_host_training_on_the_cpu_unasked_is_warned(monkeypatch, tmp_path, capsys):
+  """A CUDA plugin jaxlib skips (a version mismatch) is one Python warning, and the run trains
+  on the host's CPU: main says so in one line, unless JAX_PLATFORMS chose the CPU."""
+  from depthbench_jax.main import warn_if_gpus_idle
+  (tmp_path / "nvidia0").touch()
+  nodes = str(tmp_path / "nvidia[0-9]*")
+  monkeypatch.delenv("JAX_PLATFORMS", raising=False)
+  warn_if_gpus_idle("cpu", nodes)
+  assert "has NVIDIA GPUs but JAX runs on the CPU" in capsys.readouterr().err
+  for backend, env, gpu_nodes in (("gpu", None, nodes), ("cpu", "cpu", nodes),
+                                  ("cpu", None, str(tmp_path / "none[0-9]*"))):
+    if env:
+      monkeypatch.setenv("JAX_PLATFORMS", env)
+    warn_if_gpus_idle(backend, gpu_nodes)
+    assert capsys.readouterr().err == ""
