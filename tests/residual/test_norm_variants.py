@@ -36,6 +36,8 @@ def test_lns_update_by_hand():
   np.testing.assert_allclose(u, X / np.sqrt(7.5 + EPS) * G2 / np.sqrt(3.0), rtol=1e-6)
   u0, _ = wiring_call(cfg, params, "read", X, 0, jnp.int32(0))  # layer 1: factor 1
   np.testing.assert_allclose(u0, X / np.sqrt(7.5 + EPS) * G1, rtol=1e-6)
+  u0, _ = wiring_call(cfg, params, "read", X, 0, jnp.int32(2))  # the attention's read too
+  np.testing.assert_allclose(u0, X / np.sqrt(7.5 + EPS) * G1 / np.sqrt(3.0), rtol=1e-6)
   new, _ = wiring_call(cfg, params, "write", X, Y, 0, jnp.int32(2))
   np.testing.assert_allclose(new, X + Y)
 
@@ -46,10 +48,18 @@ def test_sandwich_update_by_hand():
                   post_attention_layernorm=G2, post_feedforward_layernorm=G1)
   u, _ = wiring_call(cfg, params, "read", X, 1, jnp.int32(0))
   np.testing.assert_allclose(u, X / np.sqrt(7.5 + EPS) * G2, rtol=1e-6)
+  u, _ = wiring_call(cfg, params, "read", X, 0, jnp.int32(0))
+  np.testing.assert_allclose(u, X / np.sqrt(7.5 + EPS) * G1, rtol=1e-6)
   new, _ = wiring_call(cfg, params, "write", X, Y, 0, jnp.int32(0))
   np.testing.assert_allclose(new, X + Y / np.sqrt(1.3125 + EPS) * G2, rtol=1e-6)
   new, _ = wiring_call(cfg, params, "write", X, Y, 1, jnp.int32(0))
   np.testing.assert_allclose(new, X + Y / np.sqrt(1.3125 + EPS) * G1, rtol=1e-6)
+  # What the model runs: Sandwich's own ``sublayer`` (not ``write``), returning N_post(y).
+  for sub, post in ((0, G2), (1, G1)):
+    (new, z), _ = wiring_call(cfg, params, "sublayer", X, sub, jnp.int32(0),
+                              lambda u, x: (jnp.asarray(Y), x))
+    np.testing.assert_allclose(z, Y / np.sqrt(1.3125 + EPS) * post, rtol=1e-6)
+    np.testing.assert_allclose(new, X + z, rtol=1e-6)
 
 
 def test_deepnorm_update_by_hand():
@@ -112,6 +122,8 @@ def test_keel_update_by_hand():
                   post_attention_layernorm=G2, post_feedforward_layernorm=G1)
   u, _ = wiring_call(cfg, params, "read", X, 1, jnp.int32(1))
   np.testing.assert_allclose(u, X / np.sqrt(7.5 + EPS) * G2, rtol=1e-6)
+  u, _ = wiring_call(cfg, params, "read", X, 0, jnp.int32(1))
+  np.testing.assert_allclose(u, X / np.sqrt(7.5 + EPS) * G1, rtol=1e-6)
   z = 4.0 * X + Y                                      # [4.5, 7, 14, 16]: mean z^2 = 130.3125
   new, _ = wiring_call(cfg, params, "write", X, Y, 0, jnp.int32(1))
   np.testing.assert_allclose(new, z / np.sqrt(130.3125 + EPS) * G2, rtol=1e-6)
