@@ -211,6 +211,11 @@ def test_dry_run_plan(tiny, capsys):
   assert rows[2]["device_hours"] == pytest.approx(rows[2]["flops"] / 0.5e12 / 3600)
   assert [r["state"] for r in rows] == ["done", "new", "new", "new"]
   assert not calls(tiny["log"])  # A dry run launches nothing.
+  # An interrupted run has trained up to its latest kept checkpoint, not its oldest.
+  for step in (30, 60):
+    os.makedirs(os.path.join(runs[2].workdir, "checkpoints", str(step)))
+  rows = sweep.plan_rows(tiny["config"], runs, mfu=0.5, peak_flops=1e12)
+  assert rows[2]["state"] == "partial" and rows[2]["steps_done"] == 60
 
 
 def test_resume_runs_only_what_is_missing(tiny, monkeypatch):
