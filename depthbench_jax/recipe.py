@@ -69,6 +69,13 @@ def is_guard_field(field: str) -> bool:
   return _named(field, GUARD_FIELDS)
 
 
+def guard_changes(trained: dict, config: dict) -> list[str]:
+  """The guard fields (``GUARD_FIELDS``) two nested configs set differently, sorted: a diverged
+  run under other ones trains on from its last checkpoint."""
+  a, b = flatten_fields(trained), flatten_fields(config)
+  return sorted(k for k in a.keys() | b.keys() if is_guard_field(k) and a.get(k) != b.get(k))
+
+
 def shared_differences(a: dict, b: dict) -> dict[str, tuple]:
   """``{field: (a's value, b's value)}`` for the recipe fields (neither resumable nor a run's
   own) two runs' saved configs both hold and set differently: two runs a best-LR comparison

@@ -261,12 +261,20 @@ def read_summary(workdir: str) -> dict | None:
     return None
 
 
-def run_state(workdir: str) -> str:
+def run_state(workdir: str, config: ml_collections.ConfigDict | None = None) -> str:
   """'done' (summary with a final status), 'partial' (started, e.g. checkpoints) or 'new' (no
   folder, or one holding only the sweep's own ``process_<i>.log``: a run refused at its start
-  under LOCAL_PROCESSES read as 'started without a summary (training...)' in the report)."""
+  under LOCAL_PROCESSES read as 'started without a summary (training...)' in the report).
+
+  Given the suite's ``config`` for the run, a run that diverged under other divergence rules
+  (``recipe.guard_changes``: a suite edited to skip non-finite steps) is 'partial': the trainer
+  resumes it from its last checkpoint, and one LR grid is not judged under two sets of rules."""
   summary = read_summary(workdir)
   if summary is not None and summary.get("status", "ok") in FINAL_STATUSES:
+    trained = summary.get("config")
+    if (config is not None and summary.get("status") == "diverged"
+        and isinstance(trained, dict) and recipe.guard_changes(trained, config.to_dict())):
+      return "partial"
     return "done"
   started = os.path.isdir(workdir) and any(
       not re.fullmatch(r"process_\d+\.log", name) for name in os.listdir(workdir))
@@ -330,8 +338,12 @@ def check_recipes(config_path: str, runs: Sequence[Run]) -> None:
         f"a new --results_dir, or moving the run out of the results dir")
 
 
-def pending(runs: Iterable[Run]) -> list[Run]:
-  return [r for r in runs if run_state(r.workdir) != "done"]
+def pending(module, runs: Iterable[Run]) -> list[Run]:
+  """The runs the sweep launches: not done under the suite's config for them (``run_state``;
+  only a done run's config is read here, so a bad entry of a new run is ``checked_config``'s
+  error, which names the run)."""
+  return [r for r in runs if run_state(r.workdir) != "done"
+          or run_state(r.workdir, config_of(module, r.arg)) != "done"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -393,7 +405,7 @@ def plan_rows(config_path: str, runs: Sequence[Run], mfu: float = DEFAULT_MFU,
                  "params_total": counts["total"], "params_non_embedding": counts["non_embedding"],
                  "steps": steps, "tokens": tokens, "flops": flops,
                  "device_hours": flops / (mfu * peak_flops) / 3600.0,
-                 "state": run_state(run.workdir), "workdir": run.workdir,
+                 "state": run_state(run.workdir, config), "workdir": run.workdir,
                  # What an interrupted run has trained: it resumes from its latest checkpoint.
                  "steps_done": min(steps, (checkpoint_steps(run.workdir) or [0])[-1])})
   return rows
@@ -569,13 +581,16 @@ def _execute(config_path, runs, main_cmd, local_processes) -> dict[str, list[str
              "not started": []}
   from depthbench_jax.main import hosts_expected  # Local: defines main's flags.
   pod = local_processes <= 1 and hosts_expected() > 1
+  module = load_config_module(config_path)
+  suite = {run.name: config_of(module, run.arg) for run in runs}
+  state = lambda run: run_state(run.workdir, suite[run.name])
   todo, launched = [], set()
   for run in runs:
-    (outcome["skipped"] if run_state(run.workdir) == "done" else todo).append(run)
+    (outcome["skipped"] if state(run) == "done" else todo).append(run)
   for i, run in enumerate(todo):
     if _STOP.requested:  # A SIGTERM between two runs.
       break
-    print(f"[sweep] {i + 1}/{len(todo)} {run.name} ({run_state(run.workdir)}) -> {run.workdir}",
+    print(f"[sweep] {i + 1}/{len(todo)} {run.name} ({state(run)}) -> {run.workdir}",
           flush=True)
     start = time.time()
     launched.add(run.name)
@@ -622,9 +637,9 @@ def _execute(config_path, runs, main_cmd, local_processes) -> dict[str, list[str
     if _STOP.requested:
       break
   if _STOP.requested:  # The job cut short and those never started: the next sweep runs them.
-    left = [r for r in todo if run_state(r.workdir) != "done" and r.name not in outcome["failed"]]
+    left = [r for r in todo if state(r) != "done" and r.name not in outcome["failed"]]
     for run in left:   # "stopped 5" once counted the 4 runs that had not started.
-      begun = run.name in launched or run_state(run.workdir) == "partial"
+      begun = run.name in launched or state(run) == "partial"
       outcome["stopped" if begun else "not started"].append(run.name)
   print("[sweep] done: " + ", ".join(f"{k} {len(v)}" for k, v in outcome.items()), flush=True)
   for key in ("diverged", "failed"):
@@ -765,7 +780,7 @@ def main(argv: Sequence[str] | None = None) -> int:
       print(f"suite {suite_name(module)} -> {results_dir}")
       print(format_plan(rows, args.mfu, args.peak_flops))
       return 0
-    for run in pending(runs):
+    for run in pending(module, runs):
       checked_config(module, run)
     if args.local_processes <= 1:  # A bad JAX_* set fails once here, not once per run.
       from depthbench_jax.main import distributed_settings  # Local: defines main's flags.

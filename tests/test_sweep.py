@@ -236,6 +236,28 @@ def test_resume_runs_only_what_is_missing(tiny, monkeypatch):
   assert len(calls(tiny["log"])) == 2
 
 
+def test_a_run_diverged_under_other_divergence_rules_is_relaunched(tiny, monkeypatch):
+  """A suite edited to skip non-finite steps: the trainer resumes a run that diverged under the
+  old rules from its checkpoint, so the sweep launches it again (it skipped it as done, and one
+  LR grid was judged under two sets of rules); a run diverged under the suite's rules stays."""
+  monkeypatch.setenv("FAKE_LOG", tiny["log"])
+  res = tiny["results"]
+  runs = sweep.list_runs(tiny["config"], res)
+  module = sweep.load_config_module(tiny["config"])
+  for run, skip in zip(runs[:2], (False, True)):
+    config = sweep.config_of(module, run.arg)
+    write_summary(run.workdir, status="diverged", config=dict(config.to_dict(),
+                                                              skip_nonfinite_steps=skip))
+  assert not sweep.config_of(module, runs[0].arg).skip_nonfinite_steps
+  assert [sweep.run_state(r.workdir) for r in runs[:2]] == ["done", "done"]
+  assert [sweep.run_state(r.workdir, sweep.config_of(module, r.arg))
+          for r in runs[:2]] == ["done", "partial"]
+  outcome = sweep.execute(tiny["config"], runs, tiny["main_cmd"])
+  assert outcome["skipped"] == runs[:1]
+  assert [os.path.basename(c["workdir"]) for c in calls(tiny["log"])] == [
+      r.name for r in runs[1:]]
+
+
 def test_a_finished_run_under_another_recipe_is_refused_before_anything_runs(tiny, monkeypatch,
                                                                              capsys):
   # The suite's steps were edited after preln_4x128_lr1e-3 finished: skipping it would put a

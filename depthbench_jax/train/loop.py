@@ -361,14 +361,11 @@ def _diverged_summary(workdir: str, config) -> dict | None:
   """The run's summary when it diverged under this config's recipe and divergence rules (and
   debug faults), else None. Run again, it retrained from its last checkpoint (from step 1
   without one, logging the same steps twice) to the same divergence, adding the time to
-  ``wall_time_s`` and device-hours; the sweep counts a diverged run as done."""
+  ``wall_time_s`` and device-hours; the sweep counts it as done (as this, ``sweep.run_state``)."""
   done = _saved_summary(workdir)
   if not (done and done.get("status") == "diverged" and isinstance(done.get("config"), dict)):
     return None
-  saved = recipe.flatten_fields(done["config"])
-  now = recipe.flatten_fields(config_check.as_json(config))
-  if any(saved.get(k) != now.get(k) for k in saved.keys() | now.keys()
-         if recipe.is_guard_field(k)):
+  if recipe.guard_changes(done["config"], config_check.as_json(config)):
     return None
   return None if config_check.recipe_changes(done["config"], config) else done
 
