@@ -166,7 +166,9 @@ def build(config, model_cfg, counts, *, steps, tokens, final_train_loss, final_v
   """The run's ``summary.json``; ``code``: ``revision.history`` of its sessions' commits;
   ``cost``: ``device_hours`` (every session's wall time x its device count, the measured
   cost the systems table sets beside its analytic one), and this session's ``devices`` and
-  ``device_kind``."""
+  ``device_kind``. A diverged run has no final losses (None): the last ones a session saw
+  were from before the divergence and depended on where it was last resumed; its curve is in
+  metrics.jsonl."""
   out = {
       "name": run_name(config, model_cfg),
       "design": model_cfg.design,
@@ -195,6 +197,7 @@ def build(config, model_cfg, counts, *, steps, tokens, final_train_loss, final_v
   if guard is not None and guard.reason:
     out["status"] = "diverged"
     out["diverged_step"], out["diverged_reason"] = guard.step, guard.reason
+    out["final_train_loss"] = out["final_val_loss"] = None
   return out
 
 

@@ -30,6 +30,9 @@ def test_nan_step_marks_diverged_and_keeps_last_good_checkpoint(train_in_process
   s = helpers.summary(workdir)
   assert s["status"] == result["status"] == "diverged"
   assert s["diverged_step"] == 7 and "non-finite loss" in s["diverged_reason"], s
+  # No final losses: step 8's NaN, or a pre-divergence value that depends on where the run was
+  # last resumed, would have been set in runs.csv beside the finished runs' losses.
+  assert s["final_train_loss"] is None and s["final_val_loss"] is None
   tokens_per_step = config.data.global_batch_size * config.data.seq_len
   assert (s["steps"], s["tokens"]) == (7, 7 * tokens_per_step)   # not the 8 the loop reached
   assert s["last_checkpoint_step"] == 6 and summary.checkpoint_steps(workdir) == [3, 6]
