@@ -136,6 +136,7 @@ def systems_table(runs: Iterable[dict], relative_to: str | None = None) -> str |
     hours = [r["device_hours"] for r in rs if r.get("device_hours")]
     row["run_device_hours"] = sum(hours) if len(hours) == len(walls) and hours else None
     row["device_kinds"] = sorted({r["device_kind"] for r in rs if r.get("device_kind")})
+    row["runs"], row["diverged"] = len(rs), sum(r.get("status") == "diverged" for r in rs)
     row["family"] = rs[0].get("family", 0)   # the report's scale family (multi-scale suites)
     rows.append(row)
   note = (["", "Left out, their config does not validate in this checkout: " +
@@ -163,8 +164,11 @@ def systems_table(runs: Iterable[dict], relative_to: str | None = None) -> str |
   if walls:
     spent = lambda r: sweep.format_duration(r["wall_s"]) + (
         f" = {r['run_device_hours']:.3g} device-hours ({', '.join(r['device_kinds'])})"
-        if r["run_device_hours"] else "")
+        if r["run_device_hours"] else "") + f" over {r['runs']} run{'s' * (r['runs'] > 1)}" + (
+        f", {r['diverged']} stopped at divergence" if r["diverged"] else "")
     parts += ["", "Measured time of the runs (all runs of a shape summed, every LR and copy; "
-              "device-hours = each session's wall time x its devices, from summary.json): " +
+              "a run stopped at divergence counts only its steps, so sums over other counts of "
+              "diverged runs do not compare; device-hours = each session's wall time x its "
+              "devices, from summary.json): " +
               ", ".join(f"{r['design']} {r['shape']} {spent(r)}" for r in walls) + "."]
   return "\n".join(parts)

@@ -277,7 +277,11 @@ def test_cli_and_report_section(tmp_path, capsys):
   assert "device-hours (" not in section
   for r in records:
     r.update(device_hours=8.0, device_kind="NVIDIA H200")
-  assert "hc 16x1216 2h00m = 16 device-hours (NVIDIA H200)" in systems_table(records)
+  # A diverged run's time stops at its divergence: each sum says how many runs are such.
+  section = systems_table(records)
+  assert "hc 16x1216 2h00m = 16 device-hours (NVIDIA H200) over 2 runs, 1 stopped at" in section
+  assert "hc 24x1024 2h00m = 16 device-hours (NVIDIA H200) over 2 runs, hc" in section
+  assert "attnres_block 16x1216 1h00m = 8 device-hours (NVIDIA H200) over 1 run," in section
 
 
 def test_cli_default_out_is_the_sweeps_results_dir(tmp_path, monkeypatch):
