@@ -25,8 +25,8 @@ from depthbench_jax.sweep import (format_lr, is_usable,  # pylint: disable=wrong
 
 PLOT_CAPTION = ("Each design's line joins its best-LR run at each shape (lowest final val loss); "
                 "grey dots are its other LRs; a red cross below the dashed line is a run that "
-                "diverged (labelled with its LR), at its aspect ratio: it has no val loss, so "
-                "its height means nothing.")
+                "diverged or finished with a non-finite val loss (labelled with its LR), at its "
+                "aspect ratio: it has no val loss to draw, so its height means nothing.")
 
 
 def _best_curves(records: Sequence[dict], groups: dict, design: str) -> dict[int, list]:
@@ -94,7 +94,8 @@ def loss_vs_aspect(records: Sequence[dict], groups: dict, out_dir: str) -> list[
         if math.isfinite(y):
           ax.annotate(f"{L}L", (x, y), textcoords="offset points", xytext=(0, 5), fontsize=7,
                       ha="center")
-    diverged = [r for r in mine if r.get("status") == "diverged"]
+    # Finished without a val loss to draw: diverged, or (status ok) a non-finite one.
+    diverged = [r for r in mine if r.get("status") in ("diverged", "ok") and not is_usable(r)]
     if diverged:  # In a band of their own below the losses, set off by a dashed line.
       low, high = ax.get_ylim()
       ticks = [t for t in ax.get_yticks() if low <= t <= high]   # none in the band
@@ -103,7 +104,7 @@ def loss_vs_aspect(records: Sequence[dict], groups: dict, out_dir: str) -> list[
       ax.axhline(low, color="red", lw=0.6, ls="--", alpha=0.5)
       ax.scatter([r["aspect_ratio"] for r in diverged], [0.02] * len(diverged), marker="x",
                  color="red", transform=ax.get_xaxis_transform(),
-                 label="diverged (no val loss; below the line)", zorder=4)
+                 label="diverged or no finite val loss (below the line)", zorder=4)
       for r in diverged:
         ax.annotate(f"lr {format_lr(r['lr'])}" if r.get("lr") is not None else "diverged",
                     (r["aspect_ratio"], 0.02), xycoords=ax.get_xaxis_transform(),

@@ -393,7 +393,8 @@ def test_loss_vs_aspect_draws_the_best_lr_curve_other_lrs_and_diverged_runs(tmp_
   hc = saved["loss_vs_aspect_hc.png"]
   assert line(hc) == (ar, [2.729, 2.712, 2.699])
   assert dots(hc) == {"other LRs": [[pytest.approx(1024 / 24), 2.72]],
-                      "diverged (no val loss; below the line)": [[76.0, 0.02], [28.0, 0.02]]}
+                      "diverged or no finite val loss (below the line)": [[76.0, 0.02],
+                                                                          [28.0, 0.02]]}
   # Each cross names its LR and sits in a band of its own, below every loss and every tick: a
   # cross alone, at the lowest height of the plot, read as the best val loss of its shape.
   low = min(y for line in hc.lines[:1] for y in line.get_ydata())
@@ -405,6 +406,14 @@ def test_loss_vs_aspect_draws_the_best_lr_curve_other_lrs_and_diverged_runs(tmp_
       f"lr {sweep.format_lr(lr)}" for lr in lrs.values())
   assert [l.get_label() for l in saved["loss_vs_aspect_all.png"].lines] == [
       "attnres_block", "hc", "preln"]
+  # A run finished (status ok) with a NaN val loss is a cross too; it was drawn nowhere.
+  next(r for r in records if (r["design"], r["n_layers"], r["final_val_loss"]) == (
+      "hc", 24, 2.72))["final_val_loss"] = float("nan")
+  plots.loss_vs_aspect(records, scorecard.select_best_lr(records), str(tmp_path))
+  hc = saved["loss_vs_aspect_hc.png"]
+  assert "other LRs" not in dots(hc) and dots(hc)[
+      "diverged or no finite val loss (below the line)"] == [
+          [76.0, 0.02], [pytest.approx(1024 / 24), 0.02], [28.0, 0.02]]
   # The loss axis names its unit (it said "final val loss"; the evals section says nats/token).
   assert {ax.get_ylabel() for ax in saved.values()} == {"final val loss (nats/token)"}
 
