@@ -177,7 +177,8 @@ def heatmap_paths(runs: Sequence[Run], which: Sequence[str] = HEATMAPS) -> list[
 
 
 def _loss(run: Run) -> float:
-  """The loss diagnostics measured; inf when absent, NaN (a diverged model) stays NaN."""
+  """The loss diagnostics measured; inf when absent (``probes.to_jsonable`` stores a NaN loss
+  as null, so a diverged model's reads inf too)."""
   loss = run[1].get("loss")
   return math.inf if loss is None else float(loss)
 
