@@ -310,8 +310,10 @@ def train_and_evaluate(config, workdir: str) -> dict:
             shown_val = (val_loss, step)
             writer.write_scalars(step, {"val/loss": val_loss})
             metrics_log.append(step, {"val/loss": val_loss})
-          if diag_now:
-            diag_hook(step, diag_params(state.params), writer)
+          if diag_now:  # Into metrics.jsonl too: with tensorboard=False the writer discards.
+            from depthbench_jax.diagnostics.periodic import scalars_of  # the hook's own
+            metrics_log.append(step, scalars_of(diag_hook(step, diag_params(state.params),
+                                                          writer)))
           if save_now or preempted:  # One save per step: a second one of the same step raises.
             checkpoint.save(manager, step, state, train_iter, force=preempted,
                             progress={"wall_time_s": wall_s(), "device_seconds": device_s(),

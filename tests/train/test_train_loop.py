@@ -391,6 +391,8 @@ def test_resume_on_two_processes_continues_a_one_process_runs_data_and_diagnoses
   want = diagnose.diagnose(workdir, config, params, batch, step=20)["loss"]
   assert sorted(logged) == [20]
   np.testing.assert_allclose(logged[20], want, rtol=1e-4)
+  # metrics.jsonl holds them too: under tensorboard=False they were computed and discarded.
+  assert summary.read_metrics(workdir, "diagnostics/loss") == {20: pytest.approx(logged[20])}
 
 
 @pytest.mark.parametrize("flag, field", [
