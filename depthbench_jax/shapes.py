@@ -101,6 +101,9 @@ class ShapeSet:
   def __post_init__(self):
     """One width per depth: a depth listed twice (a duplicate, or a second width) would share
     the report's one cell for that depth, and the shapes table would flag the wrong row."""
+    if isinstance(self.shapes, str):   # ("4x128") is a string: read as shapes '4', 'x', ...
+      raise ConfigError(f"ShapeSet shapes={self.shapes!r}; allowed: a tuple of 'LxD' strings, "
+                        f"e.g. ({self.shapes!r},)")
     seen: dict[int, str] = {}
     for shape in self.parsed():
       if shape.n_layers in seen:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import importlib.util
 import json
 import math
@@ -123,6 +124,27 @@ def arg_string(entry: dict[str, Any]) -> str:
   return ",".join(parts)
 
 
+# What ``apply_run`` sets from the run (its design with the design's defaults, shape, LR, name).
+RUN_SET_FIELDS = ("model.residual", "model.n_layers", "model.d_model", "model.head_dim",
+                  "lr", "name")
+
+
+def check_not_overwritten(config: ml_collections.ConfigDict) -> None:
+  """A suite's ``get_config`` that sets a field ``apply_run`` sets, before calling it (a design
+  option, the LR), lost it without a word: the run trained the design's defaults. Refused,
+  naming the field, unless it still holds base.py's value."""
+  base = _base_fields()
+  mine = recipe.flatten_fields(config.to_dict())
+  for field in sorted(mine.keys() | base.keys()):
+    if any(field == f or field.startswith(f + ".") for f in RUN_SET_FIELDS) and (
+        mine.get(field) != base.get(field)):
+      raise ConfigError(
+          f"config.{field}={mine.get(field)!r} is set before sweep.apply_run, which sets the "
+          f"run's design (with its defaults), shape, LR and name and would overwrite it; "
+          f"allowed: set it after apply_run (c = sweep_lib.apply_run(c, run, ...); "
+          f"c.{field} = ...), or --config.{field}=... on the command line")
+
+
 def apply_run(config: ml_collections.ConfigDict, run: dict[str, Any],
               ffn: FFNRule | None = None) -> ml_collections.ConfigDict:
   """Sets the shape (via ``shapes.shaped_model``), the design with its default hyperparameters,
@@ -132,6 +154,7 @@ def apply_run(config: ml_collections.ConfigDict, run: dict[str, Any],
     raise ConfigError(f"config argument arch={run['arch']!r}; allowed: "
                       f"{', '.join(registry.names())}")
   design = registry.get(run["arch"])
+  check_not_overwritten(config)
   model = shaped_model(config.model, run["shape"], ffn)
   # A None default (KEEL's alpha = 2L) as an untyped reference: config_flags refuses to
   # override a None field; the design's check reads whatever the flag gives.
@@ -181,13 +204,20 @@ def base_config() -> ml_collections.ConfigDict:
   return load_config_module(os.path.join(REPO_ROOT, "configs", "base.py")).get_config()
 
 
+@functools.lru_cache(maxsize=1)
+def _base_fields() -> dict:
+  return recipe.flatten_fields(base_config().to_dict())
+
+
 def config_of(module, arg: str | None = None) -> ml_collections.ConfigDict:
   """``module.get_config(arg)`` (no argument when ``arg`` is empty). A mistake ConfigDict
   catches in the file, a value of the wrong type for a field (``c.steps = 1e3``) or a field
   it lacks (``c.modle``), is one ConfigError naming the file's line, not a traceback."""
   try:
     return module.get_config(arg) if arg else module.get_config()
-  except (TypeError, AttributeError, KeyError) as err:
+  except ConfigError:
+    raise
+  except Exception as err:  # pylint: disable=broad-except  # a NameError too: one line
     library = os.path.dirname(ml_collections.__file__)
     frames = [f for f in traceback.extract_tb(err.__traceback__)
               if not f.filename.startswith(library) and f.filename != __file__]
@@ -198,7 +228,9 @@ def config_of(module, arg: str | None = None) -> ml_collections.ConfigDict:
     where = f"{frames[-1].filename}:{frames[-1].lineno} ({frames[-1].line})"
     typed = re.search(r"cannot be casted to type <class '(\w+)'>", str(err))
     allowed = (f"a value of type {typed.group(1)}" if typed else
-               "the fields of configs/base.py, each with a value of its type")
+               "the fields of configs/base.py, each with a value of its type"
+               if isinstance(err, (TypeError, AttributeError, KeyError)) else
+               "a get_config that runs")
     inner = err  # ConfigDict's AttributeError wraps a KeyError whose text is the message.
     while inner.args and isinstance(inner.args[0], BaseException):
       inner = inner.args[0]
@@ -234,6 +266,7 @@ def list_runs(config_path: str, results_dir: str | None = None) -> list[Run]:
   except Exception as err:  # pylint: disable=broad-except  # a NameError in sweep()
     raise ConfigError(f"{config_path}: sweep() raised {type(err).__name__}: {err}; allowed: a "
                       f"sweep() that lists the suite's runs") from None
+  check_lr_tables(module, config_path)
   results_dir = results_dir or os.path.join("results", suite_name(module))
   runs, seen = [], {}
   for entry in entries:
@@ -250,6 +283,27 @@ def list_runs(config_path: str, results_dir: str | None = None) -> list[Run]:
                     shape=parsed["shape"], lr=parsed["lr"],
                     workdir=os.path.join(results_dir, name)))
   return runs
+
+
+def check_lr_tables(module, config_path: str) -> None:
+  """A suite's LR tables (``LR_GRID``, ``LR_BY_ARCH``: design -> its LRs; ``DEFAULT_LRS``):
+  a misspelt design key fell back to the default grid silently, and a grid typed as a string
+  was read one character at a time (an error about lr='e')."""
+  from depthbench_jax.residual import registry  # Local: pulls in jax/flax.
+  positive = lambda x: (isinstance(x, (int, float)) and not isinstance(x, bool)
+                        and math.isfinite(x) and x > 0)
+  grid_ok = lambda v: isinstance(v, (tuple, list)) and bool(v) and all(map(positive, v))
+  if hasattr(module, "DEFAULT_LRS") and not grid_ok(module.DEFAULT_LRS):
+    raise ConfigError(f"{config_path}: DEFAULT_LRS={module.DEFAULT_LRS!r}; allowed: a tuple of "
+                      f"positive LRs, e.g. (5e-4, 1e-3)")
+  for table, value_ok, allowed in (("LR_GRID", grid_ok, "a tuple of positive LRs"),
+                                   ("LR_BY_ARCH", positive, "a positive LR")):
+    for key, value in (getattr(module, table, None) or {}).items():
+      if key not in registry.names():
+        raise ConfigError(f"{config_path}: {table} key {key!r}; allowed: "
+                          f"{', '.join(registry.names())}")
+      if not value_ok(value):
+        raise ConfigError(f"{config_path}: {table}[{key!r}]={value!r}; allowed: {allowed}")
 
 
 def read_summary(workdir: str) -> dict | None:

@@ -492,6 +492,41 @@ def test_a_suite_the_trainer_would_refuse_stops_the_sweep_before_any_run_trains(
   assert not calls(tiny["log"])
 
 
+SMOKE_BODY = """
+def get_config(arg=None):
+  run = smoke.sweep_lib.parse_run_arg(arg, smoke.DEFAULTS)
+  c = smoke.base.get_config()
+  c.model = smoke.solver_model()
+  {line}
+  return smoke.sweep_lib.apply_run(c, run, smoke.ffn_rule())
+"""
+
+
+@pytest.mark.parametrize("edit, error", [
+    # Set before apply_run, which sets the design with its defaults: a 4-stream HC trained.
+    (SMOKE_BODY.format(line="c.model.residual.n_streams = 2"),
+     "config.model.residual.n_streams=2 is set before sweep.apply_run"),
+    (SMOKE_BODY.format(line="c.lr = 5e-4"), "config.lr=0.0005 is set before sweep.apply_run"),
+    # A misspelt design key fell back to the default LR silently.
+    ("LR_BY_ARCH = {'deepnrom': 2e-3}\n", "LR_BY_ARCH key 'deepnrom'; allowed: preln, "),
+    ("LR_GRID = {'hc': 1e-3}\n", "LR_GRID['hc']=0.001; allowed: a tuple of positive LRs"),
+    # Strings read one character at a time: "error: config argument lr='e'", naming no table.
+    ("DEFAULT_LRS = '5e-4,1e-3'\n", "DEFAULT_LRS='5e-4,1e-3'; allowed: a tuple of positive"),
+    ("from depthbench_jax.shapes import ShapeSet\nS = ShapeSet(1e6, 'total', ('4x128'))\n",
+     "ShapeSet shapes='4x128'; allowed: a tuple of 'LxD' strings"),
+    # A NameError in get_config was a traceback.
+    (SMOKE_BODY.format(line="c.steps = STEPS"),
+     "NameError: name 'STEPS' is not defined; allowed: a get_config that runs"),
+])
+def test_a_suite_file_mistake_is_one_error_line_naming_it(tiny, capsys, edit, error):
+  with open(tiny["config"], "a") as f:
+    f.write(edit)
+  assert sweep.main([tiny["config"], "--results_dir", tiny["results"], "--dry_run"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith("error: ") and error in err[0], err
+  assert not os.path.exists(tiny["results"])
+
+
 @pytest.mark.parametrize("flag", ["--results", "--dry"])
 def test_an_abbreviated_flag_is_one_error_line(tiny, capsys, flag):
   """argparse took ``--results`` for ``--results_dir`` and ``--dry`` for ``--dry_run``, flags
