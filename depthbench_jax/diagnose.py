@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 import time
 from typing import Any
 
@@ -169,6 +170,10 @@ def main(argv):
   result = diagnose(workdir, config, params, val[0], step=step, overrides=overrides, out=out)
   logging.info("diagnostics of %s (%s, L=%d) in %.1fs -> %s", workdir, result["design"],
                result["n_layers"], result["timing"]["total_s"], out)
+  shares = ", ".join(f"{k} share {100 * result[k]['share']:.1f}% (late pairs above "
+                     f"{result[k]['threshold']:g})" for k in ("causal", "permutation")
+                     if k in result)
+  print(f"diagnostics at step {step} -> {out} (plots beside it): {shares}", file=sys.stderr)
   print(json.dumps({k: result[k]["share"] for k in ("causal", "permutation") if k in result}))
 
 

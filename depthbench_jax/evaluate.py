@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from typing import Any, Sequence
 
@@ -262,6 +263,12 @@ def main(argv):
                           step=step)  # depthbench_export.json says which checkpoint it holds
     logging.info("exported Hugging Face checkpoint to %s", hf_dir)
   logging.info("wrote %s", path)
+  scored = ", ".join(
+      f"{name} {r['n']} examples" + (f" ({r['context_cut']} cut to the window)"
+                                    if r.get("context_cut") else "")
+      for name, r in evals["sets"].items())
+  print(f"evals at step {step} -> {path}: NLL per token by domain (the JSON line below) over "
+        f"{scored}", file=sys.stderr)
   print(json.dumps({d: round(v["nll_per_token"], 4) for d, v in evals["domains"].items()}))
 
 

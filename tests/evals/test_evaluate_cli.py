@@ -33,6 +33,10 @@ def test_cli_writes_evals_json_and_a_loadable_hf_export(tmp_path):
   assert proc.returncode == 0, proc.stderr[-3000:]
   evals = json.load(open(os.path.join(workdir, "evals.json")))
   assert evals["step"] == 5 and evals["design"] == "preln" and evals["tokenizer"] == "byte"
+  # Beside the JSON line, one line says where it went and over how many examples (--max_examples).
+  assert (f"evals at step 5 -> {os.path.join(workdir, 'evals.json')}: NLL per token by domain"
+          in proc.stderr and "gsm8k 1 examples" in proc.stderr)
+  assert set(json.loads(proc.stdout.strip().splitlines()[-1])) == set(evals["domains"])
   assert evals["options"]["score_len"] == config.data.seq_len   # scored within the trained context
   assert set(evals["domains"]) == {"coding", "stem", "math"}
   assert os.listdir(os.path.join(workdir, "tensorboard"))
