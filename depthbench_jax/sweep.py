@@ -608,6 +608,9 @@ def launch(run: Run, config_path: str, main_cmd: Sequence[str], local_processes:
     penv = dict(env, JAX_COORDINATOR_ADDRESS=f"localhost:{port}",
                 JAX_NUM_PROCESSES=str(local_processes), JAX_PROCESS_ID=str(i))
     penv["XLA_FLAGS"] = _without_fake_devices(penv.get("XLA_FLAGS", ""))
+    # One CPU device each, also on a GPU machine: there every process would claim every GPU
+    # (and its memory) and the second would fail at its start. JAX_PLATFORMS set wins.
+    penv["JAX_PLATFORMS"] = penv.get("JAX_PLATFORMS") or "cpu"
     if i == 0:
       procs.append(_start(cmd, env=penv))
     else:  # Other processes log to the run dir, so the terminal shows one stream.

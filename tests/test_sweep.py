@@ -38,7 +38,8 @@ FAKE_MAIN = textwrap.dedent("""
                           "pid": os.environ.get("JAX_PROCESS_ID"),
                           "n": os.environ.get("JAX_NUM_PROCESSES"),
                           "coord": os.environ.get("JAX_COORDINATOR_ADDRESS"),
-                          "xla": os.environ.get("XLA_FLAGS", "")}) + "\\n")
+                          "xla": os.environ.get("XLA_FLAGS", ""),
+                          "platforms": os.environ.get("JAX_PLATFORMS")}) + "\\n")
     if os.environ.get("JAX_PROCESS_ID", "0") != "0":
       sys.exit(0)
     if os.path.basename(workdir) in os.environ.get("FAKE_CRASH", "").split(","):
@@ -417,6 +418,7 @@ def test_a_pod_run_whose_hosts_never_joined_stops_the_sweep(tiny, monkeypatch, c
 
 def test_local_processes_env(tiny, monkeypatch):
   monkeypatch.setenv("FAKE_LOG", tiny["log"])
+  monkeypatch.delenv("JAX_PLATFORMS")
   monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_foo=1")
   run = sweep.list_runs(tiny["config"], tiny["results"])[0]
   assert sweep.launch(run, tiny["config"], tiny["main_cmd"], local_processes=2) == 0
@@ -424,6 +426,12 @@ def test_local_processes_env(tiny, monkeypatch):
   assert [c["pid"] for c in got] == ["0", "1"] and {c["n"] for c in got} == {"2"}
   assert got[0]["coord"] == got[1]["coord"] and got[0]["coord"].startswith("localhost:")
   assert all(c["xla"] == "--xla_foo=1" for c in got)
+  # CPU processes, also where a GPU is present (each would claim every GPU).
+  assert {c["platforms"] for c in got} == {"cpu"}
+  monkeypatch.setenv("JAX_PLATFORMS", "cuda")
+  open(tiny["log"], "w").close()
+  sweep.launch(run, tiny["config"], tiny["main_cmd"], local_processes=2)
+  assert {c["platforms"] for c in calls(tiny["log"])} == {"cuda"}
 
 
 @pytest.mark.parametrize("env, named", [
