@@ -678,7 +678,7 @@ def build_report(records: Sequence[dict], title: str = "DepthBench scorecard",
            scorecard_markdown(rows, "".join(lr_marks(k, groups, gaps) for k in groups)), "",
            "Depth trend: the deeper reference depth against the shallower one at each "
            f"design's best LR (ties within {TREND_TOL}: flat); 'peak in the middle' when an "
-           "in-between depth beats both.", ""]
+           "in-between depth beats both." + size_spread_note(records), ""]
   paper = paper_comparison(rows, records)
   if paper:
     parts += ["## Against the paper (400M)", "", paper, ""]
@@ -702,6 +702,34 @@ def build_report(records: Sequence[dict], title: str = "DepthBench scorecard",
     parts += [f"## {name}", "", text, ""]
   parts += ["All runs: [runs.csv](runs.csv)."]
   return "\n".join(parts) + "\n"
+
+
+def size_spread_note(records: Sequence[dict], tol: float = PAPER_ISO_TOTAL_TOL) -> str:
+  """`` Family F's shapes are not iso-parameter ...`` when a family's shapes (each at its
+  smallest run: the backbone's) differ by more than ``tol`` in both total and non-embedding
+  parameters: its depth trend is also a size trend (a shape typed in off the solver's width;
+  the iso-backbone control keeps the non-embedding count and is not named)."""
+  notes = []
+  for family in sorted({r.get("family", 0) for r in records}):
+    sizes: dict[tuple, tuple] = {}
+    for r in records:
+      if r.get("family", 0) == family and r.get("params_total") and r.get(
+          "params_non_embedding"):
+        key = (r["n_layers"], r["d_model"])
+        sizes[key] = min(sizes.get(key, (math.inf, math.inf)),
+                         (r["params_total"], r["params_non_embedding"]))
+    if len(sizes) < 2:
+      continue
+    small = min(sizes, key=lambda k: sizes[k][0])
+    large = max(sizes, key=lambda k: sizes[k][0])
+    spread = [max(v[i] for v in sizes.values()) / min(v[i] for v in sizes.values()) - 1
+              for i in (0, 1)]
+    if min(spread) > tol:
+      notes.append(f" The shapes{f' of family {family}' if family else ''} are not "
+                   f"iso-parameter: {small[0]}x{small[1]} has {sizes[small][0]:,} parameters, "
+                   f"{large[0]}x{large[1]} {sizes[large][0]:,} (+{100 * spread[0]:.1f}%), so "
+                   f"the depth trend is also a size trend.")
+  return "".join(notes)
 
 
 def code_versions_note(records: Sequence[dict]) -> str:

@@ -690,3 +690,23 @@ def test_paper_comparison_only_for_runs_of_the_paper_recipe(change, differ):
   assert compared == (differ is None)
   assert (f"Not compared: these runs trained with {differ}; the paper's losses are at "
           "data.seq_len=2048" in text) == (differ is not None)
+
+
+def test_a_family_off_iso_parameter_is_named_under_the_depth_trend():
+  """A shape typed in off the solver's width (4x128 at 919K beside 6x112 at 1.01M): report.md
+  read 'worse when deeper' with nothing saying the deeper model was 9% bigger; only the sweep's
+  warning line did. The iso-backbone kind (same non-embedding count) is not named."""
+  records = scorecard.collect_runs(FIXTURE)
+  scorecard.assign_families(records)
+  assert scorecard.size_spread_note(records) == ""      # the 400M suite's shapes: within 3.2%
+  backbone = [dict(r, params_non_embedding=300_000_000,
+                   params_total=r["params_total"] * (1.15 if r["n_layers"] == 32 else 1))
+              for r in records]
+  assert scorecard.size_spread_note(backbone) == ""     # the iso-backbone kind: not named
+  for r in records:
+    if r["n_layers"] == 32:
+      r["params_total"] = int(r["params_total"] * 1.1)
+  note = scorecard.size_spread_note(records)
+  assert note == (" The shapes are not iso-parameter: 24x1024 has 406,500,000 parameters, 32x896 "
+                  "442,310,000 (+8.8%), so the depth trend is also a size trend.")
+  assert note in scorecard.build_report(records)
