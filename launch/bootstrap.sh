@@ -25,7 +25,9 @@ current && exit 0
 # on the lock and then find the stamp current.
 if command -v flock >/dev/null; then
   exec 9>"$ROOT/.venv.lock"
-  flock 9
+  # A filesystem without locks (Lustre mounted noflock: ENOSYS) goes on unlocked, as without
+  # flock; stopping there stopped every host's sweep whenever a reinstall was due.
+  flock 9 || echo "[bootstrap] flock failed on $ROOT; installing without the lock" >&2
   current && exit 0
 fi
 echo "[bootstrap] setting up $VENV (about a minute with uv, two with the pip fallback)" >&2
@@ -39,8 +41,9 @@ PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check -q)
 "${PIP[@]}" --upgrade pip
 # uv installs the same pinned set in a third of pip's time (on the 2-core reference machine,
 # caches cold, bytecode compiled as pip does: 38 s against about 110 s); pip is the fallback.
-# uv reads no pip configuration, so the machine's pip find-links and constraint files are
-# passed on (here they hold the CPU-only torch wheel and its cap).
+# uv reads no pip configuration, so the machine's pip find-links and constraint files (pip's
+# config files and its PIP_FIND_LINKS/PIP_CONSTRAINT) are passed on (here they hold the CPU-only
+# torch wheel and its cap).
 UV_VERSION=0.13.9
 install() {  # INSTALLER...: the project with its EXTRAS, then NO_DEPS without theirs
   "$@" -c "$ROOT/launch/constraints.txt" -e "$ROOT[$EXTRAS]" &&
@@ -49,9 +52,10 @@ install() {  # INSTALLER...: the project with its EXTRAS, then NO_DEPS without t
 install_with_uv() {
   "${PIP[@]}" "uv==$UV_VERSION" || return 1
   local uv=("$VENV/bin/uv" pip install -q --python "$VENV/bin/python" --compile-bytecode)
-  local opt values value
+  local opt var values value
   for opt in find-links constraint; do
-    values="$("$VENV/bin/python" -m pip config get "global.$opt" 2>/dev/null)" || continue
+    var="PIP_$(tr a-z- A-Z_ <<< "$opt")"
+    values="${!var:-} $("$VENV/bin/python" -m pip config get "global.$opt" 2>/dev/null || true)"
     for value in $values; do
       uv+=("--$([[ $opt == constraint ]] && echo constraints || echo "$opt")" "$value")
     done

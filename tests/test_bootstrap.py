@@ -74,3 +74,46 @@ def test_a_venv_with_the_cuda_plugin_keeps_it_across_reinstalls(tmp_path):
   assert installs() and all(c.endswith("[test,gpu]") for c in installs())
   log.write_text("")
   assert run().returncode == 0 and log.read_text() == ""          # recorded in the stamp
+
+
+# The venv's interpreter where uv installs: `pip install uv==...` makes bin/uv, which logs.
+UV_PYTHON = """#!/bin/sh
+echo "python $*" >> "$FAKE_LOG"
+case "$*" in
+  *uv==*) dir=$(dirname "$0"); printf '#!/bin/sh\\necho "uv $*" >> "$FAKE_LOG"\\n' > "$dir/uv";
+          chmod +x "$dir/uv" ;;
+  *"pip config get global.find-links"*) echo /etc/wheels ;;
+  *"pip config"*) exit 1 ;;
+esac
+exit 0
+"""
+
+
+def test_uv_is_given_pips_find_links_from_config_and_environment(tmp_path):
+  """uv reads no pip configuration: the bootstrap passed it pip's config files' find-links but
+  not PIP_FIND_LINKS/PIP_CONSTRAINT, so a machine giving its CPU-only torch wheel that way got
+  PyPI's CUDA build (and several GB of NVIDIA libraries) under uv."""
+  root, run, log = fake_repo(tmp_path)
+  (tmp_path / "working").write_text(UV_PYTHON)
+  out = subprocess.run(["bash", str(root / "launch" / "bootstrap.sh")], capture_output=True,
+                       text=True, timeout=60, env=dict(
+                           os.environ, PATH=f"{tmp_path / 'bin'}:{os.environ['PATH']}",
+                           FAKE_LOG=str(log), WORKING=str(tmp_path / "working"),
+                           PIP_FIND_LINKS="/wheels", PIP_CONSTRAINT="/caps.txt"))
+  assert out.returncode == 0, out.stderr
+  uv = [c for c in log.read_text().splitlines() if c.startswith("uv ") and " -e " in c]
+  assert len(uv) == 1 and "uv failed" not in out.stderr
+  for flag in ("--find-links /wheels", "--find-links /etc/wheels", "--constraints /caps.txt"):
+    assert flag in uv[0], uv[0]
+
+
+def test_a_filesystem_without_locks_installs_unlocked(tmp_path):
+  """flock(2) is ENOSYS on a Lustre mounted noflock: `flock 9` failed under set -e and every
+  host's sweep stopped whenever a reinstall was due."""
+  root, run, log = fake_repo(tmp_path)
+  flock = tmp_path / "bin" / "flock"
+  flock.write_text("#!/bin/sh\necho 'flock: 9: Function not implemented' >&2\nexit 1\n")
+  flock.chmod(0o755)
+  out = run()
+  assert out.returncode == 0, out.stderr
+  assert "flock failed" in out.stderr and "[bootstrap] done" in out.stderr
