@@ -6,8 +6,9 @@ setup(
     name="depthbench_jax",
     version="0.1.0",
     description="Which residual designs turn extra Transformer layers into extra computation.",
-    packages=find_packages(include=["depthbench_jax", "depthbench_jax.*"]),
-    package_data={"depthbench_jax": ["data/assets/*", "evals/fixtures/**/*"]},
+    # configs/ too: the code reads configs/base.py (the schema) beside the package, and the
+    # suite files import it as `configs.base`, so an installed (not editable) package needs it.
+    packages=find_packages(include=["depthbench_jax", "depthbench_jax.*", "configs"]),
     python_requires=">=3.11",  # jax 0.10, flax 0.12 and numpy 2.4 (launch/constraints.txt)
     install_requires=[
         "jax>=0.10",
