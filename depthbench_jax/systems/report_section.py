@@ -169,6 +169,7 @@ def systems_table(runs: Iterable[dict], relative_to: str | None = None) -> str |
     parts += ["", "Measured time of the runs (all runs of a shape summed, every LR and copy; "
               "a run stopped at divergence counts only its steps, so sums over other counts of "
               "diverged runs do not compare; device-hours = each session's wall time x its "
-              "devices, from summary.json): " +
+              "devices, from summary.json, a session killed without a save counted to its last "
+              "checkpoint): " +
               ", ".join(f"{r['design']} {r['shape']} {spent(r)}" for r in walls) + "."]
   return "\n".join(parts)
