@@ -59,7 +59,7 @@ def verdict(result: dict) -> list[dict]:
         band=row.get("step_over_preln_rounds"), failed=failed.get(f"{design} {first}"))
   c = result["compile"]
   add(f"compile {c['deep_layers']}L / {c['shallow_layers']}L", c["deep_over_shallow"],
-      TARGETS["compile_deep_over_shallow"])
+      TARGETS["compile_deep_over_shallow"], band=c.get("deep_over_shallow_rounds"))
   # Not measured for want of torch/transformers (``bench.hf_missing``, recorded by the run): a
   # FAIL line saying so, as a design that did not compile; left out only under --no_hf.
   left_out = result.get("hf_left_out")

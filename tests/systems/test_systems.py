@@ -632,6 +632,12 @@ def test_verdict_at_and_around_the_targets():
             "compile": {"deep_layers": 70, "shallow_layers": 16, "deep_over_shallow": 1.0}}
   hf = {c["check"]: c for c in verdict(result)}["ours / HF LLaMA step"]
   assert not hf["pass"] and hf["failed"] == "not measured: transformers not installed"
+  # The compile ratio reads its per-round band too (one compile varies by a third here).
+  noisy = {"train": [{"design": "preln", "shape": "8x512", "mfu": 0.5, "step_over_preln": 1.0}],
+           "compile": {"deep_layers": 70, "shallow_layers": 16, "deep_over_shallow": 1.41,
+                       "deep_over_shallow_rounds": {"q1": 0.9, "median": 1.1, "q3": 1.45}}}
+  compile_check = {c["check"]: c for c in verdict(noisy)}["compile 70L / 16L"]
+  assert not compile_check["pass"] and compile_check["within_noise"]
   below = checks(0.3, 0.95, {"q1": 0.9, "median": 0.95, "q3": 0.98}, 1.0)
   assert below["HC / Pre-LN step 8x512"]["pass"]
   assert not below["HC / Pre-LN step 8x512"]["within_noise"]
