@@ -170,7 +170,8 @@ def main(argv):
   result = diagnose(workdir, config, params, val[0], step=step, overrides=overrides, out=out)
   logging.info("diagnostics of %s (%s, L=%d) in %.1fs -> %s", workdir, result["design"],
                result["n_layers"], result["timing"]["total_s"], out)
-  shares = ", ".join(f"{k} share {100 * result[k]['share']:.1f}% (late pairs above "
+  percent = lambda x: "n/a (no late pairs)" if x is None else f"{100 * x:.1f}%"
+  shares = ", ".join(f"{k} share {percent(result[k]['share'])} (late pairs above "
                      f"{result[k]['threshold']:g})" for k in ("causal", "permutation")
                      if k in result)
   print(f"diagnostics at step {step} -> {out} (plots beside it): {shares}", file=sys.stderr)

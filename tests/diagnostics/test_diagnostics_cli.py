@@ -172,6 +172,9 @@ def test_cli_rerun_with_the_same_settings_replaces_diagnostics_and_records_them(
   assert not re.search(r"^[IW]\d{4} ", proc.stderr, re.M), proc.stderr[-2000:]
   result = json.load(open(os.path.join(workdir, "diagnostics.json")))
   assert result["step"] == 5 and result["options"] == DEFAULT
+  # Two layers have no late pair (a share of null): said so, not a TypeError after the write.
+  assert result["causal"]["share"] is None
+  assert "causal share n/a (no late pairs)" in proc.stderr
 
 
 def test_cli_overwrite_replaces_diagnostics_made_with_other_settings(tmp_path):
