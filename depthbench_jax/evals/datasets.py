@@ -21,9 +21,13 @@ math500    math   ``'Problem: {problem}\nSolution:'``             ``' {solution}
 SciQ/GPQA choices are the correct answer and the three distractors, each as ``' {choice}'``
 after the same prompt (choices are not listed in the prompt, so their order does not matter).
 Sources of the formats (the spec names the sets, not the prompts): SciQ and GSM8K are
-lm-eval-harness's ``sciq``/``gsm8k`` (GSM8K's reference keeps its ``<<48/2=24>>`` calculator
-annotations, as there); GPQA and MATH-500 follow the same zero-shot ``Question:``/``Answer:``
-shape; HumanEval is Chen et al. (2021) as published; the MBPP docstring prompt is this
+lm-eval-harness's ``sciq``/``gsm8k`` templates (SciQ's support left-stripped and always followed
+by its newline, so an item without support starts ``'\nQuestion:'`` there too; GSM8K's reference
+keeps its ``<<48/2=24>>`` calculator annotations, as there), scored zero-shot (lm-eval's gsm8k
+is 5-shot); GPQA follows the same ``Question:``/``Answer:`` shape. MATH-500 [I] is
+``Problem:``/``Solution:`` scored on the whole worked solution, as GSM8K's reference is its
+worked solution (lm-eval's ``hendrycks_math500`` scores only the boxed answer after
+``Answer:``); HumanEval is Chen et al. (2021) as published; the MBPP docstring prompt is this
 project's (Austin et al. (2021) use "You are an expert Python programmer..." with
 ``[BEGIN]``/``[DONE]``); its NLL target is the reference ``code`` either way.
 MBPP from the original ``mbpp.jsonl`` (974 problems) uses the test split, task_id 11-510.
@@ -111,8 +115,8 @@ def _mc(prompt: str, correct: str, wrong: Sequence[str], uid: str) -> Example:
 
 
 def _sciq(r: dict, i: int) -> Example:
-  support = (r.get("support") or "").strip()
-  prompt = (support + "\n" if support else "") + f"Question: {r['question'].strip()}\nAnswer:"
+  """lm-eval's ``'{{support.lstrip()}}\nQuestion: {{question}}\nAnswer:'``."""
+  prompt = f"{(r.get('support') or '').lstrip()}\nQuestion: {r['question']}\nAnswer:"
   return _mc(prompt, r["correct_answer"], [r[f"distractor{k}"] for k in (1, 2, 3)], f"sciq/{i}")
 
 

@@ -38,7 +38,7 @@ from depthbench_jax.evals.scoring import continuation_logprobs, greedy_completio
 STOPS = {
     "humaneval": ("\nclass", "\ndef", "\n#", "\nif", "\nprint"),   # Chen et al. (2021)
     "mbpp": ('\n"""', "\nassert", "\nif __name__", "\nprint(", "\n#"),
-    "gsm8k": ("\nQuestion:", "\n\n\n"),
+    "gsm8k": ("\n\n", "Question:"),    # lm-eval's gsm8k (a run-on answer's last number differs)
     "math500": ("\nProblem:", "\n\n\n"),
 }
 

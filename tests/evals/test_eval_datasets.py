@@ -74,13 +74,14 @@ def test_parquet_and_original_mbpp_split(tmp_path):
   assert [e.id for e in datasets.load_set("mbpp", str(tmp_path))] == ["mbpp/11", "mbpp/510"]
 
 
-def test_answers_start_with_a_space_and_empty_support_adds_no_line():
-  """The reference continuation follows 'Answer:' after one space; SciQ without support text
-  starts at 'Question:' (no blank first line)."""
+def test_answers_start_with_a_space_and_sciq_follows_lm_evals_template():
+  """The reference continuation follows 'Answer:' after one space; SciQ is lm-eval's
+  '{{support.lstrip()}}\nQuestion: ...', so an item without support text starts with the
+  newline there as here (it started at 'Question:', another conditioning than lm-eval's)."""
   gsm = datasets.load_set("gsm8k", FIXTURES)
   assert gsm[0].answer == " Tom has 3 + 4 = <<3+4=7>>7 apples.\n#### 7" and gsm[0].target == "7"
   sciq = datasets.load_set("sciq", FIXTURES)
-  assert sciq[1].prompt == "Question: What is the charge of an electron?\nAnswer:"
+  assert sciq[1].prompt == "\nQuestion: What is the charge of an electron?\nAnswer:"
   assert sciq[1].choices == (" negative", " positive", " variable", " neutral")
 
 
