@@ -124,25 +124,27 @@ def arg_string(entry: dict[str, Any]) -> str:
   return ",".join(parts)
 
 
-# What ``apply_run`` sets from the run (its design with the design's defaults, shape, LR, name).
-RUN_SET_FIELDS = ("model.residual", "model.n_layers", "model.d_model", "model.head_dim",
-                  "lr", "name")
+# What ``apply_run`` replaces that the run's argument does not name: the design's options (set
+# to its defaults), the LR, and what the shape derives (head_dim, the FFN by the suite's rule).
+# The shape itself and the name come from the argument, visibly.
+OVERWRITTEN_FIELDS = ("model.residual", "model.head_dim", "model.ffn_dim",
+                      "model.ffn_multiple_of", "lr")
 
 
-def check_not_overwritten(config: ml_collections.ConfigDict) -> None:
-  """A suite's ``get_config`` that sets a field ``apply_run`` sets, before calling it (a design
-  option, the LR), lost it without a word: the run trained the design's defaults. Refused,
-  naming the field, unless it still holds base.py's value."""
-  base = _base_fields()
-  mine = recipe.flatten_fields(config.to_dict())
-  for field in sorted(mine.keys() | base.keys()):
-    if any(field == f or field.startswith(f + ".") for f in RUN_SET_FIELDS) and (
-        mine.get(field) != base.get(field)):
+def check_not_overwritten(before: dict, config: ml_collections.ConfigDict) -> None:
+  """A suite's ``get_config`` that set one of ``OVERWRITTEN_FIELDS`` before ``apply_run``
+  (``before``: its flattened config then) lost it without a word (a 2-stream HC trained 4
+  streams). Refused, naming the field, where the value was not base.py's and ``apply_run``
+  changed it."""
+  base, after = _base_fields(), recipe.flatten_fields(config.to_dict())
+  for field in sorted(before.keys() | after.keys()):
+    if (any(field == f or field.startswith(f + ".") for f in OVERWRITTEN_FIELDS)
+        and before.get(field) != base.get(field) and before.get(field) != after.get(field)):
       raise ConfigError(
-          f"config.{field}={mine.get(field)!r} is set before sweep.apply_run, which sets the "
-          f"run's design (with its defaults), shape, LR and name and would overwrite it; "
-          f"allowed: set it after apply_run (c = sweep_lib.apply_run(c, run, ...); "
-          f"c.{field} = ...), or --config.{field}=... on the command line")
+          f"config.{field}={before.get(field)!r} is set before sweep.apply_run, which sets the "
+          f"run's design (with its defaults), shape, FFN and LR and made it "
+          f"{after.get(field)!r}; allowed: set it after apply_run (c = sweep_lib.apply_run(c, "
+          f"run, ...); c.{field} = ...), or --config.{field}=... on the command line")
 
 
 def apply_run(config: ml_collections.ConfigDict, run: dict[str, Any],
@@ -154,7 +156,7 @@ def apply_run(config: ml_collections.ConfigDict, run: dict[str, Any],
     raise ConfigError(f"config argument arch={run['arch']!r}; allowed: "
                       f"{', '.join(registry.names())}")
   design = registry.get(run["arch"])
-  check_not_overwritten(config)
+  before = recipe.flatten_fields(config.to_dict())
   model = shaped_model(config.model, run["shape"], ffn)
   # A None default (KEEL's alpha = 2L) as an untyped reference: config_flags refuses to
   # override a None field; the design's check reads whatever the flag gives.
@@ -164,6 +166,7 @@ def apply_run(config: ml_collections.ConfigDict, run: dict[str, Any],
   config.model = model
   config.lr = run["lr"]
   config.name = run_name(run["arch"], run["shape"], run["lr"])
+  check_not_overwritten(before, config)
   return config
 
 

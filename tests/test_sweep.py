@@ -515,6 +515,9 @@ def get_config(arg=None):
     (SMOKE_BODY.format(line="c.model.residual.n_streams = 2"),
      "config.model.residual.n_streams=2 is set before sweep.apply_run"),
     (SMOKE_BODY.format(line="c.lr = 5e-4"), "config.lr=0.0005 is set before sweep.apply_run"),
+    (SMOKE_BODY.format(line="c.model.ffn_dim = 512"),
+     "config.model.ffn_dim=512 is set before sweep.apply_run, which sets the run's design (with "
+     "its defaults), shape, FFN and LR and made it None"),
     # A misspelt design key fell back to the default LR silently.
     ("LR_BY_ARCH = {'deepnrom': 2e-3}\n", "LR_BY_ARCH key 'deepnrom'; allowed: preln, "),
     ("LR_GRID = {'hc': 1e-3}\n", "LR_GRID['hc']=0.001; allowed: a tuple of positive LRs"),
@@ -527,12 +530,22 @@ def get_config(arg=None):
      "NameError: name 'STEPS' is not defined; allowed: a get_config that runs"),
 ])
 def test_a_suite_file_mistake_is_one_error_line_naming_it(tiny, capsys, edit, error):
+  """(The shape's own fields set before apply_run are not refused: the run's argument names the
+  shape it replaces them with, as tests/reliability/tiny_suite.py does.)"""
   with open(tiny["config"], "a") as f:
     f.write(edit)
   assert sweep.main([tiny["config"], "--results_dir", tiny["results"], "--dry_run"]) == 2
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and err[0].startswith("error: ") and error in err[0], err
   assert not os.path.exists(tiny["results"])
+
+
+def test_a_shape_set_before_apply_run_is_the_runs_own(tiny, capsys):
+  with open(tiny["config"], "a") as f:
+    f.write(SMOKE_BODY.format(line="c.model.d_model = 32; c.model.n_layers = 2; "
+                                   "c.data.tokenizer = 'byte'; c.data.source = 'embedded'"))
+  assert sweep.main([tiny["config"], "--results_dir", tiny["results"], "--dry_run"]) == 0
+  assert "4 runs (0 done, 4 to run)" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("flag", ["--results", "--dry"])
