@@ -368,8 +368,9 @@ def recipe_edits(config_path: str, runs: Sequence[Run]) -> list[tuple[Run, list]
   for run in runs:
     trained = trained_config(run.workdir)
     if trained is not None:
-      changed = config_check.recipe_changes(trained, config_of(module, run.arg))
-      if run_state(run.workdir) == "done":
+      config = config_of(module, run.arg)
+      changed = config_check.recipe_changes(trained, config)
+      if run_state(run.workdir, config) == "done":   # not one the sweep relaunches
         changed = [c for c in changed if not recipe.is_own_field(c[0])]
       if changed:
         out.append((run, changed))

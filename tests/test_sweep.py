@@ -253,6 +253,16 @@ def test_a_run_diverged_under_other_divergence_rules_is_relaunched(tiny, monkeyp
   assert [sweep.run_state(r.workdir) for r in runs[:2]] == ["done", "done"]
   assert [sweep.run_state(r.workdir, sweep.config_of(module, r.arg))
           for r in runs[:2]] == ["done", "partial"]
+  # Relaunched, it resumes: its own fields must match as for any started run (another
+  # data.path there is refused by the trainer, so here before anything runs).
+  moved = dict(sweep.config_of(module, runs[1].arg).to_dict(), skip_nonfinite_steps=True)
+  moved["data"] = dict(moved["data"], path="/elsewhere")
+  write_summary(runs[1].workdir, status="diverged", config=moved)
+  with pytest.raises(ConfigError, match="data.path"):
+    sweep.check_recipes(tiny["config"], runs)
+  write_summary(runs[1].workdir, status="diverged", config=dict(
+      sweep.config_of(module, runs[1].arg).to_dict(), skip_nonfinite_steps=True))
+  sweep.check_recipes(tiny["config"], runs)
   outcome = sweep.execute(tiny["config"], runs, tiny["main_cmd"])
   assert outcome["skipped"] == runs[:1]
   assert [os.path.basename(c["workdir"]) for c in calls(tiny["log"])] == [
