@@ -32,6 +32,7 @@ import functools
 import importlib.util
 import json
 import math
+import numbers
 import os
 import re
 import shlex
@@ -293,9 +294,10 @@ def check_lr_tables(module, config_path: str) -> None:
   a misspelt design key fell back to the default grid silently, and a grid typed as a string
   was read one character at a time (an error about lr='e')."""
   from depthbench_jax.residual import registry  # Local: pulls in jax/flax.
-  positive = lambda x: (isinstance(x, (int, float)) and not isinstance(x, bool)
+  positive = lambda x: (isinstance(x, numbers.Real) and not isinstance(x, bool)
                         and math.isfinite(x) and x > 0)
-  grid_ok = lambda v: isinstance(v, (tuple, list)) and bool(v) and all(map(positive, v))
+  grid_ok = lambda v: (not isinstance(v, (str, bytes, dict)) and hasattr(v, "__len__")
+                       and len(v) > 0 and all(map(positive, v)))   # a numpy array is one
   if hasattr(module, "DEFAULT_LRS") and not grid_ok(module.DEFAULT_LRS):
     raise ConfigError(f"{config_path}: DEFAULT_LRS={module.DEFAULT_LRS!r}; allowed: a tuple of "
                       f"positive LRs, e.g. (5e-4, 1e-3)")

@@ -550,6 +550,13 @@ def test_a_suite_file_mistake_is_one_error_line_naming_it(tiny, capsys, edit, er
   assert not os.path.exists(tiny["results"])
 
 
+def test_an_lr_grid_may_be_a_numpy_array(tiny, capsys):
+  with open(tiny["config"], "a") as f:
+    f.write("import numpy as np\nDEFAULT_LRS = 5e-4 * 2.0 ** np.arange(4)\n"
+            "LR_GRID = {'hc': np.array([1e-3, 2e-3])}\n")
+  assert sweep.main([tiny["config"], "--results_dir", tiny["results"], "--dry_run"]) == 0
+
+
 def test_a_shape_set_before_apply_run_is_the_runs_own(tiny, capsys):
   with open(tiny["config"], "a") as f:
     f.write(SMOKE_BODY.format(line="c.model.d_model = 32; c.model.n_layers = 2; "
