@@ -256,10 +256,13 @@ def check_same_run(config, workdir: str) -> None:
       differ = ", ".join(f"config.{f}={a.get(f)!r} (process {other}: {b.get(f)!r})"
                          for f in fields[:3])
       differ += f" and {len(fields) - 3} more fields" if len(fields) > 3 else ""
-    raise HostsDiffer(
-        f"process {me} of {jax.process_count()} runs {differ}; allowed: the same suite file, "
-        f"run and --results_dir on every host (a host restarted mid-sweep: restart "
-        f"run_sweep.sh on every host)")
+    allowed = ("the same suite file, run and --results_dir on every host (a host restarted "
+               "mid-sweep: restart run_sweep.sh on every host)")
+    if differ.startswith("config.data.path=") and " and " not in differ and "), " not in differ:
+      # One spelling: config.json and every resume compare it (the fingerprint, the content).
+      allowed = ("the same config.data.path on every host (FINEWEB_EDU_PATH alike: one shared "
+                 "folder, or an identical copy at that path on each host)")
+    raise HostsDiffer(f"process {me} of {jax.process_count()} runs {differ}; allowed: {allowed}")
 
 
 def check_results_shared(workdir: str) -> None:

@@ -437,7 +437,7 @@ def check_same_data(now: dict, config) -> None:
           f"{_data_where(config)}: process {jax.process_index()} of {jax.process_count()} reads "
           f"{_data_held(now)}, process {other} {_data_held(json.loads(theirs))}: the global "
           f"batch would repeat some windows and skip others; allowed: the same shards on every "
-          f"host (one shared path, or identical copies)")
+          f"host (one shared path, or identical copies at that path)")
 
 
 def _data_where(config) -> str:

@@ -522,6 +522,10 @@ def test_processes_of_one_run_refuse_other_configs_or_workdirs(monkeypatch, tmp_
     post(1, helpers.tiny_config(warmup_steps=3))
   with pytest.raises(ConfigError, match=r"--workdir=.*other.*process 0 --workdir=.*run;"):
     post(1, config, str(tmp_path / "other"))
+  # Per-host copies at other paths: the path is part of the run (config.json, resumes): said so.
+  with pytest.raises(ConfigError, match=r"config.data.path='/nvme1/fineweb-edu' \(process 0: "
+                                        r"''\); allowed: the same config.data.path on every host"):
+    post(1, helpers.tiny_config(**{"data.path": "/nvme1/fineweb-edu"}))
   four = helpers.tiny_config(warmup_steps=3, seed=7, steps=30, log_every=3)
   with pytest.raises(ConfigError, match=r"runs config.log_every=3 .*config.seed=7 .*and 1 more "
                                         r"fields; allowed"):
