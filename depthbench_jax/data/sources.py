@@ -153,6 +153,10 @@ def _as_str(x) -> str:
 def tfds_shards(name: str, data_dir: str | None) -> list[Shard]:
   builder = _tfds_builder(name, data_dir)
   n = builder.info.splits["train"].num_examples
+  # The split's bytes stand for its content: the same name, version and count prepared again
+  # with other text kept every key, and the token cache served the old tokens (a rewrite to
+  # exactly as many bytes is still not seen: TFDS records no content hash to read cheaply).
+  size = builder.info.splits["train"].num_bytes
   version = str(builder.info.version)
   safe = f"{builder.name}-{builder.builder_config.name if builder.builder_config else ''}"
   shards = []
@@ -160,7 +164,7 @@ def tfds_shards(name: str, data_dir: str | None) -> list[Shard]:
     stop = min(n, start + TFDS_DOCS_PER_SHARD)
     split = f"train[{start}:{stop}]"
     shards.append(Shard(
-        key=f"tfds-{safe}-{version}-n{n}-{start}-{stop}",
+        key=f"tfds-{safe}-{version}-n{n}-b{size}-{start}-{stop}",
         description=f"tfds {name} {split} (data_dir={data_dir})",
         read=lambda split=split: tfds_documents(name, data_dir, split),
         val_every=VAL_EVERY["tfds"]))

@@ -1,4 +1,5 @@
 import os
+import sys
 import time
 
 import numpy as np
@@ -293,9 +294,13 @@ def test_token_stream_refuses_strides_and_mixed_dtypes(tmp_path):
 # ------------------------------------------------------------------------------------ TFDS
 
 
+TFDS_TEXT = "tfds document {i:03d} says hello."   # what the tiny builder writes (a format)
+
+
 @pytest.fixture(scope="module")
-def tfds_data_dir(tmp_path_factory):
-  """Builds a tiny ArrayRecord TFDS dataset `depthbench_tiny_text` locally (no network)."""
+def tfds_builder():
+  """A tiny ArrayRecord TFDS dataset `depthbench_tiny_text` (250 documents of ``TFDS_TEXT``);
+  returns its builder class (registered once)."""
   import tensorflow_datasets as tfds
 
   class DepthbenchTinyText(tfds.core.GeneratorBasedBuilder):
@@ -311,11 +316,28 @@ def tfds_data_dir(tmp_path_factory):
 
     def _generate_examples(self, n):
       for i in range(n):
-        yield i, {"text": f"tfds document {i:03d} says hello."}
+        yield i, {"text": TFDS_TEXT.format(i=i)}
 
+  return DepthbenchTinyText
+
+
+@pytest.fixture(scope="module")
+def tfds_data_dir(tfds_builder, tmp_path_factory):
   data_dir = str(tmp_path_factory.mktemp("tfds"))
-  DepthbenchTinyText(data_dir=data_dir, file_format="array_record").download_and_prepare()
+  tfds_builder(data_dir=data_dir, file_format="array_record").download_and_prepare()
   return data_dir
+
+
+def test_tfds_cache_key_follows_content(tfds_builder, tfds_data_dir, tmp_path, monkeypatch):
+  """The same dataset name, version and count prepared again with other text (its cleaning
+  fixed) kept its shards' keys, so the token cache served the old tokens, and a resume's data
+  fingerprint (its shard keys) could not notice."""
+  monkeypatch.setattr(sys.modules[__name__], "TFDS_TEXT", "tfds document {i:03d} says hi!")
+  tfds_builder(data_dir=str(tmp_path), file_format="array_record").download_and_prepare()
+  old = [s.key for s in sources.tfds_shards("depthbench_tiny_text", tfds_data_dir)]
+  new = [s.key for s in sources.tfds_shards("depthbench_tiny_text", str(tmp_path))]
+  assert len(old) == len(new) == 1 and old != new
+  assert old == [s.key for s in sources.tfds_shards("depthbench_tiny_text", tfds_data_dir)]
 
 
 def test_tfds_reader_on_local_dataset(tfds_data_dir):
