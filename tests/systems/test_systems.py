@@ -24,11 +24,13 @@ from tests import helpers
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def model_cfg(design="preln", n_layers=2, d_model=64, n_heads=4, vocab=64, seq=64, **res):
+def model_cfg(design="preln", n_layers=2, d_model=64, n_heads=4, vocab=64, seq=64,
+              n_kv_heads=None, **res):
   from configs import base
   from depthbench_jax.residual import registry
   m = base.get_config().model
   m.vocab_size, m.n_layers, m.d_model, m.n_heads = vocab, n_layers, d_model, n_heads
+  m.n_kv_heads = n_kv_heads
   m.max_seq_len = seq
   m.residual = ml_collections.ConfigDict({**registry.get(design).defaults, "name": design, **res})
   return model_config_from(m)
@@ -41,22 +43,24 @@ def paper_shape(shape):
 
 
 @functools.lru_cache(maxsize=None)
-def _tiny_prefill(design, kernel="xla"):
+def _tiny_prefill(design, kernel="xla", n_kv_heads=None):
   """XLA's prefill analysis and the analytic as-computed FLOPs of a tiny model at T=256."""
-  cfg = dataclasses.replace(model_cfg(design, n_layers=3, d_model=64, vocab=256, seq=256),
-                            attention_kernel=kernel)
+  cfg = dataclasses.replace(model_cfg(design, n_layers=3, d_model=64, vocab=256, seq=256,
+                                      n_kv_heads=n_kv_heads), attention_kernel=kernel)
   return xla.prefill_analysis(cfg, 256, dtype="float32"), flops.prefill_flops(cfg, 256,
                                                                               causal=False)
 
 
-@pytest.mark.parametrize("design,kernel", [("preln", "xla"), ("hc", "xla"),
-                                           ("attnres_full", "xla"), ("moda", "xla"),
-                                           ("preln", "fused")])   # off-GPU 'fused' is blocked
-def test_analytic_flops_match_xla_on_a_tiny_model(design, kernel):
+@pytest.mark.parametrize("design,kernel,kv", [
+    ("preln", "xla", None), ("hc", "xla", None), ("attnres_full", "xla", None),
+    ("moda", "xla", None), ("preln", "fused", None),    # off-GPU 'fused' is blocked
+    ("preln", "xla", 2)])   # GQA (the 1.6B layout): the T^2 term has every query head
+def test_analytic_flops_match_xla_on_a_tiny_model(design, kernel, kv):
   # Small vocab and d so the design terms and the T^2 term are a visible share of the total:
   # at T=256 the blocked attention computes 9/16 of the T x T, and "as computed" vs the whole
-  # T x T differ by ~20% of the total, so the 5% below tells them apart.
-  out, analytic = _tiny_prefill(design, kernel)   # analytic: the attention as computed
+  # T x T differ by ~20% of the total, so the 5% below tells them apart (and the T^2 term
+  # counted over the KV heads alone, ~12%).
+  out, analytic = _tiny_prefill(design, kernel, kv)   # analytic: the attention as computed
   assert out["xla_flops"] == pytest.approx(analytic, rel=0.05)
   # cost_analysis counts the scanned body once; the correction restores L - 1 layers.
   assert out["xla_flops_scanned"] < out["xla_flops"]
