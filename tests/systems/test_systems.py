@@ -234,6 +234,15 @@ def test_kv_cache_and_state_bytes():
     assert costs.kv_cache_bytes(cfg, 4096, batch=3, dtype="float32") == per_token * 4096 * 12
   gqa = dataclasses.replace(model_cfg("preln", n_layers=2, d_model=64, n_heads=4), n_kv_heads=2)
   assert costs.kv_cache_bytes(gqa, 10) == 2 * 2 * 2 * 16 * 10 * 2
+  # The formula is the cache the decoder allocates (it was compared with copies of itself: a
+  # cache of every query head's K/V, or fp32 under bf16 compute, read as the formula's bytes).
+  from depthbench_jax.model import decode
+  bf16 = dataclasses.replace(gqa, dtype="bfloat16")
+  leaves = jax.tree_util.tree_flatten_with_path(jax.eval_shape(
+      lambda: decode.init_cache(bf16, 3, 10)))[0]
+  kv = [x for path, x in leaves if jax.tree_util.keystr(path).endswith(("_key']", "_value']"))]
+  assert len(kv) == 2 and sum(x.size * x.dtype.itemsize for x in kv) == costs.kv_cache_bytes(
+      bf16, 10, batch=3, dtype="bfloat16")
   t, d, L = 16, 64, 2
   assert costs.residual_state_bytes(model_cfg("preln"), t) == t * d * 2
   assert costs.residual_state_bytes(model_cfg("hc"), t) == 4 * t * d * 2
