@@ -886,6 +886,15 @@ def test_bench_quick_mode(tmp_path, capsys):
   hc = next(r for r in result["train"] if r["design"] == "hc")
   band = hc["step_over_preln_rounds"]
   assert band["q1"] <= band["median"] <= band["q3"]
+  # MFU's numerator is the train step's FLOPs (fwd + bwd, causal) of each design's own model:
+  # only mfu > 0 was checked, so a forward-only count (MFU a third) passed.
+  from depthbench_jax.systems.flops import train_flops_per_token
+  quick = bench.PRESETS["quick"]
+  for row in (pre, hc):
+    cfg = model_config_from(bench.bench_config(quick, row["design"]).model)
+    assert row["model_flops_per_step"] == pytest.approx(
+        train_flops_per_token(cfg, quick.seq_len) * quick.batch * quick.seq_len)
+    assert row["mfu"] == pytest.approx(row["model_flops_per_s"] / result["matmul_peak_flops"])
   assert result["compile"]["deep_s"] > 0 and result["matmul_peak_flops"] > 0
   assert pre["attention"] == "xla-blocked" and result["device_memory"] == {"2x32": None}
   assert "ours_over_hf" in pre and pre["hf_matmul_peak_flops"] > 0
