@@ -48,7 +48,12 @@ def _t(x) -> str:
 
 
 def _mb(x) -> str:
-  return "-" if x is None else _num(x / 2**20, 0)
+  """MiB, one decimal below 10 where it is not whole: a 1.5 MiB state printed as 2 (and a drop
+  from 2 to 1.5 MiB with depth as none)."""
+  if x is None:
+    return "-"
+  v = x / 2**20
+  return _num(v, 1 if abs(v) < 10 and not float(v).is_integer() else 0)
 
 
 def _gb(x) -> str:
@@ -178,7 +183,8 @@ def plot_context_curve(curve: Sequence[dict], path: str) -> str:
   ax2.set_ylabel(f"prefill FLOPs / {shapes[0][2]}" if len(base) == 1 else
                  "prefill FLOPs / its scale's shallowest shape")
   ax2.set_title("cost of depth at iso-parameters vs context")
-  ax2.legend(fontsize=8)
+  for ax in (ax1, ax2):
+    ax.legend(fontsize=8)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)
@@ -205,7 +211,7 @@ def curve_markdown(curve: Sequence[dict]) -> str:
       lines = ["| T | " + " | ".join(f"{t // 1024}k" for t in ts) + " |",
                "|---|" + "---|" * len(ts)]
     for shape in (lo, hi):
-      lines.append(f"| {shape} TFLOPs | " + " | ".join(f"{by_shape[shape][t] / 1e12:.1f}"
+      lines.append(f"| {shape} TFLOPs | " + " | ".join(_num(by_shape[shape][t] / 1e12, 1)
                                                       for t in ts) + " |")
     lines.append(f"| {hi} / {lo} | " + " | ".join(f"{by_shape[hi][t] / by_shape[lo][t]:.2f}"
                                                   for t in ts) + " |")

@@ -527,6 +527,14 @@ def test_table_shows_a_small_model_in_significant_figures():
   assert [table._num(v, k) for v, k in ((3.4921, 2), (1234.4, 0), (0.76, 2), (0.0234, 2),
                                         (4.92e-7, 0), (0.0, 2))] == [
       "3.49", "1,234", "0.76", "0.023", "4.9e-07", "0.00"]
+  # MiB: a 1.5 MiB state printed as 2; whole MiB and 10 up keep no decimals.
+  assert [table._mb(v * 2**20) for v in (1.5, 5, 9.5, 707.4, 0.75)] == [
+      "1.5", "5", "9.5", "707", "0.75"]
+  # The context curve's TFLOPs too: a smoke model's 0.024 printed 0.0 beside the table's 0.024.
+  small = [{"design": "preln", "shape": s, "n_layers": L, "seq_len": 2048,
+            "prefill_flops_causal": f} for s, L, f in (("4x128", 4, 2.4e10), ("8x96", 8, 3.3e10))]
+  assert table.curve_markdown(small).splitlines()[2:4] == ["| 4x128 TFLOPs | 0.024 |",
+                                                          "| 8x96 TFLOPs | 0.033 |"]
   row = {"design": "preln", "shape": "4x128", "aspect_ratio": 32.0, "params_total": 918784,
          "prefill_flops_causal": 1.2e8, "prefill_flops_computed": 1.3e8,
          "prefill_flops_paper": 1.0e8, "kv_cache_bytes": 131072, "residual_state_bytes": 16384,
