@@ -20,12 +20,14 @@ repository; choices where the paper is silent):
   layer t's two sublayers add (``LayerWiring.sublayer``): ``F`` in Pre-LN and LNS, ``N_post(F)``
   in Sandwich-LN, in these three exactly Csordas's ``h_(t+1) - h_t``; in the others, whose state
   change is no sum of increments, the sublayer outputs ``F`` (the spec's ``f_l`` option).
-  Skipping sets layer s's contribution to the state to zero through the design's own ``skip``
-  (Pre-LN: ``h_(s+1) := h_s``). In every design that is Csordas's "layer absent", which equals
-  the spec's "update set to zero" for those three only: HC/mHC also undo the layer's stream
-  mixing (``y = 0`` would still apply ``A_r``), DeepNorm and KEEL skip the post-norm too,
-  AttnRes and MoDA mask the layer's sources (a zero source would still take softmax weight).
-  ``CAUSAL_SKIP`` says so in diagnostics.json.
+  Skipping (``causal_skip``, ``CAUSAL_SKIPS``): by default the spec's "update set to zero",
+  layer s's two sublayer outputs ``F`` := 0 with the design's own write still applied
+  (residuals-detail 6.2: "replacing layer s's sublayer outputs by 0"); ``'absent'`` is Csordas
+  et al.'s ``h_(s+1) := h_s`` through the design's own ``skip``. The two agree for Pre-LN, LNS
+  and Sandwich-LN, and for AttnRes up to the pre-norm's eps (a zero source only rescales the
+  sum the next norm reads); they differ where a layer does more than add ``F``: HC/mHC still
+  mix the streams (``A_r``, ``H_res``) with ``F = 0``, DeepNorm and KEEL still post-normalise,
+  MoDA still writes the layer's depth K/V. diagnostics.json records which.
 * **Permutation score** ``P[i, j] = (loss_swapped - loss) / loss`` for ``i < j``: signed, as the
   spec and the seed's "how much swapping raises LM loss". [DIAG] takes ``|.|``; the two differ
   only for a swap that *lowers* the loss, which the signed score never counts above a positive
@@ -53,9 +55,13 @@ Array = jax.Array
 
 PAPER_CAUSAL_THRESHOLD = 0.45
 PAPER_PERMUTATION_THRESHOLD = 0.15
-# What the causal score's skip is (module doc), as diagnostics.json records it.
-CAUSAL_SKIP = ("layer s absent (Csordas et al.: the state as if it were not there); the spec's "
-               "'update set to zero' in Pre-LN, LNS and Sandwich-LN only")
+# The causal score's skips (module doc): ``config.diagnostics.causal_skip`` -> what
+# diagnostics.json records.
+CAUSAL_SKIPS = {
+    "zero_update": "layer s's sublayer outputs set to zero, its own write still applied (the "
+                   "spec's 'update set to zero')",
+    "absent": "layer s absent (Csordas et al.: the state as if it were not there); the spec's "
+              "'update set to zero' in Pre-LN, LNS, Sandwich-LN and AttnRes only"}
 
 
 # ---------------------------------------------------------------------------------------------

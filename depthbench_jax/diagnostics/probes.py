@@ -55,6 +55,7 @@ class Options:
   permutation_threshold: float = metrics.PAPER_PERMUTATION_THRESHOLD
   curve_points: int = 101            # thresholds linspace(0, 1, curve_points) for the share curves
   causal_reduction: str = "mean"     # 'mean' over tokens (spec) | 'max' (Csordas et al.)
+  causal_skip: str = "zero_update"   # metrics.CAUSAL_SKIPS: the spec's | 'absent' (Csordas)
   causal_chunk: int = 0              # gated networks per vmapped batch; 0 = one at a time
   permutation_chunk: int = 8         # swap orders per vmapped batch; 0 = one at a time
   permutation_pairs: str = "all"     # 'all' i<j pairs (full heatmap) | 'late' (only the share's)
@@ -87,6 +88,9 @@ class Options:
     if self.causal_reduction not in ("mean", "max"):
       raise ConfigError(f"config.diagnostics.causal_reduction={self.causal_reduction!r}; "
                         "allowed: mean, max")
+    if self.causal_skip not in metrics.CAUSAL_SKIPS:
+      raise ConfigError(f"config.diagnostics.causal_skip={self.causal_skip!r}; allowed: "
+                        f"{', '.join(metrics.CAUSAL_SKIPS)}")
     if self.permutation_pairs not in ("all", "late"):
       raise ConfigError(f"config.diagnostics.permutation_pairs={self.permutation_pairs!r}; "
                         "allowed: all, late")
@@ -221,7 +225,8 @@ class Probes:
     gates = 1.0 - jnp.eye(self.n_layers, dtype=jnp.float32)
 
     def row(gate):
-      _, layers = self.model.apply({"params": params}, inputs, gate=gate, return_layers=True)
+      _, layers = self.model.apply({"params": params}, inputs, gate=gate, return_layers=True,
+                                   gate_outputs=self.options.causal_skip == "zero_update")
       return metrics.causal_score_row(update, layers["update"], self.options.causal_reduction)
 
     return jax.lax.map(row, gates, batch_size=self.options.causal_chunk or None)
@@ -268,7 +273,7 @@ class Probes:
       timing["causal_s"] = time.perf_counter() - t0
       result["causal"] = _scored(causal, late_pairs, opt.causal_threshold, opt.curve_points)
       result["causal"]["reduction"] = opt.causal_reduction
-      result["causal"]["skip"] = metrics.CAUSAL_SKIP
+      result["causal"]["skip"] = metrics.CAUSAL_SKIPS[opt.causal_skip]
 
     if opt.run_permutation and len(self.orders):
       t0 = time.perf_counter()

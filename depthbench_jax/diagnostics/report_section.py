@@ -176,6 +176,22 @@ def heatmap_paths(runs: Sequence[Run], which: Sequence[str] = HEATMAPS) -> list[
   return out
 
 
+def skips_used(runs: Sequence[Run]) -> str:
+  """How the runs' causal scores skipped a layer (``causal.skip``), in words: one phrase, or
+  each with its runs' count when they differ (an older diagnostics.json: 'absent')."""
+  from depthbench_jax.diagnostics.metrics import CAUSAL_SKIPS
+  short = {CAUSAL_SKIPS["zero_update"]: "by setting its sublayer outputs to zero (the spec)"}
+  used: dict[str, int] = {}
+  for _, diag in runs:
+    if "causal" in diag:
+      skip = diag["causal"].get("skip") or CAUSAL_SKIPS["absent"]
+      phrase = short.get(skip, "as absent (Csordas et al.)")
+      used[phrase] = used.get(phrase, 0) + 1
+  if len(used) > 1:
+    return "in two ways, not comparable: " + "; ".join(f"{p} in {n} runs" for p, n in used.items())
+  return next(iter(used), short[CAUSAL_SKIPS["zero_update"]])
+
+
 def _loss(run: Run) -> float:
   """The loss diagnostics measured; inf when absent (``probes.to_jsonable`` stores a NaN loss
   as null, so a diverged model's reads inf too)."""
@@ -272,8 +288,7 @@ def section(runs: Sequence[Any], relative_to: str | None = None, heading: bool =
       "curves over thresholds are in each run's plots/diag_share_curves.png. Angular distance "
       "compares each design's residual-equivalent state after each layer (x; HC/mHC the sum of "
       "streams; AttnRes the sum of its sources, Pre-LN's x: not a layer's own read); the causal "
-      "score skips a layer as absent (Csordas et al.), the spec's 'update set to zero' in "
-      "Pre-LN, LNS and Sandwich-LN only. diagnostics.json records both.\n",
+      f"score skips a layer {skips_used(runs)}. diagnostics.json records both.\n",
       diagnostics_table(runs), "\nCausal share by depth:\n", share_pivot(best, "causal"),
       "\nPermutation share by depth:\n", share_pivot(best, "permutation"), ""]
   paper = paper_comparison(best)

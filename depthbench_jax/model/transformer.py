@@ -65,7 +65,7 @@ class Block(nn.Module):
   def __call__(self, state, xs, rope):
     wiring, layer = self.wiring, xs["layer"]
     state_in = state
-    state, y_attn, y_mlp = _sublayers(self, state, layer, rope)
+    state, y_attn, y_mlp = _sublayers(self, state, layer, rope, xs.get("output_gate"))
     if "gate" in xs:  # only a diagnostics gate blends: with none, no pass over the state
       state = wiring.skip(state_in, state, xs["gate"])
 
@@ -105,13 +105,21 @@ class Block(nn.Module):
     return self.attn(u, rope) if sub == 0 else self.mlp(u)
 
 
-def _sublayers(block: Block, state, layer, rope):
-  """Attention then MLP through the block's wiring: ``(state, y_attn, y_mlp)``. A function, not
-  a method: flax would add a ``_sublayers`` scope to every op name (profile_step's parts)."""
+def _sublayers(block: Block, state, layer, rope, output_gate=None):
+  """Attention then MLP through the block's wiring: ``(state, y_attn, y_mlp)``; ``output_gate``
+  scales both sublayers' outputs ``F`` before the design writes them (0: the causal score's
+  'update set to zero'). A function, not a method: flax would add a ``_sublayers`` scope to
+  every op name (profile_step's parts)."""
   wiring = block.wiring
-  state, y_attn = wiring.sublayer(
-      state, 0, layer, lambda u, s: wiring.attend(block.attn, u, rope, s, layer))
-  state, y_mlp = wiring.sublayer(state, 1, layer, lambda u, s: (block.mlp(u), s))
+  gated = ((lambda y: y) if output_gate is None else
+           (lambda y: (output_gate * y).astype(y.dtype)))
+
+  def attention(u, s):
+    y, s = wiring.attend(block.attn, u, rope, s, layer)
+    return gated(y), s
+
+  state, y_attn = wiring.sublayer(state, 0, layer, attention)
+  state, y_mlp = wiring.sublayer(state, 1, layer, lambda u, s: (gated(block.mlp(u)), s))
   return state, y_attn, y_mlp
 
 
@@ -173,9 +181,14 @@ class Transformer(nn.Module):
 
   @nn.compact
   def __call__(self, tokens: Array, gate: Array | None = None, return_layers: bool = False,
-               positions: Array | None = None, logits_at: Array | None = None):
+               positions: Array | None = None, logits_at: Array | None = None,
+               gate_outputs: bool = False):
     """Logits [B,T,V]; with ``logits_at`` [B] only that position's per row, [B,1,V] (a prefill
-    reads one row: the LM head over all T was ~half a 512-token prefill's FLOPs at 8x512)."""
+    reads one row: the LM head over all T was ~half a 512-token prefill's FLOPs at 8x512).
+
+    ``gate`` [L] (diagnostics): each layer's state blended with its input (``LayerWiring.skip``,
+    gate 0 = the layer absent), or with ``gate_outputs`` its sublayers' outputs scaled (gate 0
+    = its update set to zero, the design's own write still applied)."""
     cfg = self.cfg
     design = registry.get(cfg.design)
     dtype = dtype_of(cfg.dtype)
@@ -192,7 +205,7 @@ class Transformer(nn.Module):
     state = pin(io.init_state(pin(x0)))  # HC's streams lose the split without it.
     xs = {"layer": jnp.arange(cfg.n_layers, dtype=jnp.int32)}
     if gate is not None:
-      xs["gate"] = gate.astype(dtype)
+      xs["output_gate" if gate_outputs else "gate"] = gate.astype(dtype)
     block_cls = _block_class(cfg, self.decode)
     variable_axes = {"params": 0, "intermediates": 0}
     if self.decode:

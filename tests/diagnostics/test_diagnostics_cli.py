@@ -125,7 +125,8 @@ def test_cli_on_a_run_whose_training_data_moved_is_one_error_line(tmp_path):
 # What a plain diagnose of a tiny run records: config.diagnostics' defaults, less the *_chunk
 # memory knobs (they do not change the numbers).
 DEFAULT = {"batch_size": 2, "causal_threshold": 0.45, "permutation_threshold": 0.15,
-           "curve_points": 101, "causal_reduction": "mean", "permutation_pairs": "all",
+           "curve_points": 101, "causal_reduction": "mean", "causal_skip": "zero_update",
+           "permutation_pairs": "all",
            "dead_threshold": 0.05, "run_causal": True, "run_permutation": True}
 
 

@@ -143,4 +143,4 @@ def test_every_design_full_diagnostics(design):
   # Other swaps: 6e-4 to 9e-3 of the loss at init, DeepNorm's 9e-7 (its beta-scaled init).
   assert abs(p[1, 3]) < 1e-6 and np.abs(p[0, 1:3]).max() > 1e-7, (design, p)
   assert np.isfinite(np.asarray(r["angular"]["matrix"])).all()
-  assert r["causal"]["skip"] == metrics.CAUSAL_SKIP   # which skip: the spec leaves it open
+  assert r["causal"]["skip"] == metrics.CAUSAL_SKIPS["zero_update"]   # which skip: recorded

@@ -368,3 +368,17 @@ def test_report_links_the_heatmaps_relative_to_its_folder(run, tmp_path):
   shutil.move(results, copied)
   links = re.findall(r"!\[[^]]*\]\(([^)]*diag_[^)]*)\)", (copied / "report.md").read_text())
   assert links and all(os.path.exists(copied / link) for link in links), links
+
+
+def test_the_report_says_how_the_causal_scores_skipped_a_layer():
+  """The default skip is the spec's; runs diagnosed with 'absent' (or by older code, which
+  recorded that or nothing) beside them are named as another measure, not pooled silently."""
+  from depthbench_jax.diagnostics import metrics
+  spec = ({}, {"causal": {"skip": metrics.CAUSAL_SKIPS["zero_update"]}})
+  old = ({}, {"causal": {}})
+  assert report_section.skips_used([spec, spec]) == (
+      "by setting its sublayer outputs to zero (the spec)")
+  assert report_section.skips_used([old]) == "as absent (Csordas et al.)"
+  assert report_section.skips_used([spec, old, ({}, {})]) == (
+      "in two ways, not comparable: by setting its sublayer outputs to zero (the spec) in 1 "
+      "runs; as absent (Csordas et al.) in 1 runs")

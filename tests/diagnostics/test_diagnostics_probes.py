@@ -141,6 +141,39 @@ def test_layer_that_writes_nothing_has_zero_causal_effect(preln):
   assert (c[0, 2:] > 1e-3).all() and c[2, 3] > 1e-3   # the other layers do matter
 
 
+@pytest.mark.parametrize("design", ["hc", "deepnorm"])
+def test_the_causal_skip_is_the_specs_update_set_to_zero(design):
+  """residuals-detail 6.2: skipping layer s replaces its sublayer outputs by 0. A layer that
+  writes nothing then changes nothing later (C = 0), in HC (whose layer still mixes the streams)
+  and DeepNorm (still post-normalises) as in Pre-LN; 'absent' (Csordas: the state as if the
+  layer were not there) undoes that mixing or norm too, and scored the silent layer as causal."""
+  cfg, params = _model(design)
+  rng = np.random.RandomState(1)   # away from init, where HC's maps and DeepNorm's gains are
+  params = jax.tree.map(           # identities and both skips agree
+      lambda a: jnp.asarray(a + 0.1 * rng.standard_normal(a.shape), a.dtype), params)
+  s = 1
+  layers = jax.tree.map(lambda a: a, params["layers"])
+  layers["self_attn"]["o_proj"]["kernel"] = layers["self_attn"]["o_proj"]["kernel"].at[s].set(0)
+  layers["mlp"]["down_proj"]["kernel"] = layers["mlp"]["down_proj"]["kernel"].at[s].set(0)
+  silent = {**params, "layers": layers}
+  scores = {}
+  for skip in ("zero_update", "absent"):
+    r = probes.Probes(cfg, probes.Options(causal_skip=skip, run_permutation=False)).run(
+        silent, _tokens())
+    scores[skip] = probes.from_jsonable_matrix(r["causal"]["matrix"])
+  np.testing.assert_allclose(scores["zero_update"][s, s + 1:], 0.0, atol=1e-6)
+  assert (scores["absent"][s, s + 1:] > 1e-3).all()
+  assert (scores["zero_update"][0, 2:] > 1e-3).all()   # the layers that write do matter
+
+
+def test_both_causal_skips_agree_for_pre_ln(preln):
+  cfg, params, _ = preln
+  got = [probes.from_jsonable_matrix(probes.Probes(cfg, probes.Options(
+      causal_skip=skip, run_permutation=False)).run(params, _tokens())["causal"]["matrix"])
+         for skip in ("zero_update", "absent")]
+  np.testing.assert_allclose(got[0], got[1], rtol=1e-5, atol=1e-6)
+
+
 def test_swapping_identical_layers_scores_zero(preln):
   cfg, params, pr = preln
   i, j = 1, 3
