@@ -248,6 +248,7 @@ def check_same_run(config, workdir: str) -> None:
   for other, theirs in enumerate(map(json.loads, gather_text(text))):
     if theirs == mine:
       continue
+    fields = []
     if theirs["workdir"] != mine["workdir"]:
       differ = f"--workdir={mine['workdir']}, process {other} --workdir={theirs['workdir']}"
     else:
@@ -258,7 +259,7 @@ def check_same_run(config, workdir: str) -> None:
       differ += f" and {len(fields) - 3} more fields" if len(fields) > 3 else ""
     allowed = ("the same suite file, run and --results_dir on every host (a host restarted "
                "mid-sweep: restart run_sweep.sh on every host)")
-    if differ.startswith("config.data.path=") and " and " not in differ and "), " not in differ:
+    if fields == ["data.path"]:
       # One spelling: config.json and every resume compare it (the fingerprint, the content).
       allowed = ("the same config.data.path on every host (FINEWEB_EDU_PATH alike: one shared "
                  "folder, or an identical copy at that path on each host)")
