@@ -3,9 +3,10 @@
 x: aspect ratio on a log axis, reversed, so depth grows to the right (shallow-wide on the left,
 deep-narrow on the right, as the paper reads). y: final val loss. The line joins each shape's
 best-LR run (per scale family), broken at a shape another design ran where this one has no
-usable run; grey dots are the other LRs; diverged runs (no val loss) are red crosses on the
-lower edge, below a dashed line under the losses, at their aspect ratio, each labelled with its
-LR: a position, not a value (``PLOT_CAPTION``, printed under the report's plots).
+usable run; grey dots are the other LRs; diverged runs and finished ones without a finite val
+loss are red crosses on the lower edge, below a dashed line under the losses, at their aspect
+ratio, each labelled with its LR: a position, not a value (``PLOT_CAPTION``, printed under the
+report's plots).
 """
 
 from __future__ import annotations
@@ -95,17 +96,17 @@ def loss_vs_aspect(records: Sequence[dict], groups: dict, out_dir: str) -> list[
           ax.annotate(f"{L}L", (x, y), textcoords="offset points", xytext=(0, 5), fontsize=7,
                       ha="center")
     # Finished without a val loss to draw: diverged, or (status ok) a non-finite one.
-    diverged = [r for r in mine if r.get("status") in ("diverged", "ok") and not is_usable(r)]
-    if diverged:  # In a band of their own below the losses, set off by a dashed line.
+    lost = [r for r in mine if r.get("status") in ("diverged", "ok") and not is_usable(r)]
+    if lost:  # In a band of their own below the losses, set off by a dashed line.
       low, high = ax.get_ylim()
       ticks = [t for t in ax.get_yticks() if low <= t <= high]   # none in the band
       ax.set_ylim(low - 0.15 * (high - low), high)
       ax.set_yticks(ticks)
       ax.axhline(low, color="red", lw=0.6, ls="--", alpha=0.5)
-      ax.scatter([r["aspect_ratio"] for r in diverged], [0.02] * len(diverged), marker="x",
+      ax.scatter([r["aspect_ratio"] for r in lost], [0.02] * len(lost), marker="x",
                  color="red", transform=ax.get_xaxis_transform(),
                  label="diverged or no finite val loss (below the line)", zorder=4)
-      for r in diverged:
+      for r in lost:
         ax.annotate(f"lr {format_lr(r['lr'])}" if r.get("lr") is not None else "diverged",
                     (r["aspect_ratio"], 0.02), xycoords=ax.get_xaxis_transform(),
                     textcoords="offset points", xytext=(4, 3), fontsize=7, color="red")
