@@ -705,7 +705,7 @@ def build_report(records: Sequence[dict], title: str = "DepthBench scorecard",
 
 
 def size_spread_note(records: Sequence[dict], tol: float = PAPER_ISO_TOTAL_TOL) -> str:
-  """`` Family F's shapes are not iso-parameter ...`` when a family's shapes (each at its
+  """`` The shapes [of family F] are not iso-parameter: ...`` when a family's shapes (each at its
   smallest run: the backbone's) differ by more than ``tol`` in both total and non-embedding
   parameters: its depth trend is also a size trend (a shape typed in off the solver's width;
   the iso-backbone control keeps the non-embedding count and is not named)."""

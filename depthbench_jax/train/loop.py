@@ -363,7 +363,8 @@ def _diverged_summary(workdir: str, config) -> dict | None:
   """The run's summary when it diverged under this config's recipe and divergence rules (and
   debug faults), else None. Run again, it retrained from its last checkpoint (from step 1
   without one, logging the same steps twice) to the same divergence, adding the time to
-  ``wall_time_s`` and device-hours; the sweep counts it as done (as this, ``sweep.run_state``)."""
+  ``wall_time_s`` and device-hours; the sweep counts it as done by the same rule
+  (``sweep.run_state``)."""
   done = _saved_summary(workdir)
   if not (done and done.get("status") == "diverged" and isinstance(done.get("config"), dict)):
     return None
