@@ -15,11 +15,17 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from depthbench_jax.diagnostics.metrics import CAUSAL_SKIPS  # noqa: E402
 from depthbench_jax.diagnostics.probes import from_jsonable_matrix  # noqa: E402
 
 
 def _title(result: dict, what: str) -> str:
   return f"{result.get('design', '?')} L={result.get('n_layers', '?')}: {what}"
+
+
+def _skip_word(causal: dict) -> str:
+  """``''`` for the spec's skip (``causal_skip='zero_update'``), else ``', layer absent'``."""
+  return "" if causal.get("skip") == CAUSAL_SKIPS["zero_update"] else ", layer absent"
 
 
 def _heatmap(matrix: np.ndarray, title: str, late_start: int, xlabel: str, ylabel: str,
@@ -80,8 +86,8 @@ def figures(result: dict) -> dict:
     c = from_jsonable_matrix(result["causal"]["matrix"])
     finite = c[np.isfinite(c)]
     pairs = np.triu(np.ones(c.shape, bool), 1)   # every s < t
-    figs["causal"] = _heatmap(c,
-                              _title(result, f"causal score C[s,t] ({result['causal']['reduction']})"),
+    what = f"causal score C[s,t] ({result['causal']['reduction']}{_skip_word(result['causal'])})"
+    figs["causal"] = _heatmap(c, _title(result, what),
                               late, "measured layer t", "skipped layer s",
                               vmax=max([1.0, *finite.tolist()]), measured=pairs)
   if "permutation" in result:

@@ -80,15 +80,30 @@ def _thresholds(runs: Sequence[Run], key: str) -> set:
   return {d[key]["threshold"] for _, d in runs if "threshold" in (d.get(key) or {})}
 
 
-def _share_cell(diag: dict, key: str, per_cell: bool) -> str:
+def _share_cell(diag: dict, key: str, per_cell: bool, mixed_skips: bool = False) -> str:
   """The ``key`` share; with ``per_cell`` (runs at other thresholds) followed by its own; a
   causal share reduced over tokens by other than the mean (``causal_reduction='max'``, never
-  below the mean's) says so."""
+  below the mean's) says so, and with ``mixed_skips`` (``_mixed_skips``) so does one scored
+  with the layer skipped as absent (``causal_skip``, and every diagnostics.json from before the
+  option)."""
   scored = diag.get(key) or {}
   cell = _pct(scored.get("share"))
   cell += f" (>{scored['threshold']:g})" if per_cell and "threshold" in scored else ""
   reduction = scored.get("reduction", "mean")
-  return cell + (f" ({reduction} over tokens)" if reduction != "mean" else "")
+  cell += f" ({reduction} over tokens)" if reduction != "mean" else ""
+  return cell + (" (layer absent)" if mixed_skips and key == "causal"
+                 and not _spec_skip(scored) else "")
+
+
+def _mixed_skips(runs: Sequence[Run]) -> bool:
+  """The runs' causal scores skipped a layer in both ways (``skips_used``)."""
+  return len({_spec_skip(d["causal"]) for _, d in runs if "causal" in d}) > 1
+
+
+def _spec_skip(causal: dict) -> bool:
+  """A causal score skipped the spec's way (``causal_skip='zero_update'``)."""
+  from depthbench_jax.diagnostics.metrics import CAUSAL_SKIPS  # Local: metrics imports jax.
+  return causal.get("skip") == CAUSAL_SKIPS["zero_update"]
 
 
 def diagnostics_table(runs: Sequence[Run]) -> str:
@@ -104,6 +119,7 @@ def diagnostics_table(runs: Sequence[Run]) -> str:
   runs = _sorted(runs)
   thresholds = {key: _thresholds(runs, key) for key in ("causal", "permutation")}
   per_cell = {key: len(values) > 1 for key, values in thresholds.items()}
+  mixed = _mixed_skips(runs)
   head = {key: f"{key} {key[0].upper()}>{min(values):g}" if len(values) == 1 else
           f"{key} share (>threshold)" for key, values in thresholds.items()}
   lines = [
@@ -120,7 +136,7 @@ def diagnostics_table(runs: Sequence[Run]) -> str:
     lines.append(
         f"| {_design(summary, diag)} | {_depth(summary, diag) or '?'} "
         f"| {_width(summary, diag) or '-'} | {lr_cell} "
-        f"| {_share_cell(diag, 'causal', per_cell['causal'])} "
+        f"| {_share_cell(diag, 'causal', per_cell['causal'], mixed)} "
         f"| {_share_cell(diag, 'permutation', per_cell['permutation'])} "
         f"| {_num((diag.get('angular') or {}).get('late_consecutive_mean'))} "
         f"| {_num(mixing.get('erank_late'), 2)} "
@@ -145,10 +161,10 @@ def share_pivot(runs: Sequence[Run], key: str = "causal") -> str:
     widths.setdefault(_depth(*r), set()).add(_width(*r))
   by_shape = any(len(w) > 1 for w in widths.values())
   column = lambda r: (_depth(*r) or 0, _width(*r) or 0) if by_shape else (_depth(*r) or 0, 0)
-  per_cell = len(_thresholds(runs, key)) > 1
+  per_cell, mixed = len(_thresholds(runs, key)) > 1, _mixed_skips(runs)
   cells: dict[tuple[str, tuple], Any] = {}
   for run in sorted(runs, key=lambda r: -_loss(r)):   # the lowest loss written last
-    cells[(_design(*run), column(run))] = (_share_cell(run[1], key, per_cell)
+    cells[(_design(*run), column(run))] = (_share_cell(run[1], key, per_cell, mixed)
                                            + step_mark(*run))
   columns = sorted({c for _, c in cells})
   designs = sorted({d for d, _ in cells})
@@ -178,18 +194,18 @@ def heatmap_paths(runs: Sequence[Run], which: Sequence[str] = HEATMAPS) -> list[
 
 def skips_used(runs: Sequence[Run]) -> str:
   """How the runs' causal scores skipped a layer (``causal.skip``), in words: one phrase, or
-  each with its runs' count when they differ (an older diagnostics.json: 'absent')."""
-  from depthbench_jax.diagnostics.metrics import CAUSAL_SKIPS
-  short = {CAUSAL_SKIPS["zero_update"]: "by setting its sublayer outputs to zero (the spec)"}
+  each with its runs' count when they differ (an older diagnostics.json: 'absent'; the tables
+  then mark those cells, ``_share_cell``)."""
+  spec, absent = "by setting its sublayer outputs to zero (the spec)", "as absent (Csordas et al.)"
   used: dict[str, int] = {}
   for _, diag in runs:
     if "causal" in diag:
-      skip = diag["causal"].get("skip") or CAUSAL_SKIPS["absent"]
-      phrase = short.get(skip, "as absent (Csordas et al.)")
+      phrase = spec if _spec_skip(diag["causal"]) else absent
       used[phrase] = used.get(phrase, 0) + 1
   if len(used) > 1:
-    return "in two ways, not comparable: " + "; ".join(f"{p} in {n} runs" for p, n in used.items())
-  return next(iter(used), short[CAUSAL_SKIPS["zero_update"]])
+    return ("in two ways, not comparable: " + "; ".join(f"{p} in {n} runs" for p, n in used.items())
+            + " (marked 'layer absent')")
+  return next(iter(used), spec)
 
 
 def _loss(run: Run) -> float:
@@ -252,8 +268,9 @@ def paper_comparison(best: Sequence[Any]) -> str | None:
         scored = diag.get(key) or {}
         if (scored.get("threshold", threshold) == threshold and "share" in scored
             and scored.get("reduction", "mean") == "mean"):
+          absent = " (layer absent)" if key == "causal" and not _spec_skip(scored) else ""
           rows.append(f"| {design} | {key} share > {threshold:g}, L={PAPER_DEPTH} | "
-                      f"~{100 * paper:.0f}% | {_pct(scored['share'])}"
+                      f"~{100 * paper:.0f}% | {_pct(scored['share'])}{absent}"
                       f"{shape((summary, diag))} |")
   for design, (low, high) in PAPER_ERANK.items():
     ranks = sorted(d["mixing"]["erank_late"] for s, d in runs if _design(s, d) == design

@@ -4,7 +4,9 @@ A design is two small Flax modules (see DEVELOPERS.md):
 
 * ``LayerWiring``: created once per Transformer layer inside the scanned ``Block`` (its params are
   stacked on the layer axis). ``read`` gives the input of sublayer ``F`` (norms included),
-  ``write`` applies the design's update equation, ``skip`` implements the diagnostics gate.
+  ``write`` applies the design's update equation, ``skip`` implements the diagnostics gate
+  under ``causal_skip='absent'`` (the default scales ``F``'s output, ``Transformer``'s
+  ``gate_outputs``).
 * ``StateIO``: top level. ``init_state`` turns the embedding into the carried state, ``readout``
   turns the final state into the (normalised) hidden state the LM head reads.
 

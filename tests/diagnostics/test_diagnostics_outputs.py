@@ -225,6 +225,11 @@ def test_paper_comparison_sets_depthbench_diagnostics_beside_ours():
             {"design": "preln", "n_layers": 32, "loss": 3.0,
              "causal": {"share": 0.6, "threshold": 0.45}})]
   table = report_section.paper_comparison(runs + other)
+  # A diagnostics.json without causal.skip (older code) scored the layer as absent: marked.
+  assert "| preln | causal share > 0.45, L=32 | ~1% | 2.0% (layer absent) (32x896) |" in table
+  from depthbench_jax.diagnostics import metrics
+  runs[0][1]["causal"]["skip"] = metrics.CAUSAL_SKIPS["zero_update"]
+  table = report_section.paper_comparison(runs + other)
   assert "| preln | causal share > 0.45, L=32 | ~1% | 2.0% (32x896) |" in table
   assert "| preln | permutation share > 0.15, L=32 | ~8% | 10.0% (32x896) |" in table
   assert "60.0%" not in table                          # other scales, recipes, no count
@@ -381,4 +386,16 @@ def test_the_report_says_how_the_causal_scores_skipped_a_layer():
   assert report_section.skips_used([old]) == "as absent (Csordas et al.)"
   assert report_section.skips_used([spec, old, ({}, {})]) == (
       "in two ways, not comparable: by setting its sublayer outputs to zero (the spec) in 1 "
-      "runs; as absent (Csordas et al.) in 1 runs")
+      "runs; as absent (Csordas et al.) in 1 runs (marked 'layer absent')")
+  # Each cell of the other measure is marked, and so is the paper comparison's number.
+  old = ({}, {"causal": {"share": 0.25, "threshold": 0.45}})
+  spec = ({}, {"causal": {"share": 0.25, "threshold": 0.45,
+                          "skip": metrics.CAUSAL_SKIPS["zero_update"]}})
+  assert report_section._share_cell(old[1], "causal", False, True) == "25.0% (layer absent)"
+  assert report_section._share_cell(spec[1], "causal", False, True) == "25.0%"
+  assert report_section._share_cell(old[1], "causal", False) == "25.0%"   # all one way
+  table = report_section.diagnostics_table([({"name": "a"}, {"design": "hc", "n_layers": 8,
+                                                             **old[1]}),
+                                            ({"name": "b"}, {"design": "hc", "n_layers": 16,
+                                                             **spec[1]})])
+  assert "| 25.0% (layer absent) |" in table and table.count("layer absent") == 1
