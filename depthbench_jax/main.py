@@ -18,6 +18,7 @@ without a heartbeat from a peer.
 
 from __future__ import annotations
 
+import collections
 import glob
 import json
 import os
@@ -228,6 +229,19 @@ def initialize_distributed(coordinator: str | None, num_processes: int | None,
                                **_timeouts())
 
 
+def check_even_hosts(devices_by_process: dict[int, int]) -> None:
+  """Every process drives as many devices, else one ``HostsDiffer`` on each (checked first:
+  every gather, ``gather_text`` included, reshapes ``jax.devices()`` to processes x local
+  devices and failed with a traceback). The mesh is that reshape too: with 2 devices on one
+  host and 6 on another a batch shard (a data x fsdp cell) would span both, and
+  ``validate_data`` counts shards per process, which holds only for even hosts."""
+  if len(set(devices_by_process.values())) > 1:
+    counts = ", ".join(f"process {p}: {n}" for p, n in sorted(devices_by_process.items()))
+    raise HostsDiffer(f"the processes drive different numbers of devices ({counts}); allowed: "
+                      f"the same number on every host (CUDA_VISIBLE_DEVICES, or one process per "
+                      f"device)")
+
+
 def check_same_run(config, workdir: str) -> None:
   """Every process trains the same config in the same workdir, else a HostsDiffer on each.
 
@@ -350,6 +364,7 @@ def main(argv):
   from depthbench_jax.train import config_check
   warn_if_gpus_idle(jax.default_backend())
   try:
+    check_even_hosts(collections.Counter(d.process_index for d in jax.devices()))
     check_same_run(config, _WORKDIR.value)
     check_results_shared(_WORKDIR.value)
   except HostsDiffer as err:

@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import collections
 import glob
 import json
 import math
@@ -316,24 +315,10 @@ def validate_without_devices(config) -> ModelConfig:
   return model_cfg
 
 
-def validate_even_hosts(devices_by_process: dict[int, int]) -> None:
-  """Every process drives as many devices: the mesh is ``jax.devices()`` reshaped, so with 2
-  on one host and 6 on another a batch shard (a data x fsdp cell) spans both, and each feeds it
-  other rows (a shape error at step 1). ``validate_data`` counts shards per process, which
-  holds only for even hosts."""
-  if len(set(devices_by_process.values())) > 1:
-    counts = ", ".join(f"process {p}: {n}" for p, n in sorted(devices_by_process.items()))
-    raise ConfigError(f"the processes drive different numbers of devices ({counts}); allowed: "
-                      f"the same number on every host (CUDA_VISIBLE_DEVICES, or one process per "
-                      f"device)")
-
-
 def validate(config, device_count: int, process_count: int | None = None) -> ModelConfig:
   """Returns the model's ``ModelConfig`` or raises the first ``ConfigError``."""
   import jax
-  if process_count is None:
-    process_count = jax.process_count()
-    validate_even_hosts(collections.Counter(d.process_index for d in jax.devices()))
+  process_count = jax.process_count() if process_count is None else process_count
   model_cfg = validate_without_devices(config)
   mesh = sharding.mesh_shape(config.mesh, device_count)
   validate_data(config.data, process_count, data_parallel=mesh[0] * mesh[1],

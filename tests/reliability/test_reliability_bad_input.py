@@ -797,6 +797,8 @@ def test_a_gpu_host_training_on_the_cpu_unasked_is_warned(monkeypatch, tmp_path,
 def test_hosts_with_different_device_counts_are_refused():
   """The mesh is jax.devices() reshaped: 2 devices on one host and 6 on another put a batch
   shard across both (a shape error at step 1); the shard check counted devices, not hosts."""
-  config_check.validate_even_hosts({0: 4, 1: 4})
-  with pytest.raises(ConfigError, match=r"\(process 0: 2, process 1: 6\); allowed: the same"):
-    config_check.validate_even_hosts({0: 2, 1: 6})
+  from depthbench_jax.errors import HostsDiffer
+  from depthbench_jax.main import check_even_hosts
+  check_even_hosts({0: 4, 1: 4})
+  with pytest.raises(HostsDiffer, match=r"\(process 0: 2, process 1: 6\); allowed: the same"):
+    check_even_hosts({0: 2, 1: 6})

@@ -266,14 +266,16 @@ def tensorboard_points(workdir, tag="train/loss"):
 
 
 def start_two_processes(workdir, flags, devices=1, flags_of_1=None, cwds=(helpers.ROOT,) * 2):
-  """Two local gloo processes of ``main.py`` with ``devices`` CPU devices each (process 1 with
-  ``flags_of_1`` where given), process i started in ``cwds[i]`` (two hosts' views of a path)."""
+  """Two local gloo processes of ``main.py`` with ``devices`` CPU devices each (a pair: each
+  process its own), process 1 with ``flags_of_1`` where given, process i started in ``cwds[i]``
+  (two hosts' views of a path)."""
   import portpicker
   port = portpicker.pick_unused_port()
+  devices = devices if isinstance(devices, tuple) else (devices, devices)
   return [subprocess.Popen(
       helpers.main_command(workdir, flags if i == 0 or flags_of_1 is None else flags_of_1),
       cwd=cwds[i],
-      env=helpers.subprocess_env(devices, JAX_COORDINATOR_ADDRESS=f"localhost:{port}",
+      env=helpers.subprocess_env(devices[i], JAX_COORDINATOR_ADDRESS=f"localhost:{port}",
                                  JAX_NUM_PROCESSES=2, JAX_PROCESS_ID=i),
       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
 
@@ -289,6 +291,21 @@ def test_two_processes_given_other_configs_both_refuse_before_writing(tmp_path):
   assert [p.returncode for p in procs] == [HOSTS_DIFFER] * 2, errors
   assert "error: process 0 of 2 runs config.warmup_steps=2 (process 1: 3); allowed:" in errors[0]
   assert "error: process 1 of 2 runs config.warmup_steps=3 (process 0: 2); allowed:" in errors[1]
+  assert not os.path.exists(workdir)
+
+
+def test_two_processes_driving_other_device_counts_both_refuse_before_writing(tmp_path):
+  """One host with 1 device, the other with 2: every gather reshapes jax.devices() to
+  processes x local devices, so both crashed with a traceback in the first (check_same_run's)
+  and a sweep went on to fail every run. Now one line on each, HOSTS_DIFFER, nothing written."""
+  from depthbench_jax.errors import HOSTS_DIFFER
+  workdir = str(tmp_path / "uneven")
+  procs = start_two_processes(workdir, helpers.tiny_flags(), devices=(1, 2))
+  errors = [p.communicate(timeout=120)[1] for p in procs]
+  assert [p.returncode for p in procs] == [HOSTS_DIFFER] * 2, errors
+  for err in errors:
+    assert ("error: the processes drive different numbers of devices (process 0: 1, process "
+            "1: 2); allowed:" in err) and "Traceback" not in err, err[-2000:]
   assert not os.path.exists(workdir)
 
 
