@@ -92,13 +92,21 @@ def load_plan(config_path: str, results_dir: str) -> list[dict]:
     raise ConfigError(f"{where}: {err}") from None
   except Exception as err:  # pylint: disable=broad-except  # sweep() entries that are no runs
     raise ConfigError(f"{where}: {type(err).__name__}: {err}; {allowed}") from None
+  module = load_config_module(config_path)
   return [{"name": r.name, "design": r.design, "arg": r.arg,
            "key": (r.design, r.shape.n_layers, r.shape.d_model), "lr": r.lr,
-           "workdir": r.workdir, "state": _state(r.workdir)} for r in runs]
+           "workdir": r.workdir, "state": _state(r.workdir, module, r.arg)} for r in runs]
 
 
-def _state(workdir: str) -> str:
+def _state(workdir: str, module, arg: str) -> str:
+  """The state the sweep acts on: a run diverged under other divergence rules than the suite
+  now sets is 'started' (the sweep relaunches it, ``sweep.run_state``), not 'diverged'."""
   state = run_state(workdir)
+  if state == "done" and (read_summary(workdir) or {}).get("status") == "diverged":
+    try:
+      state = run_state(workdir, config_of(module, arg))
+    except ConfigError:   # the entry no longer builds: as on disk
+      pass
   if state == "done":
     return (read_summary(workdir) or {}).get("status", "ok")
   return "started" if state == "partial" else "not started"

@@ -98,6 +98,22 @@ def test_the_report_counts_the_plan_and_marks_what_has_not_started(half):
   assert _snapshot(half["results"]) == before   # no run file deleted or rewritten
 
 
+def test_a_run_diverged_under_other_divergence_rules_counts_as_started(half):
+  """The sweep relaunches a run that diverged under other rules than the suite now sets
+  (sweep.run_state); the report's plan read it as finished 'diverged', so its LR sat in the grid
+  as tried while the sweep was about to train it again."""
+  from configs import smoke
+  workdir = _run_dir(half["results"], "preln", 8, 96, 3e-3)
+  summary = json.loads((workdir / "summary.json").read_text())
+  summary["config"] = dict(smoke.get_config("arch=preln,shape=8x96,lr=3e-3").to_dict(),
+                           skip_nonfinite_steps=True)
+  (workdir / "summary.json").write_text(json.dumps(summary))
+  assert report_main.main([str(half["results"]), "--no_plots",
+                           f"--config={half['config']}"]) == 0
+  text = (half["results"] / "report.md").read_text()
+  assert "**4 of 12 planned runs finished** (4 ok, 0 diverged); 2 started" in text
+
+
 def test_a_planned_run_of_another_recipe_is_set_aside_not_counted_finished(half):
   """A results dir whose hc 4x128 run trained 40 steps where the suite now gives 120: the report
   counted it among the suite's finished runs and compared its loss (the sweep refuses it)."""
