@@ -762,7 +762,9 @@ def record_lr(record: dict) -> float:
 
 def select_best_lr(records: Iterable[dict]) -> dict[tuple[str, int, int], dict]:
   """``{(design, L, d): {'best': record | None, 'runs': [...], 'excluded': [...],
-  'lr_at_edge': bool, 'lr_untuned': bool}}``: the lowest final val loss among usable runs.
+  'lr_at_edge': bool, 'lr_untuned': bool, 'copies': int}}``: the lowest final val loss among
+  usable runs; ``copies`` counts the usable runs at the best LR (other seeds or copies: the
+  best is then their minimum, not one run's loss).
 
   Diverged, unfinished or non-finite runs are excluded (listed, never chosen); a group with
   none usable has ``best=None``. ``lr_at_edge`` flags a best LR at either end of the grid
@@ -784,6 +786,8 @@ def select_best_lr(records: Iterable[dict]) -> dict[tuple[str, int, int], dict]:
     group["lr_at_edge"] = bool(group["best"] is not None and len(lrs) > 1
                                and record_lr(group["best"]) in (lrs[0], lrs[-1]))
     group["lr_untuned"] = bool(group["best"] is not None and len(lrs) == 1)  # one LR tried
+    group["copies"] = (sum(record_lr(r) == record_lr(group["best"]) for r in usable)
+                       if group["best"] is not None else 0)
   return groups
 
 

@@ -368,12 +368,14 @@ def reference_depths(records: Sequence[dict]) -> tuple[int, int]:
 def lr_marks(key: tuple[str, int, int], groups: dict, gaps: dict | None = None) -> str:
   """The caveats on one (design, shape)'s best LR: ``†`` at an edge of the grid tried (the
   optimum may lie outside it), ``‡`` the only LR tried, ``§`` picked from an incomplete grid
-  (``grid_gaps``: LRs still training, not started or never run there)."""
+  (``grid_gaps``: LRs still training, not started or never run there), ``¶`` the lowest of
+  several runs at that LR (seeds or copies: a minimum beside single runs' losses)."""
   group = groups.get(key)
   if group is None or group["best"] is None:
     return ""
   marks = "†" if group["lr_at_edge"] else "‡" if group["lr_untuned"] else ""
-  return marks + ("§" if gaps and key in gaps else "")
+  return (marks + ("§" if gaps and key in gaps else "")
+          + ("¶" if group.get("copies", 1) > 1 else ""))
 
 
 def scorecard_rows(records: Sequence[dict], groups: dict | None = None,
@@ -483,6 +485,9 @@ def scorecard_markdown(rows: Sequence[dict], marks: str | None = None) -> str:
     out.append("§ best of an incomplete LR grid: some of the design's LRs are still training, "
                "not started, were not run at that shape or trained another recipe (set aside; "
                "see the LR table).")
+  if "¶" in marks:
+    out.append("¶ the lowest of several runs at that LR (other seeds or copies, the LR table "
+               "counts them): a minimum, set beside single runs' losses, so it reads low.")
   return "\n".join(out)
 
 

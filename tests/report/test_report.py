@@ -710,3 +710,22 @@ def test_a_family_off_iso_parameter_is_named_under_the_depth_trend():
   assert note == (" The shapes are not iso-parameter: 24x1024 has 406,500,000 parameters, 32x896 "
                   "442,310,000 (+8.8%), so the depth trend is also a size trend.")
   assert note in scorecard.build_report(records)
+
+
+def test_a_best_lr_over_seed_copies_is_marked_as_their_minimum():
+  """Two seeds of HC 32x896 at one LR (2.727, 2.721) beside HC 16x1216's single run (2.729):
+  the best read 2.721 and the trend 'better when deeper', where the seed-0 run alone is flat
+  within TREND_TOL; nothing said it was a minimum of two."""
+  run = lambda L, d, lr, loss, seed=0: {
+      "name": f"hc_{L}x{d}_lr{lr}", "design": "hc", "n_layers": L, "d_model": d, "lr": lr,
+      "aspect_ratio": d / L, "status": "ok", "final_val_loss": loss, "family": 0,
+      "workdir": f"/r/{L}_{lr}_{seed}"}
+  records = [run(16, 1216, 1e-3, 2.729), run(16, 1216, 2e-3, 2.74),
+             run(32, 896, 1e-3, 2.727), run(32, 896, 1e-3, 2.721, seed=1),
+             run(32, 896, 2e-3, 2.75)]
+  groups = scorecard.select_best_lr(records)
+  assert groups[("hc", 32, 896)]["copies"] == 2 and groups[("hc", 16, 1216)]["copies"] == 1
+  assert scorecard.lr_marks(("hc", 32, 896), groups) == "†¶"
+  assert scorecard.lr_marks(("hc", 16, 1216), groups) == "†"
+  text = scorecard.build_report(records)
+  assert "¶ the lowest of several runs at that LR" in text
