@@ -27,7 +27,7 @@ import sys
 from typing import Any, Iterable, Sequence
 
 from depthbench_jax import recipe, revision
-from depthbench_jax.sweep import (design_label, format_lr, is_usable, parse_run_name,
+from depthbench_jax.sweep import (design_label, format_lr, human, is_usable, parse_run_name,
                                   read_summary, record_lr, select_best_lr, shape_key)
 
 # The paper's 400M table (val loss, best LR): design -> (16 layers, 32 layers, note).
@@ -683,7 +683,8 @@ def build_report(records: Sequence[dict], title: str = "DepthBench scorecard",
            scorecard_markdown(rows, "".join(lr_marks(k, groups, gaps) for k in groups)), "",
            "Depth trend: the deeper reference depth against the shallower one at each "
            f"design's best LR (ties within {TREND_TOL}: flat); 'peak in the middle' when an "
-           "in-between depth beats both." + size_spread_note(records), ""]
+           "in-between depth beats both." + size_spread_note(records)
+           + token_budget_note(records, groups), ""]
   paper = paper_comparison(rows, records)
   if paper:
     parts += ["## Against the paper (400M)", "", paper, ""]
@@ -734,6 +735,25 @@ def size_spread_note(records: Sequence[dict], tol: float = PAPER_ISO_TOTAL_TOL) 
                    f"iso-parameter: {small[0]}x{small[1]} has {sizes[small][0]:,} parameters, "
                    f"{large[0]}x{large[1]} {sizes[large][0]:,} (+{100 * spread[0]:.1f}%), so "
                    f"the depth trend is also a size trend.")
+  return "".join(notes)
+
+
+def token_budget_note(records: Sequence[dict], groups: dict, tol: float = 0.005) -> str:
+  """`` At LxD the designs' best-LR runs trained different token counts: ...`` where they differ
+  by more than ``tol`` (every summary records its ``tokens``): a budget mix-up the recipe check
+  cannot see, e.g. a run from before ``budget_design`` existed (MoDA then trained 12-14% more
+  tokens, and its config has no field to differ in)."""
+  by_shape: dict[tuple, dict[str, int]] = {}
+  for (design, n_layers, d_model), group in groups.items():
+    best = group["best"]
+    if best is not None and isinstance(best.get("tokens"), (int, float)) and best["tokens"] > 0:
+      by_shape.setdefault((best.get("family", 0), n_layers, d_model), {})[design] = best["tokens"]
+  notes = []
+  for (_, n_layers, d_model), tokens in sorted(by_shape.items()):
+    if len(tokens) > 1 and max(tokens.values()) / min(tokens.values()) - 1 > tol:
+      notes.append(f" At {n_layers}x{d_model} the designs' best-LR runs trained different token "
+                   f"counts (" + ", ".join(f"{d} {human(t)}" for d, t in tokens.items())
+                   + "): their losses compare budgets too.")
   return "".join(notes)
 
 

@@ -729,3 +729,19 @@ def test_a_best_lr_over_seed_copies_is_marked_as_their_minimum():
   assert scorecard.lr_marks(("hc", 16, 1216), groups) == "†"
   text = scorecard.build_report(records)
   assert "¶ the lowest of several runs at that LR" in text
+
+
+def test_designs_trained_on_other_token_counts_at_a_shape_are_named():
+  """A run from before budget_design (MoDA trained 20 tokens per its own, 13% larger, count)
+  passed the recipe check, its config having no field to differ in; every summary records its
+  tokens, which the report now compares per shape."""
+  run = lambda design, tokens: {
+      "name": f"{design}_16x1216_lr1e-3", "design": design, "n_layers": 16, "d_model": 1216,
+      "lr": 1e-3, "aspect_ratio": 76.0, "status": "ok", "final_val_loss": 2.7,
+      "tokens": tokens, "family": 0, "workdir": f"/r/{design}"}
+  same = [run("preln", 8.15e9), run("hc", 8.15e9)]
+  assert scorecard.token_budget_note(same, scorecard.select_best_lr(same)) == ""
+  mixed = same + [run("moda", 9.2e9)]
+  note = scorecard.token_budget_note(mixed, scorecard.select_best_lr(mixed))
+  assert note == (" At 16x1216 the designs' best-LR runs trained different token counts "
+                  "(preln 8.15B, hc 8.15B, moda 9.2B): their losses compare budgets too.")
