@@ -324,8 +324,8 @@ def parse_cases(p: bench.Preset, designs: str, shapes: str, contexts: str,
   """The cases of the comma lists (context-major, then loop, shape, design); ValueError names
   the flag and the allowed values of any bad entry."""
   from depthbench_jax.model import decode
-  # An entry given twice is one case (it was two identical rows).
-  split = lambda text: list(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
+  from depthbench_jax.systems.__main__ import comma_list   # an entry given twice: one case
+  split = lambda text: comma_list(text) or []
   design_list, shape_list = split(designs), split(shapes)
   for spec in design_list:
     name, _ = bench.design_spec(spec)
