@@ -49,24 +49,25 @@ def flatten_fields(tree: dict, prefix: str = "") -> dict:
   return out
 
 
-def _named(field: str, names: tuple[str, ...]) -> bool:
+def named_in(field: str, names: tuple[str, ...]) -> bool:
+  """``field`` is one of ``names``, or under one ending in '.' (a whole group)."""
   return any(field == f or (f.endswith(".") and field.startswith(f)) for f in names)
 
 
 def is_resumable(field: str) -> bool:
-  return _named(field, RESUMABLE_FIELDS)
+  return named_in(field, RESUMABLE_FIELDS)
 
 
 def is_run_field(field: str) -> bool:
-  return _named(field, RUN_FIELDS)
+  return named_in(field, RUN_FIELDS)
 
 
 def is_own_field(field: str) -> bool:
-  return _named(field, OWN_FIELDS)
+  return named_in(field, OWN_FIELDS)
 
 
 def is_guard_field(field: str) -> bool:
-  return _named(field, GUARD_FIELDS)
+  return named_in(field, GUARD_FIELDS)
 
 
 def guard_changes(trained: dict, config: dict) -> list[str]:

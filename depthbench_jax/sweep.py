@@ -128,7 +128,7 @@ def arg_string(entry: dict[str, Any]) -> str:
 # What ``apply_run`` replaces that the run's argument does not name: the design's options (set
 # to its defaults), the LR, and what the shape derives (head_dim, the FFN by the suite's rule).
 # The shape itself and the name come from the argument, visibly.
-OVERWRITTEN_FIELDS = ("model.residual", "model.head_dim", "model.ffn_dim",
+OVERWRITTEN_FIELDS = ("model.residual.", "model.head_dim", "model.ffn_dim",
                       "model.ffn_multiple_of", "lr")
 
 
@@ -139,7 +139,7 @@ def check_not_overwritten(before: dict, config: ml_collections.ConfigDict) -> No
   changed it."""
   base, after = _base_fields(), recipe.flatten_fields(config.to_dict())
   for field in sorted(before.keys() | after.keys()):
-    if (any(field == f or field.startswith(f + ".") for f in OVERWRITTEN_FIELDS)
+    if (recipe.named_in(field, OVERWRITTEN_FIELDS)
         and before.get(field) != base.get(field) and before.get(field) != after.get(field)):
       raise ConfigError(
           f"config.{field}={before.get(field)!r} is set before sweep.apply_run, which sets the "
