@@ -64,6 +64,12 @@ CAUSAL_SKIPS = {
               "'update set to zero' in Pre-LN, LNS, Sandwich-LN and AttnRes only"}
 
 
+def is_spec_skip(causal: dict) -> bool:
+  """A diagnostics.json causal result scored with the spec's skip (``'zero_update'``); older
+  ones, which record none, skipped the layer as absent."""
+  return causal.get("skip") == CAUSAL_SKIPS["zero_update"]
+
+
 # ---------------------------------------------------------------------------------------------
 # Which layers and pairs count.
 # ---------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from depthbench_jax.diagnostics.metrics import CAUSAL_SKIPS  # noqa: E402
+from depthbench_jax.diagnostics.metrics import is_spec_skip  # noqa: E402
 from depthbench_jax.diagnostics.probes import from_jsonable_matrix  # noqa: E402
 
 
@@ -25,7 +25,7 @@ def _title(result: dict, what: str) -> str:
 
 def _skip_word(causal: dict) -> str:
   """``''`` for the spec's skip (``causal_skip='zero_update'``), else ``', layer absent'``."""
-  return "" if causal.get("skip") == CAUSAL_SKIPS["zero_update"] else ", layer absent"
+  return "" if is_spec_skip(causal) else ", layer absent"
 
 
 def _heatmap(matrix: np.ndarray, title: str, late_start: int, xlabel: str, ylabel: str,

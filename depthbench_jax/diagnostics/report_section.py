@@ -101,9 +101,9 @@ def _mixed_skips(runs: Sequence[Run]) -> bool:
 
 
 def _spec_skip(causal: dict) -> bool:
-  """A causal score skipped the spec's way (``causal_skip='zero_update'``)."""
-  from depthbench_jax.diagnostics.metrics import CAUSAL_SKIPS  # Local: metrics imports jax.
-  return causal.get("skip") == CAUSAL_SKIPS["zero_update"]
+  """``metrics.is_spec_skip``, imported here only when a table needs it (metrics imports jax)."""
+  from depthbench_jax.diagnostics.metrics import is_spec_skip
+  return is_spec_skip(causal)
 
 
 def diagnostics_table(runs: Sequence[Run]) -> str:
