@@ -11,8 +11,8 @@ per-round ratios is reported beside each ratio. Measured:
 * ``stream_bandwidth``: the bytes/s of chained ``y = a y + x`` passes over arrays of
   ``stream_mib`` MiB, one more candidate, and with it the host's balance, matmul peak over
   bandwidth in FLOP/byte: the designs' extra work is mostly memory passes and the backbone's
-  GEMMs, so where the balance is higher their step over Pre-LN is (benchmarks/README.md, the
-  Zen 5 host: 4.9 FLOP/byte).
+  GEMMs, so where the balance is higher their step over Pre-LN is higher (benchmarks/README.md;
+  the Zen 5 host: about 6.5 FLOP/byte).
 * ``train``: for each design at one shape, the jitted AdamW train step (``train/step.py``, the
   one training uses, params donated): step time, model FLOP/s (``flops.train_flops_per_token``:
   6 N + attention + design terms; remat recompute is not counted) and MFU = that / matmul_peak;
@@ -314,6 +314,20 @@ def check_model(p: Preset, spec: str, shape: str, flag: str = "--designs") -> No
       model_config_from(bench_config(p, candidate, n_layers, d_model).model)
     except ConfigError as e:
       raise ValueError(f"{named}: {e}") from e
+
+
+def replace_settings(preset: Preset | dict, asked: Preset | None = None) -> dict:
+  """The settings that decide a bench result's numbers, as ``summary.check_replaceable``
+  compares them: ``preset`` is the asked ``Preset`` or, with ``asked``, a result's recorded
+  preset dict (a field older results lack reads as ``asked``'s). The attention kernel, dtype,
+  sequence and batch are among them: ``--attention_kernel=xla`` (gpu_bench.sh's fallback) once
+  replaced the committed cuDNN result, and a ``--preset=cpu`` run on a GPU the gpu400m one, of
+  the same designs and shapes, without a word."""
+  read = (lambda k: getattr(preset, k)) if asked is None else (
+      lambda k: preset.get(k, getattr(asked, k)))
+  settings = {k: read(k) for k in ("designs", "shapes", "attention_kernel", "dtype",
+                                   "seq_len", "batch")}
+  return {**settings, "no_hf": not read("hf")}
 
 
 def replot_json_path(json_path: str, out: str | None) -> str:
@@ -800,7 +814,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error(str(e))
   if args.remat:
     p = dataclasses.replace(p, remat=args.remat)
-  for spec in p.designs:
+  from depthbench_jax.residual import registry
+  for spec in p.designs or registry.names():   # () is every design (the cpu preset).
     for shape in p.shapes or (f"{p.n_layers}x{p.d_model}",):
       try:
         check_model(p, spec, shape)
@@ -811,10 +826,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                      bool(args.shapes))
   try:
     summary.check_replaceable(  # Before timing: a finished result is never lost (--no_hf
-        path, {"designs": p.designs, "shapes": p.shapes, "no_hf": not p.hf},  # dropped ours/HF).
-        args.overwrite, recorded=lambda r: {"designs": r["preset"]["designs"],
-                                            "shapes": r["preset"]["shapes"],   # Older: no hf.
-                                            "no_hf": not r["preset"].get("hf", p.hf)},
+        path, replace_settings(p), args.overwrite,   # dropped ours/HF).
+        flag=lambda k: f"--{k}" if hasattr(args, k) else f"--preset={name}'s {k}",
+        recorded=lambda r: replace_settings(r["preset"], p),
         rounds=(p.rounds, lambda r: r["preset"]["rounds"]))
   except ValueError as e:
     ap.error(str(e))

@@ -1016,6 +1016,45 @@ def test_bench_refuses_to_replace_a_result_of_other_designs(tmp_path, capsys, mo
       bench.main(["--preset=quick", *flags, "--out", str(tmp_path)])
 
 
+def test_bench_refuses_to_replace_a_result_of_another_attention_kernel_or_preset(
+    tmp_path, capsys, monkeypatch):
+  """gpu_bench.sh's fallback (--attention_kernel=xla) once replaced the committed cuDNN result
+  of the same designs and shapes, and a --preset=cpu run the gpu400m one (fp32, 8x128 over
+  bf16, 8x2048): the guard compared designs, shapes and HF only."""
+  from depthbench_jax import bench
+  helpers.stub_run(monkeypatch, bench, "run_bench")
+  earlier = tmp_path / "results-cpu-quick-designs.json"
+  recorded = {"designs": ["preln", "hc"], "shapes": [], "hf": True, "attention_kernel": "fused"}
+  earlier.write_text(json.dumps({"preset": recorded}))
+  with pytest.raises(SystemExit):
+    bench.main(["--preset=quick", "--designs=preln,hc", "--attention_kernel=xla",
+                "--out", str(tmp_path)])
+  assert (f'--attention_kernel="xla": {earlier} holds a result made with '
+          f'attention_kernel="fused"') in capsys.readouterr().err
+  earlier.write_text(json.dumps({"preset": {**recorded, "attention_kernel": "xla",
+                                            "dtype": "bfloat16", "seq_len": 2048}}))
+  with pytest.raises(SystemExit):
+    bench.main(["--preset=quick", "--designs=preln,hc", "--out", str(tmp_path)])
+  assert (f'--preset=quick\'s dtype="float32", --preset=quick\'s seq_len=16: {earlier} holds '
+          f'a result made with dtype="bfloat16", seq_len=2048') in capsys.readouterr().err
+  assert json.loads(earlier.read_text())["preset"]["seq_len"] == 2048
+  with pytest.raises(helpers.RunReached):  # Older results record neither: read as asked.
+    earlier.write_text(json.dumps({"preset": {"designs": ["preln", "hc"], "shapes": []}}))
+    bench.main(["--preset=quick", "--designs=preln,hc", "--out", str(tmp_path)])
+
+
+def test_bench_checks_every_design_at_a_bad_shape_when_the_preset_runs_all(tmp_path, capsys,
+                                                                         monkeypatch):
+  """The cpu preset's designs () mean every design, and the check looped over the () itself:
+  --shapes=8x24 (head_dim 3) reached the timing and died there in a traceback."""
+  from depthbench_jax import bench
+  monkeypatch.setattr(bench, "run_bench", lambda *a, **k: pytest.fail("a bad shape reached run"))
+  with pytest.raises(SystemExit):
+    bench.main(["--shapes=8x24", "--no_hf", "--out", str(tmp_path)])
+  assert "--shapes entry '8x24': config.model.head_dim=3" in capsys.readouterr().err
+  assert not os.listdir(tmp_path)
+
+
 def test_bench_shapes_are_checked_and_named_in_the_result_file(tmp_path, capsys):
   """A bad ``--shapes`` entry is one error naming the entry before anything compiles; a run
   with its own shapes writes beside the device's default result, never over it."""
