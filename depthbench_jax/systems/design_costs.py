@@ -16,8 +16,8 @@ table's scanned compile). The unrolled layer loop knows each layer's index and r
 written slots, rounded up to 8 (``residual.base.static_prefix``), so for Full AttnRes and MoDA,
 whose buffers hold ``2 L + 1`` and ``2 L`` slots, its compile counts close to the causal term
 (``tests/systems/test_systems.py``). Block AttnRes's buffer holds ``n_blocks + 1`` (9 by
-default): rounded to 8, every read but the first block's covers 8 or all 9 slots, near the
-whole buffer's count.
+default): rounded to 8 (with a floor of 8), every read covers 8 or all 9 slots, the first
+block's included, near the whole buffer's count.
 
 * ``matmul_params`` (MoDA only: its FFN depth-KV projections ``2 d K hd`` per layer): parameters
   that multiply every token once, like the backbone's; 2 FLOPs each.

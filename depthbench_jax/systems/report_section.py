@@ -65,31 +65,34 @@ def _systems_rows(records: Iterable[dict]
                   ) -> tuple[dict[tuple[str, str], dict], list[dict], dict[str, Any]]:
   """``(rows by (design, shape), measured rows, {path: what differs} of the files not merged)``
   of the ``systems.json`` files near the runs; only files at ``PREFILL_SETTING`` are merged; where
-  two files hold a row (a measured one: for the same device), the first file found wins."""
+  two files hold a row (a measured one: for the same device), the nearer wins: every run's own
+  folder is read before any parent, every parent before any grandparent (run by run, a suite's
+  file reached through an earlier run's parent beat a later run's own)."""
   found: dict[tuple[str, str], dict] = {}
   timed: dict[tuple[str, str, str], dict] = {}
   other_settings: dict[str, str] = {}
   seen = set()
-  for r in records:
-    d = r.get("workdir") or ""
-    for path in (d, os.path.dirname(d), os.path.dirname(os.path.dirname(d))):
-      f = os.path.join(path, "systems.json")
-      if f in seen or not os.path.exists(f):
-        continue
-      seen.add(f)
-      try:
-        with open(f) as fh:
-          data = json.load(fh)
-      except (OSError, json.JSONDecodeError):
-        continue
-      mismatch = _setting_mismatch(data)
-      if mismatch:
-        other_settings[f] = mismatch
-        continue
-      for row in data.get("rows", []):
-        found.setdefault((row["design"], row["shape"]), row)
-      for m in data.get("measured") or []:
-        timed.setdefault((m["device"], m["design"], m["shape"]), m)
+  workdirs = [r.get("workdir") or "" for r in records]
+  levels = [workdirs, [os.path.dirname(d) for d in workdirs],
+            [os.path.dirname(os.path.dirname(d)) for d in workdirs]]
+  for path in (p for level in levels for p in level):
+    f = os.path.join(path, "systems.json")
+    if f in seen or not os.path.exists(f):
+      continue
+    seen.add(f)
+    try:
+      with open(f) as fh:
+        data = json.load(fh)
+    except (OSError, json.JSONDecodeError):
+      continue
+    mismatch = _setting_mismatch(data)
+    if mismatch:
+      other_settings[f] = mismatch
+      continue
+    for row in data.get("rows", []):
+      found.setdefault((row["design"], row["shape"]), row)
+    for m in data.get("measured") or []:
+      timed.setdefault((m["device"], m["design"], m["shape"]), m)
   return found, list(timed.values()), other_settings
 
 

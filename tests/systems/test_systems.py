@@ -497,8 +497,8 @@ def test_report_section_rows_read_each_runs_recipe_and_the_nearest_systems_json(
   config = {"model": model, "data": {"seq_len": 256}, "tokens_per_param": 10.0,
             "budget_design": "preln"}
   records = []
-  for L in (4, 16):
-    workdir = tmp_path / "suite" / f"moda_{L}x64"
+  for L in (16, 4):   # collect_runs' order, by name: the suite's file reached through the
+    workdir = tmp_path / "suite" / f"moda_{L}x64"   # 16-layer run's parent once beat the
     workdir.mkdir(parents=True)
     records.append({"design": "moda", "n_layers": L, "d_model": 64, "config": config,
                     "workdir": str(workdir)})
@@ -512,7 +512,7 @@ def test_report_section_rows_read_each_runs_recipe_and_the_nearest_systems_json(
   assert report_section.systems_table(records) is not None
   assert [r["shape"] for r in seen] == ["4x64", "16x64"]
   four = seen[0]
-  assert (four["xla_flops"], four["peak_bytes"]) == (1.0, 7.0)   # the run's own file first
+  assert (four["xla_flops"], four["peak_bytes"]) == (1.0, 7.0)   # 4-layer run's own file
   assert "xla_flops" not in seen[1] and four["train_seq_len"] == 256
   preln = report_section.run_model_config({**records[0], "design": "preln", "n_layers": 4,
                                            "config": {**config, "model": {**model, "residual": {
