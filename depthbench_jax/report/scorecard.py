@@ -155,7 +155,8 @@ def grid_gaps(records: Sequence[dict], unfinished: Sequence[dict] = (),
               plan: Sequence[dict] | None = None) -> dict:
   """``{(design, L, d): {'pending': [lr], 'missing': [lr], 'not_started': [lr],
   'other_recipe': [lr]}}`` for every shape whose grid is incomplete (``pending``: LRs started
-  there without a summary yet; ``other_recipe``: planned LRs whose run trained another recipe
+  there without a summary yet, or whose diverged run the plan says the sweep retrains (its
+  state 'started', ``report.plan._state``); ``other_recipe``: planned LRs whose run trained another recipe
   and is set aside, so the best LR there is picked without them).
 
   Without ``plan``, inferred from disk: a design's grid is every LR it ran at any shape of its
@@ -178,16 +179,19 @@ def grid_gaps(records: Sequence[dict], unfinished: Sequence[dict] = (),
       grid_of(u["key"]).add(u["lr"])
       waiting.setdefault(u["key"], set()).add(u["lr"])
   other: dict[tuple[str, int, int], set[float]] = {}
-  for p in plan or ():
+  relaunched: dict[tuple[str, int, int], set[float]] = {}   # the plan's word beats a record:
+  for p in plan or ():   # a run diverged under other rules is 'started', the sweep retrains it
     if p["state"] in ("started", "not started"):
-      (waiting if p["state"] == "started" else unstarted).setdefault(p["key"], set()).add(p["lr"])
+      (relaunched if p["state"] == "started" else unstarted).setdefault(p["key"], set()).add(
+          p["lr"])
     elif p["state"] == "other recipe":
       other.setdefault(p["key"], set()).add(p["lr"])
   gaps = {}
-  for key in set(tried) | set(waiting) | set(unstarted) | set(other):
+  for key in set(tried) | set(waiting) | set(relaunched) | set(unstarted) | set(other):
     done = tried.get(key, set())
     set_aside = sorted(other.get(key, set()) - done)
-    pending = sorted(waiting.get(key, set()) - done - set(set_aside))
+    pending = sorted((waiting.get(key, set()) - done | relaunched.get(key, set()))
+                     - set(set_aside))
     not_started = sorted(unstarted.get(key, set()) - done - set(pending))
     missing = [] if plan is not None else sorted(grid_of(key) - done - set(pending))
     if pending or missing or not_started or set_aside:
@@ -666,6 +670,9 @@ def build_report(records: Sequence[dict], title: str = "DepthBench scorecard",
   gaps = grid_gaps(records, unfinished, plan)
   rows = scorecard_rows(records, groups, gaps)
   n_div = sum(r.get("status") == "diverged" for r in records)
+  retrained = {os.path.realpath(p["workdir"]) for p in plan or () if p["state"] == "started"}
+  n_retrained = sum(r.get("status") == "diverged" and r.get("workdir") and
+                    os.path.realpath(r["workdir"]) in retrained for r in records)
   # Finished 'ok' with a NaN/inf val loss: excluded like a diverged run, so counted beside it.
   n_bad = sum(r.get("status") == "ok" and not is_usable(r) for r in records)
   # Trained on with skip_nonfinite_steps (a diverged run resumed so): compared, but named.
@@ -673,7 +680,9 @@ def build_report(records: Sequence[dict], title: str = "DepthBench scorecard",
                    if isinstance(r.get("skipped_steps"), int) and r["skipped_steps"] > 0)
   parts = [f"# {title}", ""] + ([progress, ""] if progress else []) + [
            f"{len(records)} runs, {len({r['design'] for r in records})} designs, "
-           f"{len({(r['n_layers'], r['d_model']) for r in records})} shapes; {n_div} diverged; "
+           f"{len({(r['n_layers'], r['d_model']) for r in records})} shapes; {n_div} diverged"
+           + (f" ({n_retrained} of them to be retrained by the sweep)" if n_retrained else "")
+           + "; "
            + (f"{n_bad} with a non-finite final val loss; " if n_bad else "")
            + (f"{len(skipped)} skipped non-finite steps ({', '.join(skipped)}); "
               if skipped else "")

@@ -112,6 +112,11 @@ def test_a_run_diverged_under_other_divergence_rules_counts_as_started(half):
                            f"--config={half['config']}"]) == 0
   text = (half["results"] / "report.md").read_text()
   assert "**4 of 12 planned runs finished** (4 ok, 0 diverged); 2 started" in text
+  # The rest of the report read it as finished: its LR tried (no § at that shape's best LR)
+  # and the run counted diverged without a word that the sweep retrains it.
+  assert "; 1 diverged (1 of them to be retrained by the sweep); " in text
+  table = text.split("## Val loss by LR")[1]
+  assert "| preln | 8x96 | 12.0 | **2.950** †§ | diverged @50 |" in table, table
 
 
 def test_a_planned_run_of_another_recipe_is_set_aside_not_counted_finished(half):
