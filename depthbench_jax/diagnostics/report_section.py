@@ -250,14 +250,23 @@ def _paper_scale(summary: dict) -> bool:
 
 def paper_comparison(best: Sequence[Any]) -> str | None:
   """Markdown: the paper's diagnostics beside ours (``best``: the best-LR runs of the paper's
-  scale and recipe, ``_paper_scale``), for the designs and depth the paper reports, each of ours
+  scale and recipe, ``_paper_scale``, in a scale family whose 16- and 32-layer totals agree
+  within the scorecard's ``PAPER_ISO_TOTAL_TOL``), for the designs and depth the paper reports, each of ours
   named by its shape; the shares only where ours used the paper's thresholds and the mean over
   tokens. None when no run matches. Our effective rank is ``erank_late`` (products from layer
   ceil(L/4) to the last) over every depth run; the paper gives a range without saying over what."""
   # Local: metrics imports jax, which this module's tables do not need.
   from depthbench_jax.diagnostics.metrics import (PAPER_CAUSAL_THRESHOLD,
                                                   PAPER_PERMUTATION_THRESHOLD)
+  from depthbench_jax.report.scorecard import off_iso_total
   runs = [r for r in as_runs(best) if math.isfinite(_loss(r)) and _paper_scale(r[0])]
+  by_family: dict[Any, list[Run]] = {}
+  for run in runs:
+    by_family.setdefault(run[0].get("family"), []).append(run)
+  # One iso-parameter sweep per family, as the scorecard's own comparison asks.
+  totals = lambda rs: ({"n_layers": _depth(*r), "params_total": r[0]["params_total"]}
+                       for r in rs)
+  runs = [r for rs in by_family.values() if not off_iso_total(totals(rs)) for r in rs]
   at = lambda design, depth: [r for r in runs if _design(*r) == design and _depth(*r) == depth]
   shape = lambda run: f" ({_depth(*run)}x{_width(*run)})" if _width(*run) else ""
   rows = []

@@ -242,6 +242,13 @@ def test_paper_comparison_sets_depthbench_diagnostics_beside_ours():
   assert report_section.paper_comparison([run("preln", 16)]) is None
   assert report_section.paper_comparison(other) is None
   assert "Against the paper" in report_section.section(runs, heading=False)
+  # The iso-backbone suite's 32x864 (374M) beside its 16x1216 (407M): each in the paper's
+  # range, yet not one iso-parameter sweep (-8%), which the scorecard's comparison refuses.
+  iso_backbone = [run("preln", 16, 1216, 407.4e6, causal={"share": 0.02, "threshold": 0.45}),
+                  run("preln", 32, 864, 373.6e6, causal={"share": 0.02, "threshold": 0.45})]
+  assert report_section.paper_comparison(iso_backbone) is None
+  iso_backbone[1][0]["params_total"] = 395e6   # within 5%: compared
+  assert "(32x864) |" in report_section.paper_comparison(iso_backbone)
 
 
 def _canned_result():
