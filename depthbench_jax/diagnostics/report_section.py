@@ -91,8 +91,8 @@ def _share_cell(diag: dict, key: str, per_cell: bool, mixed_skips: bool = False)
   cell += f" (>{scored['threshold']:g})" if per_cell and "threshold" in scored else ""
   reduction = scored.get("reduction", "mean")
   cell += f" ({reduction} over tokens)" if reduction != "mean" else ""
-  return cell + (" (layer absent)" if mixed_skips and key == "causal"
-                 and not _spec_skip(scored) else "")
+  return cell + (" (layer absent)" if mixed_skips and key == "causal" and "share" in scored
+                 and not _spec_skip(scored) else "")   # no mark on no score (run_causal off)
 
 
 def _mixed_skips(runs: Sequence[Run]) -> bool:

@@ -406,3 +406,5 @@ def test_the_report_says_how_the_causal_scores_skipped_a_layer():
                                             ({"name": "b"}, {"design": "hc", "n_layers": 16,
                                                              **spec[1]})])
   assert "| 25.0% (layer absent) |" in table and table.count("layer absent") == 1
+  # A run diagnosed without the causal probe (run_causal=false) has no score to mark.
+  assert report_section._share_cell({}, "causal", False, True) == "-"
