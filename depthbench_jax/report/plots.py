@@ -22,10 +22,11 @@ import matplotlib.ticker  # pylint: disable=g-import-not-at-top,wrong-import-pos
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from depthbench_jax.sweep import (format_lr, is_usable,  # pylint: disable=wrong-import-position
-                                  shape_key)
+                                  record_lr, shape_key)
 
 PLOT_CAPTION = ("Each design's line joins its best-LR run at each shape (lowest final val loss); "
-                "grey dots are its other LRs; a red cross below the dashed line is a run that "
+                "grey dots are its other LRs, hollow ones its other runs (seeds, copies) at "
+                "the best LR; a red cross below the dashed line is a run that "
                 "diverged or finished with a non-finite val loss (labelled with its LR), at its "
                 "aspect ratio: it has no val loss to draw, so its height means nothing.")
 
@@ -84,9 +85,13 @@ def loss_vs_aspect(records: Sequence[dict], groups: dict, out_dir: str) -> list[
     fig, ax = plt.subplots(figsize=(6, 4))
     mine = [r for r in records if r["design"] == design]
     others = [r for r in mine if is_usable(r) and groups[shape_key(r)]["best"] is not r]
-    if others:
-      ax.scatter([r["aspect_ratio"] for r in others], [r["final_val_loss"] for r in others],
-                 s=12, color="0.6", label="other LRs", zorder=2)
+    best_lr = lambda r: record_lr(r) == record_lr(groups[shape_key(r)]["best"])
+    for label, dots, face in (("other LRs", [r for r in others if not best_lr(r)], "0.6"),
+                              ("other runs at the best LR", [r for r in others if best_lr(r)],
+                               "none")):
+      if dots:   # A seed copy at the best LR was drawn as one of its "other LRs".
+        ax.scatter([r["aspect_ratio"] for r in dots], [r["final_val_loss"] for r in dots],
+                   s=12, facecolors=face, edgecolors="0.6", label=label, zorder=2)
     for family, curve in sorted(_best_curves(records, groups, design).items()):
       xs, ys, ls = zip(*curve)
       ax.plot(xs, ys, "o-", label=f"best LR (family {family})" if family else "best LR",

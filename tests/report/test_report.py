@@ -731,6 +731,29 @@ def test_a_best_lr_over_seed_copies_is_marked_as_their_minimum():
   assert "¶ the lowest of several runs at that LR" in text
 
 
+def test_loss_plot_draws_a_seed_copy_at_the_best_lr_apart_from_other_lrs(tmp_path,
+                                                                          monkeypatch):
+  """The loss plot's grey "other LRs" dots held the best LR's other seed (2.727 at 1e-3)."""
+  import matplotlib.figure
+  from depthbench_jax.report import plots
+  run = lambda L, d, lr, loss, seed=0: {
+      "name": f"hc_{L}x{d}_lr{lr}", "design": "hc", "n_layers": L, "d_model": d, "lr": lr,
+      "aspect_ratio": d / L, "status": "ok", "final_val_loss": loss, "family": 0,
+      "workdir": f"/r/{L}_{lr}_{seed}"}
+  records = [run(16, 1216, 1e-3, 2.729), run(16, 1216, 2e-3, 2.74),
+             run(32, 896, 1e-3, 2.727), run(32, 896, 1e-3, 2.721, seed=1),
+             run(32, 896, 2e-3, 2.75)]
+  saved = {}
+  monkeypatch.setattr(
+      matplotlib.figure.Figure, "savefig",
+      lambda fig, path, **kw: saved.__setitem__(os.path.basename(path), fig.axes[0]))
+  plots.loss_vs_aspect(records, scorecard.select_best_lr(records), str(tmp_path))
+  dots = {c.get_label(): c.get_offsets().tolist()
+          for c in saved["loss_vs_aspect_hc.png"].collections}
+  assert dots == {"other LRs": [[76.0, 2.74], [28.0, 2.75]],
+                  "other runs at the best LR": [[28.0, 2.727]]}
+
+
 def test_designs_trained_on_other_token_counts_at_a_shape_are_named():
   """A run from before budget_design (MoDA trained 20 tokens per its own, 13% larger, count)
   passed the recipe check, its config having no field to differ in; every summary records its
