@@ -5,8 +5,9 @@ With T = config.data.seq_len, window i is
 
     window[i] = stream[i*T : i*T + T + 1]        int32 [T+1],   i < (len(stream) - 1) // T
 
-so consecutive windows overlap by one token and every token after the first is a target exactly
-once per epoch (inputs = window[:-1], targets = window[1:]). Windows cross document boundaries;
+so consecutive windows overlap by one token and every token of stream[1 : n*T + 1] (n windows:
+all but the last (len - 1) mod T < T tokens) is a target exactly once per epoch (inputs =
+window[:-1], targets = window[1:]). Windows cross document boundaries;
 the eos between documents tells the model where one ends.
 
 Order. Windows are permuted by grain's index shuffle with seed config.data.seed (a fresh
