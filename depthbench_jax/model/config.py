@@ -87,6 +87,13 @@ def model_config_from(model: ml_collections.ConfigDict) -> ModelConfig:
     _require(d % h == 0,
              f"config.model.n_heads={h} does not divide d_model={d}; allowed: a divisor of "
              f"d_model (or set config.model.head_dim explicitly)")
+    # Derived: the width is at fault, which the message names (it offered None, the value set).
+    below = d - d % (2 * h)
+    near = f"{below} or {below + 2 * h}" if below else f"{2 * h}"
+    _require(d // h % 2 == 0,
+             f"config.model.head_dim={d // h} (None: d_model={d} / n_heads={h}) is odd; allowed: "
+             f"d_model a multiple of 2 x n_heads = {2 * h} (e.g. {near}; RoPE pairs "
+             f"dimensions), or an even config.model.head_dim")
     head_dim = d // h
   _require(isinstance(head_dim, int) and head_dim > 0 and head_dim % 2 == 0,
            f"config.model.head_dim={head_dim!r}; allowed: a positive even integer (RoPE), or "

@@ -6,10 +6,8 @@
 
 from __future__ import annotations
 
-import glob
 import json
 import math
-import os
 
 import ml_collections
 
@@ -106,6 +104,9 @@ def validate_recipe(config) -> None:
            f"config.steps={steps!r}; allowed: a positive integer, or -1 for the "
            f"tokens_per_param budget")
   _number(config, "lr", low=0, low_open=True, allowed="a positive number")
+  seed = config.get("seed")   # PRNGKey's int64: 2**63 and up raised OverflowError at init,
+  _require(isinstance(seed, int) and not isinstance(seed, bool) and 0 <= seed < 2**63,
+           f"config.seed={seed!r}; allowed: an integer in [0, 2**63)")   # after config.json.
   _number(config, "tokens_per_param", low=0, low_open=True, allowed="a positive number")
   budget = config.get("budget_design") or ""
   from depthbench_jax.residual import registry  # pylint: disable=g-import-not-at-top
@@ -225,7 +226,8 @@ def validate_iso(config) -> None:
 
 def validate_data_fields(data, model) -> None:
   """The data checks that need neither the devices nor the data files: source, tokenizer,
-  ``seq_len <= model.max_seq_len``, batch size, and the vocabulary holding the tokenizer's."""
+  ``seq_len <= model.max_seq_len``, batch size, the vocabulary holding the tokenizer's, and the
+  pipeline's field checks (``pipeline.check_data_config``)."""
   _require(data.source in DATA_SOURCES,
            f"config.data.source={data.source!r}; allowed: {', '.join(DATA_SOURCES)}")
   if data.source == "tfds":
@@ -247,16 +249,19 @@ def validate_data_fields(data, model) -> None:
   _require(model.vocab_size >= vocab,
            f"config.model.vocab_size={model.vocab_size} is smaller than tokenizer "
            f"{data.tokenizer!r}'s {vocab}; allowed: >= {vocab}")
+  # The pipeline's own checks (data.seed, val_batches, worker_count among them) ran only when
+  # the iterators were built: after every uncached shard was tokenized, past the dry run.
+  from depthbench_jax.data.pipeline import check_data_config  # Local: grain.
+  check_data_config(data)
 
 
 def validate_data(data, process_count: int, data_parallel: int, microbatches: int = 1) -> None:
   """The data checks that need the files and the devices (``validate_data_fields`` ran in
-  ``validate_without_devices``): the parquet path exists, and the batch splits over the batch
+  ``validate_without_devices``): the parquet path names files (``sources.parquet_files``), and the batch splits over the batch
   shards, microbatches and processes."""
-  if data.source == "parquet":
-    _require(bool(data.path) and (os.path.exists(data.path) or bool(glob.glob(data.path))),
-             f"config.data.path={data.path!r} does not exist; allowed: a directory or glob of "
-             f"FineWeb-Edu parquet shards (with a 'text' column)")
+  if data.source == "parquet":   # As the loader reads it: '~' expanded, '**' recursive.
+    from depthbench_jax.data.sources import parquet_files
+    parquet_files(data.path)
   batch = data.global_batch_size
   _require(batch % data_parallel == 0,
            f"config.data.global_batch_size={batch} is not divisible by the data-parallel size "
@@ -382,7 +387,9 @@ def check_warmup(config, steps: int) -> None:
   decayed, and the run finished 'ok' (a suite's warmup of 12 under ``--config.steps=10`` ended
   at 0.75 lr)."""
   from depthbench_jax.train.optimizer import warmup_steps_of
-  warmup = warmup_steps_of(config, steps)
+  # As lr_schedule takes it: at least one step, the first at LR 0 (a 1-step run of warmup 0
+  # trained nothing, 'ok').
+  warmup = max(warmup_steps_of(config, steps), 1)
   _require(warmup < steps,
            f"config.warmup_steps={config.warmup_steps!r} is {warmup} of the run's {steps} steps "
            f"(config.steps={config.steps}): the LR would never reach config.lr nor decay; "

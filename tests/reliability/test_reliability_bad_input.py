@@ -93,7 +93,46 @@ CASES = [
     ("misspelt_field_in_file", {"data.seqlen": 64}, 1, 1, "config.data.seqlen"),
     ("misspelt_top_level_field_in_file", {"warmup_step": 3}, 1, 1, "config.warmup_step"),
     ("misspelt_mesh_axis_in_file", {"mesh.tensr": 2}, 1, 1, "config.mesh.tensr"),
+    # Once a traceback (PRNGKey's int64 overflow) after config.json was written.
+    ("seed_past_int64", {"seed": 2**63}, 1, 1, "config.seed"),
+    ("negative_seed", {"seed": -1}, 1, 1, "config.seed"),
 ]
+
+
+@pytest.mark.parametrize("field, value", [("data.seed", -1), ("data.seed", 2**32),
+                                          ("data.val_batches", -1), ("data.worker_count", -1)])
+def test_data_fields_the_pipeline_checks_are_refused_by_the_dry_run(field, value):
+  """Checked only when the iterators were built, after every uncached shard was tokenized:
+  the dry run and the sweep's check of every run passed them."""
+  with pytest.raises(ConfigError, match=rf"^config.{field}={value}; allowed: "):
+    config_check.validate_without_devices(helpers.tiny_config(**{field: value}))
+
+
+def test_a_parquet_path_is_checked_as_the_loader_reads_it(tmp_path, monkeypatch):
+  """'~' and a recursive '**' glob, which the loader expands (sources.parquet_files), were
+  refused as "does not exist" after the shards had been tokenized by data.prepare."""
+  shards = tmp_path / "fw" / "sample" / "10BT"
+  shards.mkdir(parents=True)
+  for name in ("a.parquet", "b.parquet"):
+    (shards / name).write_bytes(b"")
+  monkeypatch.setenv("HOME", str(tmp_path))
+  for path in (str(tmp_path / "fw" / "**" / "*.parquet"), "~/fw/sample/10BT"):
+    config_check.validate(helpers.tiny_config(**{"data.source": "parquet", "data.path": path}),
+                          1, 1)
+  with pytest.raises(ConfigError, match=r"^config.data.path='.*nothing.*' matches no parquet"):
+    config_check.validate(helpers.tiny_config(**{"data.source": "parquet",
+                                                 "data.path": str(tmp_path / "nothing")}), 1, 1)
+
+
+def test_an_odd_head_dim_of_the_width_names_the_width():
+  """shape=16x1200 in the 400M suite (head_dim 75 from d / 16) said head_dim=75 was wrong and
+  offered None, the value set; the width is at fault."""
+  from configs import suite_400m
+  with pytest.raises(ConfigError) as err:
+    config_check.validate_without_devices(suite_400m.get_config("arch=preln,shape=16x1200"))
+  assert str(err.value).startswith(
+      "config.model.head_dim=75 (None: d_model=1200 / n_heads=16) is odd; allowed: d_model a "
+      "multiple of 2 x n_heads = 32 (e.g. 1184 or 1216;")
 
 
 def test_at_least_twenty_cases():
@@ -122,7 +161,7 @@ def test_diagnostics_rows_are_checked_only_when_training_diagnoses():
 
 
 @pytest.mark.parametrize("warmup, steps, ok", [(19, 20, True), (20, 20, False), (30, 20, False),
-                                               (0.5, 20, True), (12, -1, True)])
+                                               (0.5, 20, True), (12, -1, True), (0, 2, True)])
 def test_a_warmup_not_below_the_runs_steps_is_refused_before_anything_is_written(
     tmp_path, warmup, steps, ok):
   """A suite's warmup of 12 under ``--config.steps=10`` finished 'ok' at 0.75 lr: the LR never
@@ -138,6 +177,14 @@ def test_a_warmup_not_below_the_runs_steps_is_refused_before_anything_is_written
                                         rf"run's 20 steps \(config.steps=20\).*; allowed: "):
     loop.train_and_evaluate(config, str(tmp_path / "run"))
   assert not os.path.exists(tmp_path / "run")
+
+
+def test_a_one_step_run_whose_warmup_takes_its_only_step_is_refused():
+  """lr_schedule's warmup is at least one step, the first at LR 0: warmup 0 under steps=1
+  passed (0 < 1) and the run trained nothing, finishing 'ok'."""
+  config = helpers.tiny_config(warmup_steps=0, steps=1)
+  with pytest.raises(ConfigError, match=r"^config.warmup_steps=0 is 1 of the run's 1 steps"):
+    config_check.check_warmup(config, 1)
 
 
 @pytest.mark.parametrize("warmup, ok", [(1.5, False), (0.02, True), (2000.0, True)])
