@@ -99,6 +99,12 @@ class _Preemption:
       signal.signal(signum, handler)
     self._previous = {}
 
+  def __enter__(self) -> "_Preemption":
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.restore()   # Also when a step raises: the caller's first Ctrl-C only set a flag.
+
   def _handle(self, signum, frame):
     if signum == signal.SIGINT:
       signal.signal(signal.SIGINT, signal.default_int_handler)  # A second Ctrl-C: stop now.
@@ -263,7 +269,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
                counts["non_embedding"], steps, tokens_per_step,
                config.grad_accum_steps, dict(mesh.shape))
   step = start_step
-  with mesh:
+  with mesh, preempt:
     while step < steps:
       local = next(train_iter)
       if step + 1 == nan_at_step:
@@ -334,7 +340,6 @@ def train_and_evaluate(config, workdir: str) -> dict:
         status = "interrupted"
         break
 
-  preempt.restore()
   manager.wait_until_finished()
   writer.flush()
   if status == "interrupted" and process_index == 0:

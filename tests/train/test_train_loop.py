@@ -474,6 +474,21 @@ def test_periodic_evals_read_eval_batches_and_the_final_one_reads_all(train_in_p
   assert one[4] == every[4] == one_summary["final_val_loss"] == every_summary["final_val_loss"]
 
 
+def test_a_step_that_raises_gives_the_callers_signal_handlers_back(tmp_path, monkeypatch):
+  """In-process training (a notebook) whose step raised kept the trainer's SIGINT handler:
+  the caller's first Ctrl-C afterwards only set a flag nothing read."""
+  from depthbench_jax.train import loop
+  before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+
+  def fail(*args):
+    assert signal.getsignal(signal.SIGINT) != before[signal.SIGINT]   # the trainer's, here
+    raise RuntimeError("a step failed")
+  monkeypatch.setattr(loop, "_global_batch", fail)
+  with pytest.raises(RuntimeError, match="a step failed"):
+    loop.train_and_evaluate(helpers.tiny_config(steps=4, warmup_steps=1), str(tmp_path / "run"))
+  assert {s: signal.getsignal(s) for s in before} == before
+
+
 def test_with_periodic_evals_off_the_final_val_loss_is_still_logged(train_in_process, tmp_path,
                                                                      capsys):
   """``eval_every=0``: the final val loss reached summary.json and the report, but no progress
