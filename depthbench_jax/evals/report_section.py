@@ -199,6 +199,12 @@ def evals_table(runs: Sequence[Any], relative_to: str | None = None) -> str | No
     key = design if len(families) == 1 else f"{design} (family {summary.get('family', 0)})"
     by_design.setdefault(key + mark, []).append((depth, doms))
   lines += ["", _sets_note(pairs)]
+  unscored = sorted(r.get("name") or r.get("workdir", "?") for r in runs if isinstance(r, dict)
+                    and not any(r is p[0] for p in pairs))
+  if unscored:   # Else a design's depth trend silently skipped its unevaluated shapes.
+    lines += ["", f"Not evaluated (no evals.json with domains; `python -m "
+              f"depthbench_jax.evaluate --workdir=<run>`), so missing from the rows and depth "
+              f"trends: {', '.join(unscored)}."]
   if any(_cut_mark(e, d) for _, e in pairs for d in DOMAINS):
     lines += ["", "*: some examples of that domain's sets exceed the scoring window (the run's "
               "seq_len): their prompts lost leading tokens, or their answers are scored on "

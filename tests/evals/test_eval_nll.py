@@ -345,6 +345,24 @@ def test_evals_table_rows_and_trend_words_by_hand():
   assert rows[3] == "| preln | 8, 16, 32 | +0.010 (deeper worse) | +0.004 (flat) | - |"
 
 
+def test_evals_table_names_the_best_lr_runs_not_yet_evaluated(tmp_path):
+  """A best-LR run without evals.json was left out of the rows and its design's depth trend
+  without a word: a trend over 8 and 32 layers read as the design's whole sweep."""
+  records = []
+  for depth in (8, 16, 32):
+    workdir = tmp_path / f"preln_{depth}x64"
+    workdir.mkdir()
+    records.append({"name": workdir.name, "workdir": str(workdir), "design": "preln",
+                    "n_layers": depth, "d_model": 64, "lr": 1e-3, "status": "ok",
+                    "final_val_loss": 3.0, "family": 0})
+    if depth != 16:
+      (workdir / "evals.json").write_text(json.dumps(
+          {"n_layers": depth, "domains": {"coding": {"nll_per_token": 2.0}}}))
+  text = report_section.evals_table(records)
+  assert ("so missing from the rows and depth trends: preln_16x64." in text), text
+  assert "Not evaluated" not in report_section.evals_table([records[0], records[2]])
+
+
 def test_depth_trend_keeps_scale_families_apart():
   def run(family, depth, nll):
     return ({"design": "preln", "n_layers": depth, "family": family, "name": f"f{family}L{depth}"},
