@@ -71,7 +71,7 @@ def row(config, design: str, shape: str, budget_gib: float) -> dict:
 def markdown(rows: Sequence[dict], budget_gib: float, backend: str = "cpu") -> str:
   """The table, and under it what its peak is: XLA:``backend``'s buffer assignment."""
   gib = lambda b: f"{b / 2**30:.3g}"
-  lines = ["| design | shape | mesh (data, fsdp, tensor) | rows/device x microbatches | "
+  lines = ["| design | shape | mesh (data, fsdp, tensor) | rows per device / microbatches | "
            "state GiB | temporaries GiB | peak GiB | fits " + f"{budget_gib:g} GiB (spare) |",
            "|---|---|---|---|---|---|---|---|"]
   for r in rows:
