@@ -227,7 +227,7 @@ def validate_iso(config) -> None:
 def validate_data_fields(data, model) -> None:
   """The data checks that need neither the devices nor the data files: source, tokenizer,
   ``seq_len <= model.max_seq_len``, batch size, the vocabulary holding the tokenizer's, and the
-  pipeline's field checks (``pipeline.check_data_config``)."""
+  pipeline's field checks (``data.checks.check_data_config``)."""
   _require(data.source in DATA_SOURCES,
            f"config.data.source={data.source!r}; allowed: {', '.join(DATA_SOURCES)}")
   if data.source == "tfds":
@@ -251,7 +251,7 @@ def validate_data_fields(data, model) -> None:
            f"{data.tokenizer!r}'s {vocab}; allowed: >= {vocab}")
   # The pipeline's own checks (data.seed, val_batches, worker_count among them) ran only when
   # the iterators were built: after every uncached shard was tokenized, past the dry run.
-  from depthbench_jax.data.pipeline import check_data_config  # Local: grain.
+  from depthbench_jax.data.checks import check_data_config
   check_data_config(data)
 
 
