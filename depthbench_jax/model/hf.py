@@ -22,7 +22,8 @@ The math agrees term by term: RMSNorm ``x * rsqrt(mean(x^2) + eps) * w`` in fp32
 ``rms_norm_eps = config.model.norm_eps``; RoPE in the ``rotate_half`` layout with
 ``rope_theta``; attention scale ``head_dim^-0.5``; SwiGLU ``down(silu(gate x) * up x)``.
 Architecture: ``qk_norm=True`` needs Qwen3 (LLaMA has no QK-norm), ``qk_norm=False`` needs LLaMA
-(Qwen3 always normalises q and k). Both take GQA, an explicit ``head_dim`` and tied embeddings.
+(Qwen3 always normalises q and k). Both take GQA, an explicit ``head_dim`` and tied embeddings;
+LLaMA's config only with ``d_model`` a multiple of ``n_heads``.
 """
 
 from __future__ import annotations
@@ -57,6 +58,11 @@ def check_exportable(cfg: ModelConfig, arch: str | None = None) -> str:
   if arch == "llama" and cfg.qk_norm:
     raise ConfigError("config.model.qk_norm=True is not expressible in LlamaForCausalLM; "
                       "allowed: arch='qwen3' (or qk_norm=False)")
+  if arch == "llama" and cfg.d_model % cfg.n_heads:   # LlamaConfig's own validator refuses it
+    raise ConfigError(
+        f"config.model.d_model={cfg.d_model} is not a multiple of n_heads={cfg.n_heads}, which "
+        f"LlamaConfig refuses (even with an explicit head_dim); allowed: d_model a multiple of "
+        f"n_heads, or arch='qwen3' with qk_norm=True")
   if arch == "qwen3" and not cfg.qk_norm:
     raise ConfigError("config.model.qk_norm=False is not expressible in Qwen3ForCausalLM "
                       "(it always normalises q and k); allowed: arch='llama' (or qk_norm=True)")

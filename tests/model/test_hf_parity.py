@@ -147,6 +147,11 @@ def test_hf_config_carries_our_constants():
     hf.hf_config(cfg, "qwen3")
   with pytest.raises(ConfigError, match="hf arch='gpt2'; allowed: llama, qwen3"):
     hf.check_exportable(cfg, "gpt2")
+  # A width n_heads does not divide, with an explicit head_dim: ours takes it, LlamaConfig's
+  # validator raised its own error from inside transformers.
+  with pytest.raises(ConfigError, match=r"^config.model.d_model=72 is not a multiple of "
+                                        r"n_heads=16, which LlamaConfig refuses"):
+    hf.hf_config(tiny_cfg(d_model=72, n_heads=16, head_dim=8))
 
 
 def test_bfloat16_export_stores_bfloat16_and_other_dtypes_are_refused(tmp_path):
