@@ -65,7 +65,8 @@ def normalize_number(text: str) -> str:
     return t
   if value == value.to_integral_value():
     return str(int(value))
-  return format(value.normalize(), "f")
+  # Not normalize(): it rounds to the context's 28 digits (1.000...0001 read as 1).
+  return format(value, "f").rstrip("0").rstrip(".")
 
 
 def gsm8k_extract(text: str) -> str:

@@ -211,6 +211,10 @@ def test_numbers_compare_exactly_at_any_length():
   assert [tasks.normalize_number(t) for t in ("1,234.50", "$7.", "0.10", "-3.0", "1e3", "inf",
                                               "2/3")] == ["1234.5", "7", "0.1", "-3", "1000",
                                                           "inf", "2/3"]
+  # Past the decimal context's 28 digits normalize() rounded: 1.000...0001 matched 1.
+  assert tasks.normalize_number("1.0000000000000000000000000001") == (
+      "1.0000000000000000000000000001")
+  assert tasks.normalize_number("2.50000000000000000000000000000000") == "2.5"
 
 
 def test_evaluate_on_fixtures_writes_evals_and_tensorboard(tmp_path):
