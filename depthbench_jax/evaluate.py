@@ -100,11 +100,11 @@ def check_sets(sets: Sequence[str]) -> None:
                       f"{', '.join(datasets.SETS)}")
 
 
-def check_found(sets: Sequence[str], data_dir: str | None, strict: bool) -> None:
-  """One ``ConfigError`` when no requested set's file is found, or (``strict``) any one is not;
-  it says where each missing file goes. A found file with no example, or one lacking the
-  published fields, is one too (its first example is read): it was a ValueError traceback
-  after every set before it had been scored, and no evals.json."""
+def check_found(sets: Sequence[str], data_dir: str | None, strict: bool) -> list[str]:
+  """The requested sets whose files are found; one ``ConfigError`` when none is, or
+  (``strict``) any one is not; it says where each missing file goes. A found file with no
+  example, or one lacking the published fields, is one too (its first example is read): it was
+  a ValueError traceback after every set before it had been scored, and no evals.json."""
   missing = {}
   for name in sets:
     try:
@@ -118,6 +118,7 @@ def check_found(sets: Sequence[str], data_dir: str | None, strict: bool) -> None
     flag = "--strict" if strict else f"--sets={','.join(sets)}"
     raise ConfigError(f"{flag}: {', '.join(missing)} not found; allowed: sets whose files are "
                       f"present. {' '.join(missing.values())}")
+  return [name for name in sets if name not in missing]
 
 
 def evaluate(model_cfg, params, tokenizer, *, sets: Sequence[str] = tuple(datasets.SETS),
@@ -227,11 +228,21 @@ def main(argv):
       hf.check_exportable(model_cfg)  # Before any compute: a clear error for non-Pre-LN designs.
     # --eval_data_dir, else the run's config.evals.data_dir (when set), else the default.
     data_dir = _DATA_DIR.value or config.evals.data_dir or None
-    if _DATA_DIR.value and not os.path.isdir(_DATA_DIR.value):  # a typo read the wheel's sets
-      raise ConfigError(f"--eval_data_dir={_DATA_DIR.value}: no such directory; allowed: the "
-                        f"folder holding the eval sets (README: Data and eval sets)")
-    check_found(_SETS.value, data_dir, _STRICT.value)
-    options = {"sets": sorted(set(_SETS.value)),
+    if data_dir and not os.path.isdir(data_dir):  # a typo read the wheel's HumanEval alone
+      where = "--eval_data_dir" if _DATA_DIR.value else "config.evals.data_dir (the run's)"
+      raise ConfigError(f"{where}={data_dir}: no such directory; allowed: the folder holding "
+                        f"the eval sets (README: Data and eval sets), or --eval_data_dir")
+    found = check_found(_SETS.value, data_dir, _STRICT.value)
+    # Generation and its budget decide only the sets that generate (multiple choice never does).
+    can_generate = any(datasets.SETS[n].kind != "mc" for n in found)
+    generates = _GENERATE.value and can_generate
+    if generates and _MAX_NEW.value >= model_cfg.max_seq_len:   # else a traceback after a set
+      raise ConfigError(f"--max_new_tokens={_MAX_NEW.value} leaves no room for a prompt in the "
+                        f"model's config.model.max_seq_len={model_cfg.max_seq_len}; allowed: "
+                        f"below {model_cfg.max_seq_len}, or --generate=false")
+    # The sets found, not those asked: a rerun where two files had gone replaced a six-set
+    # result with a four-set one of the same options.
+    options = {"sets": sorted(set(found)),
                "eval_data_dir": os.path.abspath(data_dir or datasets.default_data_dir()),
                "max_examples": _MAX_EXAMPLES.value, "generate": _GENERATE.value,
                "max_new_tokens": _MAX_NEW.value, "batch_size": _BATCH.value,
@@ -239,9 +250,10 @@ def main(argv):
     # max_new_tokens decides nothing without generation: a --generate=false rerun was refused
     # for the one an earlier --generate=false run recorded. The sandbox's timeout decides
     # pass@1 (a 3 s program passes at 10 s, fails at 1 s), so it counts where code runs.
-    runs_code = _GENERATE.value and bool({"humaneval", "mbpp"} & set(_SETS.value))
+    runs_code = generates and bool({"humaneval", "mbpp"} & set(found))
     deciding = [k for k in RESULT_OPTIONS
-                if (_GENERATE.value or k != "max_new_tokens") and (runs_code or k != "timeout_s")]
+                if (can_generate or k != "generate") and (generates or k != "max_new_tokens")
+                and (runs_code or k != "timeout_s")]
     summary.check_replaceable(  # Before the tokenizer and model: a finished result is never lost.
         out, {k: options[k] for k in deciding}, _OVERWRITE.value,
         lambda key: "config.data.seq_len" if key == "score_len" else f"--{key}", step=step,

@@ -253,3 +253,48 @@ def test_cli_out_inside_the_run_keeps_its_scalars_and_export_out_of_the_runs_own
   assert os.path.exists(os.path.join(workdir, "evals_debug_hf", "depthbench_export.json"))
   assert not os.path.exists(os.path.join(workdir, "hf"))
   assert open(os.path.join(workdir, "evals.json"), "rb").read() == before
+
+
+def test_cli_generation_budget_over_the_models_context_is_one_error_before_scoring(tmp_path):
+  """--max_new_tokens >= max_seq_len was a ValueError traceback after the sets before the first
+  generating one were scored, and no evals.json."""
+  workdir = str(tmp_path / "run")
+  helpers.saved_run(workdir, **{"model.max_seq_len": 64})
+  proc = _evaluate(workdir, f"--eval_data_dir={FIXTURES}", "--sets=sciq,gsm8k",
+                   "--max_new_tokens=64")
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert ("error: --max_new_tokens=64 leaves no room for a prompt in the model's "
+          "config.model.max_seq_len=64") in proc.stderr
+  assert not os.path.exists(os.path.join(workdir, "evals.json"))
+
+
+def test_cli_a_run_whose_config_names_a_missing_eval_dir_is_refused(tmp_path):
+  """A run trained elsewhere (config.evals.data_dir not on this host) read HumanEval from its
+  wheel and finished with coding only; a mistyped --eval_data_dir was already refused."""
+  workdir = str(tmp_path / "run")
+  helpers.saved_run(workdir, **{"evals.data_dir": "/nonexistent/evals"})
+  proc = _evaluate(workdir, "--generate=false", "--max_examples=1")
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert ("error: config.evals.data_dir (the run's)=/nonexistent/evals: no such directory"
+          in proc.stderr)
+
+
+def test_cli_a_rerun_that_finds_fewer_sets_is_refused(tmp_path):
+  """The guard compared the sets asked for: with gsm8k's file gone from the same folder a rerun
+  of the same flags replaced a two-set result with a one-set one."""
+  import shutil
+  evals_dir = str(tmp_path / "evals")
+  shutil.copytree(FIXTURES, evals_dir)
+  workdir, before = _run_with_evals(tmp_path, dict(FULL, eval_data_dir=evals_dir))
+  files = sorted(os.listdir(workdir))
+  shutil.rmtree(os.path.join(evals_dir, "gsm8k"))
+  proc = _evaluate(workdir, *FULL_FLAGS, f"--eval_data_dir={evals_dir}")
+  helpers.assert_refused_untouched(proc, '--sets=["sciq"]', os.path.join(workdir, "evals.json"),
+                                   before, files)
+
+
+def test_cli_multiple_choice_reruns_are_not_decided_by_generation(tmp_path):
+  """sciq never generates, yet a --generate=false rerun of a sciq-only result was refused."""
+  workdir, _ = _run_with_evals(tmp_path, dict(FULL, sets=["sciq"]))
+  proc = _evaluate(workdir, f"--eval_data_dir={FIXTURES}", "--sets=sciq", "--generate=false")
+  assert proc.returncode == 0, proc.stderr[-2000:]
