@@ -77,7 +77,7 @@ def get_config() -> ml_collections.ConfigDict:
   g.every = 0
   g.batch_size = 2
   g.thresholds = (0.45, 0.15)      # (causal, permutation): the paper's share thresholds
-  g.curve_points = 101             # share curves over thresholds linspace(0, 1, curve_points)
+  g.curve_points = 101             # share curves over linspace(0, max(1, threshold, top score))
   g.causal_reduction = "mean"      # over tokens: 'mean' (spec) | 'max' (Csordas et al.)
   g.causal_skip = "zero_update"    # layer s's sublayer outputs := 0 (spec) | 'absent' (Csordas)
   g.causal_chunk = 0               # gated networks per vmapped batch; 0 = one at a time

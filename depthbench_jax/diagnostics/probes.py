@@ -53,7 +53,7 @@ class Options:
   """
   causal_threshold: float = metrics.PAPER_CAUSAL_THRESHOLD
   permutation_threshold: float = metrics.PAPER_PERMUTATION_THRESHOLD
-  curve_points: int = 101            # thresholds linspace(0, 1, curve_points) for the share curves
+  curve_points: int = 101            # share curves over linspace(0, max(1, threshold, top score))
   causal_reduction: str = "mean"     # 'mean' over tokens (spec) | 'max' (Csordas et al.)
   causal_skip: str = "zero_update"   # metrics.CAUSAL_SKIPS: the spec's | 'absent' (Csordas)
   causal_chunk: int = 0              # gated networks per vmapped batch; 0 = one at a time

@@ -4,6 +4,7 @@ Fast: the clean pass (sown HC/mHC mixing, AttnRes depth weights) with known answ
 Slow: every registered design through the full causal + permutation passes.
 """
 
+import dataclasses
 import json
 
 import jax
@@ -101,6 +102,10 @@ def test_block_attnres_own_block_weight_at_init():
   np.testing.assert_allclose(emb[1::2], [1 / (l + 2) for l in range(L)], rtol=1e-5)
   strict = metrics.dead_prefix(np.reshape(dead["per_sublayer"], (L, 2)), threshold=0.4)
   assert strict["dead_layers"] == [1, 2, 3] and strict["dead_prefix"] == 0
+  # The option reaches the probe (only the default 0.05 ever had).
+  through = _run("attnres_block", dataclasses.replace(CLEAN_ONLY, dead_threshold=0.4),
+                 block_unit="layer")["dead_prefix"]
+  assert through["dead_layers"] == [1, 2, 3]
   # The readout's zero query: uniform over b_0 and the L one-layer blocks.
   np.testing.assert_allclose(r["depth_weights"]["readout"], [1 / (L + 1)] * (L + 1), rtol=1e-5)
 

@@ -118,6 +118,11 @@ def test_swap_orders_and_permutation_matrix():
   assert len(metrics.swap_pairs(8, late_only=True)) == 15
   p = metrics.permutation_matrix(pairs, np.array([2.0, 2, 2, 2, 2, 3]), 2.0, 4)
   assert p[2, 3] == pytest.approx(0.5) and p[0, 1] == 0.0 and np.isnan(p[1, 0])
+  # Signed, (swapped - loss) / loss: a swap that lowers the loss is negative and counts in no
+  # share (|.| read it +0.5; no test had a swapped loss below the clean one).
+  lower = metrics.permutation_matrix(np.array([[0, 1]]), np.array([1.0]), 2.0, 2)
+  assert lower[0, 1] == pytest.approx(-0.5)
+  assert metrics.share_above(lower, np.triu(np.ones((2, 2), bool), 1), 0.15) == 0.0
 
 
 def test_effective_rank_identity_rank_one_and_scale():

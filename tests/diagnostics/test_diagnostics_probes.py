@@ -62,6 +62,25 @@ def test_preln_result_shapes_ranges_and_strict_json(preln):
     assert r[key]["curve"]["share"][0] == pytest.approx(np.mean(values > 0.0)), key
 
 
+def test_angular_matrix_is_the_layer_outputs_and_max_reduction_reaches_the_probe(preln):
+  """The angular matrix is over each layer's output state (the model's ``hidden``): no test
+  pinned which state the probe read, nor an off-by-one to the layer inputs. And
+  ``causal_reduction='max'`` changes the scores, not only the label recorded beside them."""
+  from depthbench_jax.diagnostics import metrics
+  cfg, params, pr = preln
+  tokens = _tokens()
+  r = pr.run(params, tokens)
+  _, layers = tr.Transformer(cfg).apply({"params": params}, tokens[:, :-1], return_layers=True)
+  np.testing.assert_allclose(np.array(r["angular"]["matrix"], dtype=float),
+                             metrics.angular_distance_matrix(layers["hidden"]), atol=1e-4)
+  by_max = probes.Probes(cfg, probes.Options(causal_chunk=2, run_permutation=False,
+                                             causal_reduction="max")).run(params, tokens)
+  mean_c = probes.from_jsonable_matrix(r["causal"]["matrix"])
+  max_c = probes.from_jsonable_matrix(by_max["causal"]["matrix"])
+  upper = np.triu_indices(L, 1)
+  assert (max_c[upper] >= mean_c[upper] - 1e-6).all() and (max_c[upper] > mean_c[upper]).any()
+
+
 def test_a_late_pair_that_blew_up_counts_above_every_threshold():
   """A NaN or inf score (the swapped or skipped run diverged) is the largest effect, not a
   missing pair: it stays in the share's denominator and numerator, and out of the mean."""
