@@ -118,7 +118,8 @@ def model_config_from(model: ml_collections.ConfigDict) -> ModelConfig:
   kernel = model.get("attention_kernel", "xla")  # Absent from bench records before the field.
   _require(kernel in kernels,
            f"config.model.attention_kernel={kernel!r}; allowed: {', '.join(kernels)}")
-  _require(model.max_seq_len > 0, f"config.model.max_seq_len={model.max_seq_len}; allowed: > 0")
+  _require(isinstance(model.max_seq_len, int) and model.max_seq_len > 0,   # None: a TypeError
+           f"config.model.max_seq_len={model.max_seq_len!r}; allowed: a positive integer")
   stream = model.get("stream_dtype", "compute")  # Absent from configs saved before the field.
   _require(stream in STREAM_DTYPES,
            f"config.model.stream_dtype={stream!r}; allowed: {', '.join(STREAM_DTYPES)}")

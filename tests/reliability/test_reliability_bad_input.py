@@ -25,6 +25,7 @@ CASES = [
      "config.model.n_kv_heads"),
     ("odd_head_dim", {"model.d_model": 30}, 1, 1, "config.model.head_dim"),
     ("zero_layers", {"model.n_layers": 0}, 1, 1, "config.model.n_layers"),
+    ("no_max_seq_len", {"model.max_seq_len": None}, 1, 1, "config.model.max_seq_len"),
     ("unknown_design", {"model.residual.name": "resnet"}, 1, 1, "config.model.residual.name"),
     ("unknown_remat_policy", {"model.remat_policy": "full"}, 1, 1, "config.model.remat_policy"),
     ("unsupported_dtype", {"model.dtype": "float16"}, 1, 1, "config.model.dtype"),
