@@ -256,7 +256,12 @@ def test_evaluate_scores_within_score_len():
   run = lambda n: evaluate.evaluate(cfg, params, ByteTok(), sets=["gsm8k"], generate=False,
                                     data_dir=FIXTURES, batch_size=2, score_len=n)
   full = run(None)["sets"]["gsm8k"]
-  assert run(cfg.max_seq_len)["sets"]["gsm8k"]["nll_per_token"] == full["nll_per_token"]
+  # Above the fixtures' longest sequence (137 tokens) and below max_seq_len (run(max_seq_len) was
+  # run(None) itself: the same cap).
+  assert 137 < 160 < cfg.max_seq_len
+  above = run(160)["sets"]["gsm8k"]
+  assert above["nll_per_token"] == pytest.approx(full["nll_per_token"], rel=1e-6)
+  assert not above.get("context_cut") and not above.get("answer_cut")
   cap = max(e["tokens"] for e in full["per_example"]) + 4   # every answer fits, no question
   cut = run(cap)["sets"]["gsm8k"]
   assert cut["tokens"] == full["tokens"]
