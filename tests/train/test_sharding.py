@@ -79,3 +79,9 @@ def test_params_fsdp_cannot_split_are_named_with_their_bytes():
                          "e.g. ['odd']: 16,254 parameters stay whole on every device")
   assert line.endswith("allowed: an fsdp size dividing 63") and "\n" not in line
   assert sharding.fsdp_warning({"fine": tree["fine"], "q6": tree["q6"]}, MESH) is None
+  # The bytes at the param dtype: bf16 params keep bf16 gradients and moments (8 bytes a
+  # parameter, where the warning said fp32's 16). Abstract leaves: 63 x 2^24 parameters.
+  big = lambda dtype: {"w": nn.LogicallyPartitioned(jax.ShapeDtypeStruct((63, 2**24), dtype),
+                                                     ("embed", "mlp"))}
+  assert "moments: 15.75 GiB on each" in sharding.fsdp_warning(big(np.float32), MESH)
+  assert "moments: 7.88 GiB on each" in sharding.fsdp_warning(big(jax.numpy.bfloat16), MESH)
