@@ -49,7 +49,8 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory with config.json 
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).",
                               allow_override=True)
 _DATA_DIR = flags.DEFINE_string("eval_data_dir", None,
-                                "Root of the eval sets (<dir>/<set>/<file>); default "
+                                "Root of the eval sets (<dir>/<set>/<file>); default: the "
+                                "run's config.evals.data_dir, else "
                                 "~/.cache/depthbench_jax/evals.")
 _SETS = flags.DEFINE_list("sets", list(datasets.SETS), "Eval sets to run.")
 _MAX_EXAMPLES = flags.DEFINE_integer("max_examples", None, "First N examples of each set.")

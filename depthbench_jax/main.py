@@ -1,8 +1,10 @@
 """``python -m depthbench_jax.main --config=configs/FILE.py[:ARG] --workdir=DIR``.
 
 Multi-host: every host runs the same command. The coordinator comes from the flags or from
-``JAX_COORDINATOR_ADDRESS`` / ``JAX_NUM_PROCESSES`` / ``JAX_PROCESS_ID``; with none of them set
-and a cluster JAX recognises (SLURM, ...), ``jax.distributed.initialize()`` auto-detects it.
+``JAX_COORDINATOR_ADDRESS`` / ``JAX_NUM_PROCESSES`` / ``JAX_PROCESS_ID``; with none of them set,
+inside a SLURM ``srun`` step of several tasks, ``jax.distributed.initialize()`` auto-detects it.
+Other launchers (``mpirun``, ...) must set the three variables: each rank would otherwise train
+alone.
 On CPU the processes exchange collectives over gloo.
 
 Failures. Bad input (a flag that does not parse, an unknown config field, a bad value, a
