@@ -255,10 +255,17 @@ def main(argv):
     deciding = [k for k in RESULT_OPTIONS
                 if (can_generate or k != "generate") and (generates or k != "max_new_tokens")
                 and (runs_code or k != "timeout_s")]
+    def recorded(result: dict) -> dict:
+      """A result of fewer sets, each found now, is replaced by this fuller one: a file added
+      after a run that lacked it is scored without --overwrite."""
+      had = summary.recorded_options(result)
+      if isinstance(had.get("sets"), list) and set(had["sets"]) <= set(found):
+        had = {**had, "sets": options["sets"]}
+      return had
     summary.check_replaceable(  # Before the tokenizer and model: a finished result is never lost.
         out, {k: options[k] for k in deciding}, _OVERWRITE.value,
-        lambda key: "config.data.seq_len" if key == "score_len" else f"--{key}", step=step,
-        workdir=workdir)
+        lambda key: "config.data.seq_len" if key == "score_len" else f"--{key}",
+        recorded=recorded, step=step, workdir=workdir)
   except ConfigError as err:
     fail(str(err))
   tokenizer = get_tokenizer(config.data.tokenizer)

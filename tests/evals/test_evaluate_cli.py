@@ -291,6 +291,15 @@ def test_cli_a_rerun_that_finds_fewer_sets_is_refused(tmp_path):
   proc = _evaluate(workdir, *FULL_FLAGS, f"--eval_data_dir={evals_dir}")
   helpers.assert_refused_untouched(proc, '--sets=["sciq"]', os.path.join(workdir, "evals.json"),
                                    before, files)
+  # The other way, the file put back after a run that lacked it: a fuller result replaces it.
+  shutil.copytree(os.path.join(FIXTURES, "gsm8k"), os.path.join(evals_dir, "gsm8k"))
+  with open(os.path.join(workdir, "evals.json"), "w") as f:
+    json.dump({"step": 1, "options": dict(FULL, sets=["sciq"], eval_data_dir=evals_dir),
+               "sets": {}, "domains": {}, "missing": {}}, f)
+  proc = _evaluate(workdir, *FULL_FLAGS, f"--eval_data_dir={evals_dir}")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert json.load(open(os.path.join(workdir, "evals.json")))["options"]["sets"] == [
+      "gsm8k", "sciq"]
 
 
 def test_cli_multiple_choice_reruns_are_not_decided_by_generation(tmp_path):
