@@ -61,7 +61,8 @@ def verdict(result: dict) -> list[dict]:
   add(f"compile {c['deep_layers']}L / {c['shallow_layers']}L", c["deep_over_shallow"],
       TARGETS["compile_deep_over_shallow"], band=c.get("deep_over_shallow_rounds"))
   # Not measured for want of torch/transformers (``bench.hf_missing``, recorded by the run): a
-  # FAIL line saying so, as a design that did not compile; left out only under --no_hf.
+  # FAIL line saying so, as a design that did not compile; left out under --no_hf and off the
+  # CPU (the baseline is torch's CPU step; the run records hf=false then).
   left_out = result.get("hf_left_out")
   add("ours / HF LLaMA step", pre and pre.get("ours_over_hf"), TARGETS["ours_over_hf"],
       band=pre and pre.get("ours_over_hf_rounds"),

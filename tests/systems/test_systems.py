@@ -986,6 +986,20 @@ def test_bench_without_torch_says_so_and_keeps_a_result_that_holds_ours_over_hf(
   assert seen["hf_left_out"] == "transformers not installed (pip install -e '.[test]')"
 
 
+def test_bench_on_an_accelerator_leaves_hf_out_as_no_hf(tmp_path, capsys, monkeypatch):
+  """A cpu-preset run on a GPU timed no HF step yet recorded hf=true, so a later --no_hf run
+  there was refused for replacing ours/HF figures the file never held."""
+  from depthbench_jax import bench
+  monkeypatch.setattr(bench.jax, "default_backend", lambda: "gpu")
+  seen = {}
+  monkeypatch.setattr(bench, "run_bench", lambda p, **kw: seen.update(p=p) or 1 / 0)
+  with pytest.raises(ZeroDivisionError):
+    bench.main(["--preset=quick", "--designs=preln,hc", "--out", str(tmp_path)])
+  assert seen["p"].hf is False
+  assert "HF LlamaForCausalLM left out: torch runs it on the CPU, ours runs on gpu" in (
+      capsys.readouterr().err)
+
+
 def test_bench_refuses_to_replace_a_result_of_other_designs(tmp_path, capsys, monkeypatch):
   """--designs=preln,hc then --designs=preln,mhc write one file name: the second run once
   replaced the first without a word. The same designs, or --overwrite, still replace it."""
