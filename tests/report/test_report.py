@@ -712,17 +712,22 @@ def test_a_family_off_iso_parameter_is_named_under_the_depth_trend():
   assert note in scorecard.build_report(records)
 
 
-def test_a_best_lr_over_seed_copies_is_marked_as_their_minimum():
-  """Two seeds of HC 32x896 at one LR (2.727, 2.721) beside HC 16x1216's single run (2.729):
-  the best read 2.721 and the trend 'better when deeper', where the seed-0 run alone is flat
-  within TREND_TOL; nothing said it was a minimum of two."""
+def _seed_copy_records() -> list[dict]:
+  """HC at two shapes: 16x1216 single runs, 32x896 two seeds at its best LR (2.727, 2.721)."""
   run = lambda L, d, lr, loss, seed=0: {
       "name": f"hc_{L}x{d}_lr{lr}", "design": "hc", "n_layers": L, "d_model": d, "lr": lr,
       "aspect_ratio": d / L, "status": "ok", "final_val_loss": loss, "family": 0,
       "workdir": f"/r/{L}_{lr}_{seed}"}
-  records = [run(16, 1216, 1e-3, 2.729), run(16, 1216, 2e-3, 2.74),
-             run(32, 896, 1e-3, 2.727), run(32, 896, 1e-3, 2.721, seed=1),
-             run(32, 896, 2e-3, 2.75)]
+  return [run(16, 1216, 1e-3, 2.729), run(16, 1216, 2e-3, 2.74),
+          run(32, 896, 1e-3, 2.727), run(32, 896, 1e-3, 2.721, seed=1),
+          run(32, 896, 2e-3, 2.75)]
+
+
+def test_a_best_lr_over_seed_copies_is_marked_as_their_minimum():
+  """Two seeds of HC 32x896 at one LR (2.727, 2.721) beside HC 16x1216's single run (2.729):
+  the best read 2.721 and the trend 'better when deeper', where the seed-0 run alone is flat
+  within TREND_TOL; nothing said it was a minimum of two."""
+  records = _seed_copy_records()
   groups = scorecard.select_best_lr(records)
   assert groups[("hc", 32, 896)]["copies"] == 2 and groups[("hc", 16, 1216)]["copies"] == 1
   assert scorecard.lr_marks(("hc", 32, 896), groups) == "†¶"
@@ -736,13 +741,7 @@ def test_loss_plot_draws_a_seed_copy_at_the_best_lr_apart_from_other_lrs(tmp_pat
   """The loss plot's grey "other LRs" dots held the best LR's other seed (2.727 at 1e-3)."""
   import matplotlib.figure
   from depthbench_jax.report import plots
-  run = lambda L, d, lr, loss, seed=0: {
-      "name": f"hc_{L}x{d}_lr{lr}", "design": "hc", "n_layers": L, "d_model": d, "lr": lr,
-      "aspect_ratio": d / L, "status": "ok", "final_val_loss": loss, "family": 0,
-      "workdir": f"/r/{L}_{lr}_{seed}"}
-  records = [run(16, 1216, 1e-3, 2.729), run(16, 1216, 2e-3, 2.74),
-             run(32, 896, 1e-3, 2.727), run(32, 896, 1e-3, 2.721, seed=1),
-             run(32, 896, 2e-3, 2.75)]
+  records = _seed_copy_records()
   saved = {}
   monkeypatch.setattr(
       matplotlib.figure.Figure, "savefig",
