@@ -478,15 +478,22 @@ def test_a_step_that_raises_gives_the_callers_signal_handlers_back(tmp_path, mon
   """In-process training (a notebook) whose step raised kept the trainer's SIGINT handler:
   the caller's first Ctrl-C afterwards only set a flag nothing read."""
   from depthbench_jax.train import loop
-  before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+  # A terminal's Ctrl-C (pytest under launch/test.sh in the background ignores SIGINT, which the
+  # trainer then leaves alone).
+  outer = signal.signal(signal.SIGINT, signal.default_int_handler)
+  try:
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
 
-  def fail(*args):
-    assert signal.getsignal(signal.SIGINT) != before[signal.SIGINT]   # the trainer's, here
-    raise RuntimeError("a step failed")
-  monkeypatch.setattr(loop, "_global_batch", fail)
-  with pytest.raises(RuntimeError, match="a step failed"):
-    loop.train_and_evaluate(helpers.tiny_config(steps=4, warmup_steps=1), str(tmp_path / "run"))
-  assert {s: signal.getsignal(s) for s in before} == before
+    def fail(*args):
+      assert signal.getsignal(signal.SIGINT) != before[signal.SIGINT]   # the trainer's, here
+      raise RuntimeError("a step failed")
+    monkeypatch.setattr(loop, "_global_batch", fail)
+    with pytest.raises(RuntimeError, match="a step failed"):
+      loop.train_and_evaluate(helpers.tiny_config(steps=4, warmup_steps=1),
+                              str(tmp_path / "run"))
+    assert {s: signal.getsignal(s) for s in before} == before
+  finally:
+    signal.signal(signal.SIGINT, outer)
 
 
 def test_with_periodic_evals_off_the_final_val_loss_is_still_logged(train_in_process, tmp_path,
