@@ -145,5 +145,7 @@ def test_report_section_shows_the_measured_rows_of_the_runs_shapes(tmp_path):
   assert "9.900" not in section and "| attnres_block | 16x1216 | fakedev |" not in section
   assert "Measured by the bench on the same models" in section
   assert section.count("| hc | 16x1216 | fakedev |") == 1
-  assert "| hc | 16x1216 | fakedev | 100,000 | 1.500 (1.400-1.600) |" in section
+  # The nearer file's: HC's run's own (1.7), read before any parent's (the suite's 1.5 once won
+  # only because an earlier run reached the suite folder first).
+  assert "| hc | 16x1216 | fakedev | 100,000 | 1.700 (1.400-1.600) |" in section
   assert "moda" not in section
