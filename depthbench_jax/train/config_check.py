@@ -16,9 +16,6 @@ from depthbench_jax.model.config import ModelConfig, model_config_from
 from depthbench_jax.recipe import RESUMABLE_FIELDS, flatten_fields, is_resumable
 from depthbench_jax.train import sharding
 
-DATA_SOURCES = ("embedded", "parquet", "tfds")
-TOKENIZERS = ("gpt2", "byte")
-
 
 def _require(ok: bool, message: str) -> None:
   if not ok:
@@ -225,34 +222,22 @@ def validate_iso(config) -> None:
 
 
 def validate_data_fields(data, model) -> None:
-  """The data checks that need neither the devices nor the data files: source, tokenizer,
-  ``seq_len <= model.max_seq_len``, batch size, the vocabulary holding the tokenizer's, and the
-  pipeline's field checks (``data.checks.check_data_config``)."""
-  _require(data.source in DATA_SOURCES,
-           f"config.data.source={data.source!r}; allowed: {', '.join(DATA_SOURCES)}")
-  if data.source == "tfds":
-    _require(bool(data.tfds_name),
-             f"config.data.tfds_name={data.tfds_name!r}; allowed: a TFDS dataset name, e.g. "
-             f"'lm1b' (config.data.path = its data_dir)")
-  _require(data.tokenizer in TOKENIZERS,
-           f"config.data.tokenizer={data.tokenizer!r}; allowed: {', '.join(TOKENIZERS)}")
-  seq = data.seq_len
-  _require(isinstance(seq, int) and seq > 0, f"config.data.seq_len={seq!r}; allowed: > 0")
-  _require(seq <= model.max_seq_len,
-           f"config.data.seq_len={seq} exceeds config.model.max_seq_len={model.max_seq_len}; "
-           f"allowed: <= {model.max_seq_len} (raise max_seq_len to train longer contexts)")
-  batch = data.global_batch_size
-  _require(isinstance(batch, int) and batch > 0,
-           f"config.data.global_batch_size={batch!r}; allowed: a positive integer")
+  """The data checks that need neither the devices nor the data files: config.data's own fields
+  (``data.checks.check_data_config``, which the pipeline runs too: source, tokenizer, sizes,
+  seed, val_batches, worker_count; once checked only when the iterators were built, after every
+  uncached shard was tokenized), then against the model: ``seq_len <= model.max_seq_len`` and
+  the vocabulary holding the tokenizer's."""
+  from depthbench_jax.data.checks import check_data_config
+  check_data_config(data)
+  _require(data.seq_len <= model.max_seq_len,
+           f"config.data.seq_len={data.seq_len} exceeds config.model.max_seq_len="
+           f"{model.max_seq_len}; allowed: <= {model.max_seq_len} (raise max_seq_len to train "
+           f"longer contexts)")
   from depthbench_jax.data.tokenizer import vocab_size_of
   vocab = vocab_size_of(data.tokenizer)   # no merge table: the data path reads that
   _require(model.vocab_size >= vocab,
            f"config.model.vocab_size={model.vocab_size} is smaller than tokenizer "
            f"{data.tokenizer!r}'s {vocab}; allowed: >= {vocab}")
-  # The pipeline's own checks (data.seed, val_batches, worker_count among them) ran only when
-  # the iterators were built: after every uncached shard was tokenized, past the dry run.
-  from depthbench_jax.data.checks import check_data_config
-  check_data_config(data)
 
 
 def validate_data(data, process_count: int, data_parallel: int, microbatches: int = 1) -> None:
