@@ -234,7 +234,6 @@ def main(argv):
       raise ConfigError(f"{where}={data_dir}: no such directory; allowed: the folder holding "
                         f"the eval sets (README: Data and eval sets), or --eval_data_dir")
     found = check_found(_SETS.value, data_dir, _STRICT.value)
-    # Generation and its budget decide only the sets that generate (multiple choice never does).
     can_generate = any(datasets.SETS[n].kind != "mc" for n in found)
     generates = _GENERATE.value and can_generate
     if generates and _MAX_NEW.value >= model_cfg.max_seq_len:   # else a traceback after a set
@@ -248,10 +247,11 @@ def main(argv):
                "max_examples": _MAX_EXAMPLES.value, "generate": _GENERATE.value,
                "max_new_tokens": _MAX_NEW.value, "batch_size": _BATCH.value,
                "timeout_s": _TIMEOUT.value, "score_len": int(config.data.seq_len)}
-    # max_new_tokens decides nothing without generation: a --generate=false rerun was refused
-    # for the one an earlier --generate=false run recorded. The sandbox's timeout decides
-    # pass@1 (a 3 s program passes at 10 s, fails at 1 s), so it counts where code runs.
-    runs_code = generates and bool({"humaneval", "mbpp"} & set(found))
+    # Deciding: generate where a found set can generate, max_new_tokens where one does (a
+    # --generate=false rerun was refused for an earlier one's; a sciq-only rerun for its
+    # generate), and the sandbox's timeout where code runs (a 3 s program passes at 10 s,
+    # fails at 1 s).
+    runs_code = generates and any(datasets.SETS[n].kind == "code" for n in found)
     deciding = [k for k in RESULT_OPTIONS
                 if (can_generate or k != "generate") and (generates or k != "max_new_tokens")
                 and (runs_code or k != "timeout_s")]

@@ -156,8 +156,8 @@ def grid_gaps(records: Sequence[dict], unfinished: Sequence[dict] = (),
   """``{(design, L, d): {'pending': [lr], 'missing': [lr], 'not_started': [lr],
   'other_recipe': [lr]}}`` for every shape whose grid is incomplete (``pending``: LRs started
   there without a summary yet, or whose diverged run the plan says the sweep retrains (its
-  state 'started', ``report.plan._state``); ``other_recipe``: planned LRs whose run trained another recipe
-  and is set aside, so the best LR there is picked without them).
+  state 'started', ``report.plan._state``); ``other_recipe``: planned LRs whose run trained
+  another recipe and is set aside, so the best LR there is picked without them).
 
   Without ``plan``, inferred from disk: a design's grid is every LR it ran at any shape of its
   suite (``record['suite']``, ``assign_families``'s recipe; a suite sweeps one grid per

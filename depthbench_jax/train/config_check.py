@@ -242,8 +242,8 @@ def validate_data_fields(data, model) -> None:
 
 def validate_data(data, process_count: int, data_parallel: int, microbatches: int = 1) -> None:
   """The data checks that need the files and the devices (``validate_data_fields`` ran in
-  ``validate_without_devices``): the parquet path names files (``sources.parquet_files``), and the batch splits over the batch
-  shards, microbatches and processes."""
+  ``validate_without_devices``): the parquet path names files (``sources.parquet_files``), and
+  the batch splits over the batch shards, microbatches and processes."""
   if data.source == "parquet":   # As the loader reads it: '~' expanded, '**' recursive.
     from depthbench_jax.data.sources import parquet_files
     parquet_files(data.path)

@@ -111,17 +111,18 @@ def _rule_axes(leaf, mesh: Mesh) -> list[tuple[int, Any, tuple[str, ...], int]]:
   return out
 
 
-def unsharded_by_fsdp(boxed_tree, mesh: Mesh) -> dict[str, tuple[int, int, int]]:
-  """``{param path: (dim, fsdp size, parameters)}`` for every param whose rule puts an axis on
-  ``fsdp`` but whose size does not divide it, so ``logical_shardings`` keeps it whole on every
-  fsdp device (with its gradient and Adam moments: 4 copies at the param dtype on each)."""
+def unsharded_by_fsdp(boxed_tree, mesh: Mesh) -> dict[str, tuple[int, int, int, int]]:
+  """``{param path: (dim, fsdp size, parameters, bytes)}`` for every param whose rule puts an
+  axis on ``fsdp`` but whose size does not divide it, so ``logical_shardings`` keeps it whole on
+  every fsdp device (with its gradient and Adam moments: 4 copies at the param dtype on each)."""
   out = {}
   for path, leaf in jax.tree_util.tree_leaves_with_path(
       boxed_tree, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned)):
     if isinstance(leaf, nn.LogicallyPartitioned):
       for dim, _, names, size in _rule_axes(leaf, mesh):
         if "fsdp" in names and dim % size:
-          out[jax.tree_util.keystr(path)] = (dim, size, math.prod(leaf.value.shape))
+          n = math.prod(leaf.value.shape)
+          out[jax.tree_util.keystr(path)] = (dim, size, n, n * np.dtype(leaf.value.dtype).itemsize)
   return out
 
 
@@ -131,15 +132,12 @@ def fsdp_warning(boxed_tree, mesh: Mesh) -> str | None:
   whole = unsharded_by_fsdp(boxed_tree, mesh)
   if not whole:
     return None
-  params = sum(n for _, _, n in whole.values())
-  dims = sorted({dim for dim, _, _ in whole.values()})
+  params = sum(n for _, _, n, _ in whole.values())
+  dims = sorted({dim for dim, _, _, _ in whole.values()})
   fsdp = mesh.shape["fsdp"]
   # Params, gradients and both Adam moments, each at the param dtype (optax keeps mu and nu in
   # it): 16 bytes a parameter in fp32, 8 in bf16 (the warning said fp32's 16 for both).
-  nbytes = 4 * sum(math.prod(leaf.value.shape) * np.dtype(leaf.value.dtype).itemsize
-                   for path, leaf in jax.tree_util.tree_leaves_with_path(
-                       boxed_tree, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))
-                   if jax.tree_util.keystr(path) in whole)
+  nbytes = 4 * sum(b for _, _, _, b in whole.values())
   return (f"config.mesh fsdp={fsdp} does not divide the sharded axis ({', '.join(map(str, dims))}"
           f") of {len(whole)} params, e.g. {next(iter(whole))}: {params:,} parameters stay whole "
           f"on every device (params, gradients and Adam moments: "

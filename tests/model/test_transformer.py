@@ -174,7 +174,8 @@ def test_model_config_refuses_a_zero_context():
   """max_seq_len must be positive: model_config_from names the field (the train-config check
   would only report data.seq_len exceeding it, and diagnostics/evals skip that check)."""
   from depthbench_jax.errors import ConfigError
-  with pytest.raises(ConfigError, match=r"^config\.model\.max_seq_len=0; allowed: a positive integer$"):
+  with pytest.raises(ConfigError,
+                     match=r"^config\.model\.max_seq_len=0; allowed: a positive integer$"):
     model_cfg(max_seq_len=0)
   assert model_cfg(max_seq_len=1).max_seq_len == 1
 

@@ -72,8 +72,8 @@ def test_params_fsdp_cannot_split_are_named_with_their_bytes():
           "q6": _boxed((64, 6, 16), ("embed", "heads", "head_dim")),
           "fine": _boxed((64, 256), ("embed", "mlp")),
           "plain": np.zeros((63, 63), np.float32)}
-  assert sharding.unsharded_by_fsdp(tree, MESH) == {"['odd']": (63, 2, 63 * 256),
-                                                    "['odd_too']": (63, 2, 126)}
+  assert sharding.unsharded_by_fsdp(tree, MESH) == {"['odd']": (63, 2, 63 * 256, 63 * 256 * 4),
+                                                    "['odd_too']": (63, 2, 126, 126 * 4)}
   line = sharding.fsdp_warning(tree, MESH)
   assert line.startswith("config.mesh fsdp=2 does not divide the sharded axis (63) of 2 params, "
                          "e.g. ['odd']: 16,254 parameters stay whole on every device")
