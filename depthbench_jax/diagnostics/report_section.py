@@ -253,8 +253,9 @@ def paper_comparison(best: Sequence[Any]) -> str | None:
   scale and recipe, ``_paper_scale``, in a scale family whose 16- and 32-layer totals agree
   within the scorecard's ``PAPER_ISO_TOTAL_TOL``), for the designs and depth the paper reports,
   each of ours named by its shape; the shares only where ours used the paper's thresholds and the
-  mean over tokens. None when no run matches. Our effective rank is ``erank_late`` (products from layer
-  ceil(L/4) to the last) over every depth run; the paper gives a range without saying over what."""
+  mean over tokens. None when no run matches. Our effective rank is ``erank_late`` (products
+  from layer ceil(L/4) to the last) over every depth run; the paper gives a range without saying
+  over what."""
   # Local: metrics imports jax, which this module's tables do not need.
   from depthbench_jax.diagnostics.metrics import (PAPER_CAUSAL_THRESHOLD,
                                                   PAPER_PERMUTATION_THRESHOLD)
