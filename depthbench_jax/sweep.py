@@ -312,12 +312,15 @@ def check_lr_tables(module, config_path: str) -> None:
 
 
 def read_summary(workdir: str) -> dict | None:
+  """The run's summary.json, or None where there is none to read: missing, torn, not UTF-8
+  or not an object (as the trainer reads it; ``[]`` raised AttributeError in run_state)."""
   path = os.path.join(workdir, SUMMARY)
   try:
     with open(path) as f:
-      return json.load(f)
-  except (OSError, json.JSONDecodeError):
+      data = json.load(f)
+  except (OSError, ValueError):
     return None
+  return data if isinstance(data, dict) else None
 
 
 def run_state(workdir: str, config: ml_collections.ConfigDict | None = None) -> str:
@@ -662,7 +665,10 @@ def _execute(config_path, runs, main_cmd, local_processes) -> dict[str, list[str
     except OSError as e:  # e.g. main_cmd not found: record and go on.
       print(f"[sweep] {run.name}: could not start: {e}", flush=True)
       code = -1
-    summary = read_summary(run.workdir)
+    # The summary of this launch only: a relaunched diverged run (other guard rules) keeps its
+    # old diverged summary until the trainer sets it aside, so a launch that failed before
+    # then read 'diverged' (exit 0 for the sweep, and the same failure hidden every time).
+    summary = read_summary(run.workdir) if state(run) == "done" else None
     status = (summary or {}).get("status")
     # Saved and stopped without a SIGTERM here: on a pod another host's process was signalled
     # (JAX's preemption service stops them all) and that host's sweep stops; so does this one.

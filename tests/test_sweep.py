@@ -269,6 +269,29 @@ def test_a_run_diverged_under_other_divergence_rules_is_relaunched(tiny, monkeyp
       r.name for r in runs[1:]]
 
 
+def test_a_relaunched_diverged_run_that_fails_counts_as_failed(tiny, monkeypatch):
+  """A run relaunched under other divergence rules keeps its old diverged summary until the
+  trainer sets it aside: a launch that failed before then (data missing on this host) was
+  counted 'diverged' from that summary, and the sweep exited 0, every time."""
+  monkeypatch.setenv("FAKE_LOG", tiny["log"])
+  runs = sweep.list_runs(tiny["config"], tiny["results"])
+  module = sweep.load_config_module(tiny["config"])
+  write_summary(runs[1].workdir, status="diverged", config=dict(
+      sweep.config_of(module, runs[1].arg).to_dict(), skip_nonfinite_steps=True))
+  monkeypatch.setenv("FAKE_CRASH", runs[1].name)
+  outcome = sweep.execute(tiny["config"], runs[:2], tiny["main_cmd"])
+  assert outcome["failed"] == [runs[1].name] and outcome["diverged"] == []
+
+
+@pytest.mark.parametrize("text", ["[]", "3", b"\xff"])
+def test_a_summary_that_is_no_json_object_reads_as_none(tmp_path, text):
+  """Valid JSON that is no object, or bytes not UTF-8: AttributeError / UnicodeDecodeError
+  tracebacks in the sweep, dry run and report, where the trainer reads no summary."""
+  (tmp_path / "summary.json").write_bytes(text if isinstance(text, bytes) else text.encode())
+  assert sweep.read_summary(str(tmp_path)) is None
+  assert sweep.run_state(str(tmp_path)) == "partial"
+
+
 def test_a_finished_run_under_another_recipe_is_refused_before_anything_runs(tiny, monkeypatch,
                                                                              capsys):
   # The suite's steps were edited after preln_4x128_lr1e-3 finished: skipping it would put a
