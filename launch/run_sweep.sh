@@ -27,10 +27,10 @@ results_path() {
   local p; p="$(absolute "$1")"
   case "$p" in "$ROOT"/*) printf '%s' "${p#"$ROOT"/}" ;; *) printf '%s' "$p" ;; esac
 }
-has_value() {  # FLAG [VALUE ...]: one error line and exit 2 where the value is missing or empty
-  # (an unset variable's --results_dir= once meant the caller's directory here and results/
-  # <suite> to the sweep).
-  [[ $# -ge 2 && -n "$2" ]] || {
+has_value() {  # FLAG [VALUE ...]: one error line and exit 2 where the value is missing, empty
+  # or the next flag (an unset variable's --results_dir= once meant the caller's directory here
+  # and results/<suite> to the sweep; `--results_dir --dry_run` trained into ./--dry_run).
+  [[ $# -ge 2 && -n "$2" && "$2" != -* ]] || {
     echo "error: $1 has no value; allowed: $1 PATH or $1=PATH" >&2; exit 2; }
 }
 ARGS=()
@@ -38,7 +38,8 @@ SUITE=()  # --config=FILE (the spelling main.py, systems and report take) is the
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --config) has_value "$@"; SUITE=("$(caller_file "$2")"); shift 2 ;;
-    --config=*) SUITE=("$(caller_file "${1#--config=}")"); shift ;;
+    --config=*) has_value --config "${1#--config=}"
+                SUITE=("$(caller_file "${1#--config=}")"); shift ;;
     --results_dir) has_value "$@"; ARGS+=("$1" "$(results_path "$2")"); shift 2 ;;
     --results_dir=*) has_value --results_dir "${1#--results_dir=}"
                      ARGS+=("--results_dir=$(results_path "${1#--results_dir=}")"); shift ;;
@@ -83,9 +84,14 @@ trap - TERM INT
 
 # One report per sweep, from the first process of a multi-host launch only; it reads the suite
 # too, to count the planned runs finished / started / not started and name folders it lacks.
+# A failed report is the script's failure too: report.md, written atomically, would otherwise
+# be the previous sweep's, read as this one's after an exit 0.
 proc="${JAX_PROCESS_ID:-${SLURM_PROCID:-0}}"
+report_rc=0
 if [[ "$proc" == "0" && -d "$RESULTS" ]]; then
-  "$PY" -m depthbench_jax.report "$RESULTS" --config="$CONFIG" \
-    || echo "[run_sweep] report failed" >&2
+  "$PY" -m depthbench_jax.report "$RESULTS" --config="$CONFIG" || {
+    report_rc=$?
+    echo "[run_sweep] report failed (exit $report_rc): $RESULTS/report.md is not this sweep's" >&2
+  }
 fi
-exit "$rc"
+exit $(( rc ? rc : report_rc ))

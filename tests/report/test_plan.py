@@ -288,6 +288,8 @@ FAKE_PYTHON = textwrap.dedent("""\
     case "$*" in
       *depthbench_jax.hostmem*) echo "glibc.malloc.arena_max=1" ;;
       *--print_results_dir*) echo "$FAKE_RESULTS" ;;
+      *depthbench_jax.sweep*) exit "${FAKE_SWEEP_RC:-0}" ;;
+      *depthbench_jax.report*) exit "${FAKE_REPORT_RC:-0}" ;;
     esac
 """)
 
@@ -375,11 +377,31 @@ def test_run_sweep_sh_keeps_a_results_dir_inside_the_checkout_relative_to_it(tmp
              for c in log.read_text().splitlines()), log.read_text()
 
 
+@pytest.mark.parametrize("sweep_rc, report_rc, want", [(0, 1, 1), (1, 0, 1), (1, 3, 1), (0, 0, 0)])
+def test_run_sweep_sh_exits_with_the_sweeps_status_else_the_reports(tmp_path, sweep_rc,
+                                                                   report_rc, want):
+  """A failed report exited 0 and left the previous sweep's report.md reading as this one's; a
+  failed run (the sweep's 1) still gets the report, and the script exits 1."""
+  script = _fake_repo(tmp_path)
+  (tmp_path / "results").mkdir()
+  out = subprocess.run([str(script), "configs/smoke.py"], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=60,
+                       env=dict(os.environ, FAKE_LOG=str(tmp_path / "log"),
+                                FAKE_RESULTS=str(tmp_path / "results"),
+                                FAKE_SWEEP_RC=str(sweep_rc), FAKE_REPORT_RC=str(report_rc)))
+  assert out.returncode == want, out.stderr
+  assert (tmp_path / "log").read_text().splitlines()[-1].startswith("-m depthbench_jax.report")
+  assert ("[run_sweep] report failed" in out.stderr) == bool(report_rc)
+
+
 @pytest.mark.parametrize("args, flag", [
     (["--config"], "--config"), (["--results_dir"], "--results_dir"),
     # Empty (an unset variable): the caller's own directory here, results/<suite> to the sweep.
-    (["--results_dir="], "--results_dir"), (["--results_dir", ""], "--results_dir")])
+    (["--results_dir="], "--results_dir"), (["--results_dir", ""], "--results_dir"),
+    # The next flag as the value: from outside the checkout it trained into ./--dry_run.
+    (["--results_dir", "--dry_run"], "--results_dir"), (["--config="], "--config")])
 def test_run_sweep_sh_flag_without_a_value_is_one_error(tmp_path, args, flag):
+  """From outside the checkout, as README allows."""
   script = _fake_repo(tmp_path)
   out = subprocess.run([str(script), "configs/smoke.py", *args], cwd=tmp_path,
                        capture_output=True, text=True, timeout=60,
