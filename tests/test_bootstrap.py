@@ -58,6 +58,25 @@ def test_a_venv_left_without_pip_is_made_again(tmp_path):
   assert run().returncode == 0 and log.read_text() == ""          # stamp current: nothing runs
 
 
+def test_a_changed_constraints_file_reinstalls_with_the_no_deps_packages(tmp_path):
+  """The stamp hashes the constraints (a pin bump must reinstall), and every install also puts
+  the NO_DEPS packages in without their dependencies: without that line the parity tests of
+  HC, AttnRes and MoDA would skip and CI still pass. Neither was checked."""
+  root, run, log = fake_repo(tmp_path)
+  assert run().returncode == 0
+  no_deps = [c for c in log.read_text().splitlines() if "--no-deps" in c]
+  assert len(no_deps) == 1 and all(
+      package in no_deps[0] for package in ("openai-whisper==", "hyper-connections==",
+                                            "attn-res==", "moda-attention=="))
+  log.write_text("")
+  assert run().returncode == 0 and log.read_text() == ""          # stamp current
+  with open(root / "launch" / "constraints.txt", "a") as f:
+    f.write("\nsome-package==1.0\n")
+  assert run().returncode == 0
+  calls = log.read_text().splitlines()
+  assert any(" -e " in c for c in calls) and any("--no-deps" in c for c in calls), calls
+
+
 def test_a_venv_with_the_cuda_plugin_keeps_it_across_reinstalls(tmp_path):
   """README's GPU step installs '.[gpu]' by hand; a later reinstall of '[test]' alone (a jax
   bump) left the old plugin, which jaxlib skips with a warning: every run then trained on the
