@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import importlib
 import os
 import subprocess
 import sys
@@ -22,6 +23,17 @@ TINY = {
     # time. The tests that read the events turn it on.
     "tensorboard": False,
 }
+
+
+def required(module: str):
+  """``module``, which ``launch/test.sh`` installs (the ``[test]`` extra, or the bootstrap's
+  NO_DEPS): a parity test fails when its reference is missing. It skipped, and CI would have
+  passed without the HC, AttnRes, MoDA or HF parity checks."""
+  try:
+    return importlib.import_module(module)
+  except ImportError as e:
+    raise ImportError(f"{module} is not installed; ./launch/test.sh installs it "
+                      f"(launch/bootstrap.sh)") from e
 
 
 def tiny_config(**overrides):

@@ -8,8 +8,10 @@ import ml_collections
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+from tests import helpers
+
+torch = helpers.required("torch")
+transformers = helpers.required("transformers")
 
 from configs.base import get_config  # noqa: E402
 from depthbench_jax.errors import ConfigError  # noqa: E402

@@ -19,11 +19,13 @@ import jax
 import numpy as np
 import pytest
 
+from tests import helpers
+
 import residual_testkit as kit
 from depthbench_jax.model.transformer import Transformer
 
-torch = pytest.importorskip("torch")
-attn_res = pytest.importorskip("attn_res")
+torch = helpers.required("torch")
+attn_res = helpers.required("attn_res")
 
 D, HEADS, KV, FF, VOCAB = 32, 4, 2, 88, kit.VOCAB
 HD = D // HEADS

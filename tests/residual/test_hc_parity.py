@@ -18,8 +18,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-hyper_connections = pytest.importorskip("hyper_connections")
+from tests import helpers
+
+torch = helpers.required("torch")
+hyper_connections = helpers.required("hyper_connections")
 
 from residual_testkit import init, tiny_cfg, wiring_call  # noqa: E402
 

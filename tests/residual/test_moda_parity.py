@@ -20,12 +20,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests import helpers
+
 import residual_testkit as kit
 from depthbench_jax.model.layers import Attention, rope_table
 from depthbench_jax.residual.moda import MoDA, moda_attention
 
-torch = pytest.importorskip("torch")
-moda_ref = pytest.importorskip("moda")
+torch = helpers.required("torch")
+moda_ref = helpers.required("moda")
 
 B, T, H, KVH, HD = 2, 6, 4, 2, 8
 
