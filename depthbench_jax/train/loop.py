@@ -296,12 +296,13 @@ def train_and_evaluate(config, workdir: str) -> dict:
       checked, unchecked = jax.device_get(unchecked), []
       if log_now:
         m = checked[-1][1]
-        steps_per_s = clock.read(step)
+        steps_per_s = clock.read(step)   # None on a line of the compile step alone
         scalars = {"train/loss": float(m["loss"]), "train/grad_norm": float(m["grad_norm"]),
-                   "train/lr": float(m["lr"]),
-                   "perf/tokens_per_s": steps_per_s * tokens_per_step,
-                   "perf/steps_per_s": steps_per_s}
-        if peak:
+                   "train/lr": float(m["lr"])}
+        if steps_per_s is not None:
+          scalars.update({"perf/tokens_per_s": steps_per_s * tokens_per_step,
+                          "perf/steps_per_s": steps_per_s})
+        if peak and steps_per_s is not None:
           scalars["perf/mfu"] = (steps_per_s * tokens_per_step * flops_per_token /
                                  (peak * jax.device_count()))
         writer.write_scalars(step, scalars)
@@ -398,13 +399,17 @@ def _saved_summary(workdir: str) -> dict | None:
 
 def _progress_line(step, steps, scalars, val_loss, eta, val_step=None) -> str:
   """``step 40/200 (20%) | loss 7.12 | val 7.30 | 3.1 steps/s | 6.3k tok/s | ETA 52s``; a val
-  loss from an earlier step says which (``val 7.41 (step 30)``)."""
-  rate = scalars["perf/steps_per_s"]
+  loss from an earlier step says which (``val 7.41 (step 30)``); a line of the compile step
+  alone has no rate yet (``steps/s from the next line``, ``ETA ?``)."""
   parts = [f"step {step}/{steps} ({100 * step / steps:.0f}%)", f"loss {scalars['train/loss']:.4f}"]
   if val_loss is not None:
     parts.append(f"val {val_loss:.4f}" + (f" (step {val_step})" if val_step != step else ""))
-  parts += [f"gnorm {scalars['train/grad_norm']:.2f}", f"{rate:.2f} steps/s",
-            f"{scalars['perf/tokens_per_s'] / 1e3:.1f}k tok/s"]
+  parts.append(f"gnorm {scalars['train/grad_norm']:.2f}")
+  if "perf/steps_per_s" in scalars:
+    parts += [f"{scalars['perf/steps_per_s']:.2f} steps/s",
+              f"{scalars['perf/tokens_per_s'] / 1e3:.1f}k tok/s"]
+  else:
+    parts.append("steps/s from the next line")
   if "perf/mfu" in scalars:
     parts.append(f"MFU {scalars['perf/mfu']:.1%}")
   parts.append(f"ETA {format_duration(eta)}")

@@ -30,11 +30,14 @@ def test_rate_leaves_out_compile_and_pauses_eta_keeps_pauses():
   assert clock.eta_s(100, 100) == 0.0
 
 
-def test_line_on_the_first_step_reads_its_own_time():
+def test_line_on_the_first_step_has_no_rate_and_no_eta_yet():
+  """A resume at step 29 under log_every=10: the line at step 30 held only the compile, and
+  read 1 / its time (0.18 steps/s, ETA 15 min for a 20 s session), in metrics.jsonl too."""
   now = FakeTime()
   clock = StepClock(start_step=40, now=now)   # a resumed run
   assert clock.eta_s(40, 50) == float("inf")
   now.t += 4.0
   clock.first_step_done(41)
-  assert clock.read(41) == pytest.approx(0.25)
-  assert clock.eta_s(41, 50) == pytest.approx(9 * 4.0)
+  assert clock.read(41) is None and clock.eta_s(41, 50) == float("inf")
+  now.t += 9 * 0.1
+  assert clock.read(50) == pytest.approx(10.0)   # the next window: steady steps only

@@ -496,6 +496,18 @@ def test_a_step_that_raises_gives_the_callers_signal_handlers_back(tmp_path, mon
     signal.signal(signal.SIGINT, outer)
 
 
+def test_a_line_of_the_compile_step_alone_logs_no_rate(train_in_process, tmp_path, capsys):
+  """log_every=1: the first line's window held only the compile step, and its steps/s (1 /
+  the compile) reached the progress line, metrics.jsonl and TensorBoard as the run's pace."""
+  config = helpers.tiny_config(steps=3, warmup_steps=1, log_every=1, checkpoint_every=3)
+  workdir = str(tmp_path / "run")
+  train_in_process(config, workdir)
+  rates = summary_lib.read_metrics(workdir, "perf/steps_per_s")
+  assert sorted(rates) == [2, 3] and all(r > 0 for r in rates.values())
+  first = [l for l in capsys.readouterr().out.splitlines() if l.startswith("step 1/3 (")][0]
+  assert "steps/s from the next line" in first and first.endswith("ETA ?"), first
+
+
 def test_with_periodic_evals_off_the_final_val_loss_is_still_logged(train_in_process, tmp_path,
                                                                      capsys):
   """``eval_every=0``: the final val loss reached summary.json and the report, but no progress
