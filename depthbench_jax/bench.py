@@ -296,7 +296,7 @@ def shape_spec(spec: str, n_heads: int, flag: str = "--shapes") -> tuple[int, in
                      f"n_layers x d_model, e.g. 8x512,32x256")
   if int(width) % n_heads:
     raise ValueError(f"{flag} entry {spec!r}: d_model {width} is not a multiple of the "
-                     f"preset's n_heads {n_heads}")
+                     f"preset's n_heads {n_heads}; allowed: a multiple of {n_heads}")
   return int(layers), int(width)
 
 
