@@ -1075,7 +1075,8 @@ def test_bench_shapes_are_checked_and_named_in_the_result_file(tmp_path, capsys)
   from depthbench_jax import bench
   assert bench.shape_spec(" 32x256", 8) == (32, 256)
   for spec, message in (("32*256", "not LxD"), ("0x256", "not LxD"),
-                        ("8x100", "not a multiple of the preset's n_heads 8; allowed: a multiple of 8")):
+                        ("8x100", "not a multiple of the preset's n_heads 8; allowed: a "
+                                  "multiple of 8")):
     with pytest.raises(ValueError, match=message):
       bench.shape_spec(spec, 8)
   with pytest.raises(SystemExit):
