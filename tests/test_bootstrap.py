@@ -136,3 +136,32 @@ def test_a_filesystem_without_locks_installs_unlocked(tmp_path):
   out = run()
   assert out.returncode == 0, out.stderr
   assert "flock failed" in out.stderr and "[bootstrap] done" in out.stderr
+
+
+def test_test_sh_passes_fast_and_workers_to_pytest(tmp_path):
+  """FAST=1 and the worker choice reach pytest as README says (CI runs neither, so a broken
+  line went unseen): FAST=1 deselects the slow tests, -n N or TEST_WORKERS=0 replaces the two
+  default xdist workers, and extra arguments follow."""
+  root = tmp_path / "repo"
+  (root / "launch").mkdir(parents=True)
+  (root / ".venv" / "bin").mkdir(parents=True)
+  shutil.copy(os.path.join(REPO, "launch", "test.sh"), root / "launch" / "test.sh")
+  (root / "launch" / "bootstrap.sh").write_text("#!/bin/sh\nexit 0\n")
+  (root / ".venv" / "bin" / "python").write_text('#!/bin/sh\necho "$*" > "$FAKE_LOG"\n')
+  for path in (root / "launch" / "test.sh", root / "launch" / "bootstrap.sh",
+               root / ".venv" / "bin" / "python"):
+    path.chmod(0o755)
+  log = tmp_path / "log"
+
+  def pytest_args(*args, **env):
+    out = subprocess.run(["bash", str(root / "launch" / "test.sh"), *args], capture_output=True,
+                         text=True, timeout=60,
+                         env={**os.environ, "FAKE_LOG": str(log), "FAST": "0",
+                              "TEST_WORKERS": "2", **env})
+    assert out.returncode == 0, out.stderr
+    return log.read_text().split()
+  assert pytest_args() == ["-m", "pytest", "-n", "2", "--dist", "loadgroup"]
+  assert pytest_args("-x", FAST="1") == ["-m", "pytest", "-n", "2", "--dist", "loadgroup",
+                                         "-m", "not", "slow", "-x"]
+  assert pytest_args("-n", "3", "tests/model") == ["-m", "pytest", "-n", "3", "tests/model"]
+  assert pytest_args(TEST_WORKERS="0") == ["-m", "pytest"]
