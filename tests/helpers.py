@@ -36,6 +36,22 @@ def required(module: str):
                       f"(launch/bootstrap.sh)") from e
 
 
+def fake_launch_repo(tmp_path, script: str, python: str):
+  """A copy of ``launch/<script>`` under ``tmp_path/repo`` whose bootstrap exits 0 and whose
+  venv interpreter is the shell script ``python``: the launch scripts' own logic, no installs
+  and no jax. Returns the copied script's path."""
+  root = tmp_path / "repo"
+  (root / "launch").mkdir(parents=True)
+  (root / ".venv" / "bin").mkdir(parents=True)
+  copied = root / "launch" / script
+  copied.write_text(open(os.path.join(ROOT, "launch", script)).read())
+  (root / "launch" / "bootstrap.sh").write_text("#!/bin/sh\nexit 0\n")
+  (root / ".venv" / "bin" / "python").write_text(python)
+  for path in (copied, root / "launch" / "bootstrap.sh", root / ".venv" / "bin" / "python"):
+    path.chmod(0o755)
+  return copied
+
+
 def tiny_config(**overrides):
   """configs/base.py with ``TINY`` and then ``overrides`` (dotted keys) applied."""
   from configs import base

@@ -4,6 +4,8 @@ import os
 import shutil
 import subprocess
 
+from tests import helpers
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # The venv's interpreter: pip works, uv cannot be installed (so the pip fallback runs).
@@ -142,19 +144,11 @@ def test_test_sh_passes_fast_and_workers_to_pytest(tmp_path):
   """FAST=1 and the worker choice reach pytest as README says (CI runs neither, so a broken
   line went unseen): FAST=1 deselects the slow tests, -n N or TEST_WORKERS=0 replaces the two
   default xdist workers, and extra arguments follow."""
-  root = tmp_path / "repo"
-  (root / "launch").mkdir(parents=True)
-  (root / ".venv" / "bin").mkdir(parents=True)
-  shutil.copy(os.path.join(REPO, "launch", "test.sh"), root / "launch" / "test.sh")
-  (root / "launch" / "bootstrap.sh").write_text("#!/bin/sh\nexit 0\n")
-  (root / ".venv" / "bin" / "python").write_text('#!/bin/sh\necho "$*" > "$FAKE_LOG"\n')
-  for path in (root / "launch" / "test.sh", root / "launch" / "bootstrap.sh",
-               root / ".venv" / "bin" / "python"):
-    path.chmod(0o755)
+  script = helpers.fake_launch_repo(tmp_path, "test.sh", '#!/bin/sh\necho "$*" > "$FAKE_LOG"\n')
   log = tmp_path / "log"
 
   def pytest_args(*args, **env):
-    out = subprocess.run(["bash", str(root / "launch" / "test.sh"), *args], capture_output=True,
+    out = subprocess.run(["bash", str(script), *args], capture_output=True,
                          text=True, timeout=60,
                          env={**os.environ, "FAKE_LOG": str(log), "FAST": "0",
                               "TEST_WORKERS": "2", **env})

@@ -11,6 +11,7 @@ import pytest
 
 from depthbench_jax.report import __main__ as report_main
 from depthbench_jax.sweep import format_lr
+from tests import helpers
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -296,16 +297,7 @@ FAKE_PYTHON = textwrap.dedent("""\
 
 def _fake_repo(tmp_path):
   """A copy of launch/run_sweep.sh whose bootstrap and interpreter are fakes (FAKE_PYTHON)."""
-  root = tmp_path / "repo"
-  (root / "launch").mkdir(parents=True)
-  (root / ".venv" / "bin").mkdir(parents=True)
-  script = root / "launch" / "run_sweep.sh"
-  script.write_text(open(os.path.join(REPO, "launch", "run_sweep.sh")).read())
-  (root / "launch" / "bootstrap.sh").write_text("#!/bin/sh\nexit 0\n")
-  (root / ".venv" / "bin" / "python").write_text(FAKE_PYTHON)
-  for path in (script, root / "launch" / "bootstrap.sh", root / ".venv" / "bin" / "python"):
-    path.chmod(0o755)
-  return script
+  return helpers.fake_launch_repo(tmp_path, "run_sweep.sh", FAKE_PYTHON)
 
 
 def _calls_of(script, args, tmp_path):
