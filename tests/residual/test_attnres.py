@@ -13,7 +13,7 @@ import residual_testkit as kit
 from depthbench_jax.errors import ConfigError
 from depthbench_jax.model.transformer import Transformer, permute_layers, unstack_layers
 from depthbench_jax.residual import attnres
-from depthbench_jax.residual.base import depth_softmax
+from depthbench_jax.residual.base import depth_softmax, inverse_rms
 
 def test_depth_softmax_hand_computed():
   # v0 = (1, -1) and v1 = (3, 3): N0 gives (1, -1) and (1, 1). w = (0, c), c = ln(2)/2:
@@ -284,6 +284,17 @@ def test_block_gate_zero_restores_both_slots_a_straddling_layer_wrote():
   np.testing.assert_allclose(layers["hidden"][1], layers["hidden"][0], atol=1e-6)
   _, ungated, _ = run(cfg, params)
   np.testing.assert_allclose(layers["hidden"][0], ungated["hidden"][0], atol=1e-6)
+  # The restored slots' 1/RMS, which later depth logits read: no test read it (every check
+  # above goes through hidden = sum p_i v_i), so a skip keeping the new slots' 1/RMS passed.
+  rng = np.random.RandomState(0)
+  values = lambda: jnp.asarray(rng.standard_normal((4, 1, 2, cfg.d_model)), jnp.float32)
+  state = lambda v, slot: {"values": v, "inv_rms": inverse_rms(v, cfg.norm_eps),
+                           "presence": jnp.ones(4), "slot": jnp.asarray(slot)}
+  old = state(values(), 1)
+  new = state(old["values"].at[1:3].set(values()[1:3]), 2)   # the layer wrote slots 1 and 2
+  out, _ = kit.wiring_call(cfg, wiring_params(cfg.d_model), "skip", old, new, 0.0)
+  np.testing.assert_allclose(out["values"], old["values"], atol=1e-6)
+  np.testing.assert_allclose(out["inv_rms"], old["inv_rms"], rtol=1e-6)
 
 
 @pytest.mark.parametrize("name,residual", [("attnres_full", None),
