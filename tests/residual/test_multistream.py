@@ -301,6 +301,14 @@ def test_mhc_static_init():
     np.testing.assert_allclose(conn["b_pre"], [-3, 3])          # k = 3: home stream 1
     for gate in ("alpha_pre", "alpha_post", "alpha_res"):       # mHC App. A.1: gates init 0.01
       np.testing.assert_allclose(conn[gate], 0.01, err_msg=gate)
+  # Every sublayer's home stream k = 2 l + sub mod n, in the model (L=2, n=4), as HC's test
+  # checks: at k = 3 alone, `layer`, `sub` or `2 sub + layer` read the same stream.
+  cfg = tiny_cfg("mhc")
+  conn = init(cfg)["layers"]["residual"]
+  for sub, name in enumerate(("mhc_attn", "mhc_mlp")):
+    for layer in range(2):
+      np.testing.assert_allclose(conn[name]["b_pre"][layer],
+                                 3 * (2 * np.eye(4)[(2 * layer + sub) % 4] - 1))
 
 
 def test_mhc_mixing_is_doubly_stochastic_in_the_model():
