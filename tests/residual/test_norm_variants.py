@@ -98,9 +98,15 @@ def test_deepnorm_scales_v_o_mlp_init_and_has_no_final_norm():
     assert std(*path, "kernel") == pytest.approx(0.02, rel=0.1), path
   beta = deepnorm_beta(2)
   assert beta == pytest.approx(0.5)
+  # Against Pre-LN's kernels of the same key (the same draws): exactly beta, where an absolute
+  # std within 10% let beta of L + 1 layers (0.452) pass.
+  preln = init(tiny_cfg("preln"))["layers"]
   for path in (("self_attn", "v_proj"), ("self_attn", "o_proj"), ("mlp", "gate_proj"),
                ("mlp", "up_proj"), ("mlp", "down_proj")):
     assert std(*path, "kernel") == pytest.approx(0.02 * beta, rel=0.1), path
+    np.testing.assert_allclose(_get(layers, path + ("kernel",)),
+                               beta * np.asarray(_get(preln, path + ("kernel",))), rtol=1e-5,
+                               atol=1e-8, err_msg=str(path))
   assert not params.get("residual_io")
   # The head reads the last post-norm output directly: replacing the readout by an identity is
   # what the model does, so logits = N(x_L) @ W_head exactly.
