@@ -401,14 +401,6 @@ def check_recipes(config_path: str, runs: Sequence[Run]) -> None:
         f"a new --results_dir, or moving the run out of the results dir")
 
 
-def pending(module, runs: Iterable[Run]) -> list[Run]:
-  """The runs the sweep launches: not done under the suite's config for them (``run_state``;
-  only a done run's config is read here, so a bad entry of a new run is ``checked_config``'s
-  error, which names the run)."""
-  return [r for r in runs if run_state(r.workdir) != "done"
-          or run_state(r.workdir, config_of(module, r.arg)) != "done"]
-
-
 # ---------------------------------------------------------------------------------------------
 # The plan (--dry_run).
 # ---------------------------------------------------------------------------------------------
@@ -426,9 +418,10 @@ def checked_config(module, run: Run) -> ml_collections.ConfigDict:
   """``run``'s config, checked as main.py will check it except for what depends on the devices
   and the data (mesh, batch split, data path) and, under steps=-1, the warmup against the
   budget's steps (the dry run counts them, ``plan_rows``); a ConfigError names the run. The dry
-  run and the sweep both check every run they would launch before the first trains: a suite
-  entry's typo (``arch='hcc'``) stopped only the dry run, the sweep trained every run before
-  it."""
+  run and the sweep both check every run of the suite, done or not, before the first trains: a
+  suite entry's typo (``arch='hcc'``) stopped only the dry run, the sweep trained every run
+  before it; and with every run done, a design option's typo stopped the dry run while the
+  sweep exited 0 and reported that suite."""
   from depthbench_jax.train import config_check  # Local: pulls in jax.
   with _naming(run):
     config = config_of(module, run.arg)
@@ -853,8 +846,8 @@ def main(argv: Sequence[str] | None = None) -> int:
       print(f"suite {suite_name(module)} -> {results_dir}")
       print(format_plan(rows, args.mfu, args.peak_flops))
       return 0
-    for run in pending(module, runs):
-      checked_config(module, run)
+    for run in runs:   # Every run, as the dry run: with all done, a typo passed the sweep (exit
+      checked_config(module, run)   # 0, a report of that suite) and failed the dry run.
     if args.local_processes <= 1:  # A bad JAX_* set fails once here, not once per run.
       from depthbench_jax.main import distributed_settings  # Local: defines main's flags.
       distributed_settings()

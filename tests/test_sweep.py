@@ -533,6 +533,25 @@ def test_a_suite_the_trainer_would_refuse_stops_the_sweep_before_any_run_trains(
   assert not calls(tiny["log"])
 
 
+def test_a_design_option_typo_stops_the_sweep_also_with_every_run_done(tiny, monkeypatch,
+                                                                       capsys):
+  """The sweep checked only the runs it would launch: with all done, `n_stream` (for
+  n_streams) stopped the dry run, while the sweep exited 0 and reported that suite."""
+  monkeypatch.setenv("FAKE_LOG", tiny["log"])
+  module = sweep.load_config_module(tiny["config"])
+  for run in sweep.list_runs(tiny["config"], tiny["results"]):
+    write_summary(run.workdir, config=sweep.config_of(module, run.arg).to_dict())
+  with open(tiny["config"], "a") as f:
+    f.write("def get_config(arg=None, _get=get_config):\n  c = _get(arg)\n"
+            "  c.model.residual.n_stream = 2\n  return c\n")
+  for extra in (["--dry_run"], []):
+    assert sweep.main([tiny["config"], "--results_dir", tiny["results"],
+                       "--main_cmd", " ".join(tiny["main_cmd"])] + extra) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "config.model.residual.n_stream: not a field" in err[0], err
+  assert not calls(tiny["log"])
+
+
 SMOKE_BODY = """
 def get_config(arg=None):
   run = smoke.sweep_lib.parse_run_arg(arg, smoke.DEFAULTS)
