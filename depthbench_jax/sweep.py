@@ -510,15 +510,17 @@ def human(x: float, digits: int = 3) -> str:
 
 
 def format_duration(seconds: float) -> str:
-  """52 -> '52s', 3125 -> '52m05s', 45000 -> '12h30m'; '?' for inf or nan."""
+  """52 -> '52s', 3125 -> '52m05s', 45000 -> '12h30m'; '?' for inf or nan. Rounded to the
+  unit shown (it truncated: 32.9 s read 32s beside the 0.00913 device-hours of 32.9 s)."""
   if not math.isfinite(seconds):
     return "?"
-  seconds = int(seconds)
-  if seconds < 60:
-    return f"{seconds}s"
-  if seconds < 3600:
-    return f"{seconds // 60}m{seconds % 60:02d}s"
-  return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+  whole = round(seconds)
+  if whole < 60:
+    return f"{whole}s"
+  if whole < 3600:
+    return f"{whole // 60}m{whole % 60:02d}s"
+  minutes = round(seconds / 60)
+  return f"{minutes // 60}h{minutes % 60:02d}m"
 
 
 def format_plan(rows: Sequence[dict], mfu: float, peak_flops: float) -> str:

@@ -165,7 +165,10 @@ def test_a_copy_of_a_control_suite_sweeps_its_own_lr_grid(tmp_path, suite):
 
 def test_format_duration():
   assert [sweep.format_duration(s) for s in (0, 52.9, 60, 3125, 45000, float("inf"))] == [
-      "0s", "52s", "1m00s", "52m05s", "12h30m", "?"]
+      "0s", "53s", "1m00s", "52m05s", "12h30m", "?"]
+  # Rounded at the unit shown, across a unit's edge too (it truncated: 32.9 s read 32s).
+  assert [sweep.format_duration(s) for s in (32.9, 59.6, 3599.6, 45029, 45031)] == [
+      "33s", "1m00s", "1h00m", "12h30m", "12h31m"]
 
 
 def test_smoke_config_and_listing():
