@@ -101,14 +101,15 @@ def load_plan(config_path: str, results_dir: str) -> list[dict]:
 def _state(workdir: str, module, arg: str) -> str:
   """The state the sweep acts on: a run diverged under other divergence rules than the suite
   now sets is 'started' (the sweep relaunches it, ``sweep.run_state``), not 'diverged'."""
-  state = run_state(workdir)
-  if state == "done" and (read_summary(workdir) or {}).get("status") == "diverged":
+  summary, config = read_summary(workdir), None
+  if (summary or {}).get("status") == "diverged":   # only then does the suite's config decide
     try:
-      state = run_state(workdir, config_of(module, arg))
+      config = config_of(module, arg)
     except ConfigError:   # the entry no longer builds: as on disk
       pass
+  state = run_state(workdir, config)
   if state == "done":
-    return (read_summary(workdir) or {}).get("status", "ok")
+    return summary.get("status", "ok")
   return "started" if state == "partial" else "not started"
 
 
