@@ -91,8 +91,13 @@ def _share_cell(diag: dict, key: str, per_cell: bool, mixed_skips: bool = False)
   cell += f" (>{scored['threshold']:g})" if per_cell and "threshold" in scored else ""
   reduction = scored.get("reduction", "mean")
   cell += f" ({reduction} over tokens)" if reduction != "mean" else ""
-  return cell + (" (layer absent)" if mixed_skips and key == "causal" and "share" in scored
-                 and not _spec_skip(scored) else "")   # no mark on no score (run_causal off)
+  return cell + (_absent_mark(scored) if mixed_skips and key == "causal" else "")
+
+
+def _absent_mark(causal: dict) -> str:
+  """`` (layer absent)`` after a causal share scored with the layer skipped as absent (no mark
+  on no score: run_causal off), else ``''``."""
+  return " (layer absent)" if "share" in causal and not _spec_skip(causal) else ""
 
 
 def _mixed_skips(runs: Sequence[Run]) -> bool:
@@ -278,7 +283,7 @@ def paper_comparison(best: Sequence[Any]) -> str | None:
         scored = diag.get(key) or {}
         if (scored.get("threshold", threshold) == threshold and "share" in scored
             and scored.get("reduction", "mean") == "mean"):
-          absent = " (layer absent)" if key == "causal" and not _spec_skip(scored) else ""
+          absent = _absent_mark(scored) if key == "causal" else ""
           rows.append(f"| {design} | {key} share > {threshold:g}, L={PAPER_DEPTH} | "
                       f"~{100 * paper:.0f}% | {_pct(scored['share'])}{absent}"
                       f"{shape((summary, diag))} |")
