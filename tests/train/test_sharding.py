@@ -4,11 +4,14 @@ config.mesh resolves against the device count. An AbstractMesh stands in for 16 
 import flax.linen as nn
 import jax
 import numpy as np
+import optax
 import pytest
 from jax.sharding import AbstractMesh, PartitionSpec as P
 
 from depthbench_jax.errors import ConfigError
-from depthbench_jax.train import sharding
+from depthbench_jax.model.config import model_config_from
+from depthbench_jax.train import jitted, sharding
+from tests.helpers import tiny_config
 
 MESH = AbstractMesh((2, 2, 4), sharding.MESH_AXES)
 
@@ -85,3 +88,22 @@ def test_params_fsdp_cannot_split_are_named_with_their_bytes():
                                                      ("embed", "mlp"))}
   assert "moments: 15.75 GiB on each" in sharding.fsdp_warning(big(np.float32), MESH)
   assert "moments: 7.88 GiB on each" in sharding.fsdp_warning(big(jax.numpy.bfloat16), MESH)
+
+
+def test_adam_moments_shard_like_their_params_and_the_count_is_replicated():
+  """The train state's shardings as the train step is jitted with them: optax's mu and nu, each
+  param-shaped, take the param's NamedSharding (ZeRO-3: the moments are half the state's bytes);
+  the step count is replicated. Read from ``jitted_steps`` on this process's one device, whose
+  (1, 1, 1) mesh keeps the axis names the rules give (a pod's mesh only resizes them)."""
+  c = tiny_config(**{"mesh.data": 1, "mesh.fsdp": 1, "mesh.tensor": 1})
+  mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
+  steps = jitted.jitted_steps(c, model_config_from(c.model), mesh, 10)
+  params = jax.tree_util.tree_leaves_with_path(steps.param_sharding)
+  assert any("fsdp" in s.spec for _, s in params) and any("tensor" in s.spec for _, s in params)
+  adam = [s for s in jax.tree.leaves(steps.state_sharding.opt_state,
+                                     is_leaf=lambda x: isinstance(x, optax.ScaleByAdamState))
+          if isinstance(s, optax.ScaleByAdamState)]
+  assert len(adam) == 1
+  for moment in (adam[0].mu, adam[0].nu):
+    assert jax.tree_util.tree_leaves_with_path(moment) == params
+  assert adam[0].count.spec == P()
