@@ -85,15 +85,13 @@ def collect_runs(results_dir: str) -> list[dict]:
   for root, files in _folders(results_dir):
     if "summary.json" not in files:
       continue
-    try:
-      with open(os.path.join(root, "summary.json")) as f:
-        summary = json.load(f)
-    except (OSError, json.JSONDecodeError):
-      continue  # A torn or foreign file is not a run.
+    summary = read_summary(root)
+    if summary is None:
+      continue  # A torn or foreign file is not a run (collect_unfinished lists it).
     try:
       design, n_layers, d_model = shape_key(summary)
       lr = record_lr(summary)
-    except (TypeError, ValueError, KeyError):
+    except (TypeError, ValueError, KeyError, AttributeError):  # AttributeError: a list config.
       continue
     record = dict(summary)
     record.update(design=design_label(summary), n_layers=n_layers, d_model=d_model, lr=lr,

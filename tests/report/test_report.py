@@ -51,6 +51,8 @@ def test_report_renders(tmp_path):
   assert "peak in the middle (L=24) | 24x1024 (42.7) | 2.715 | 1e-3 ‡ |" in text  # one LR tried
   assert "‡ the only LR tried at that shape" in text
   assert "## Against the paper (400M)" in text
+  # The sections the packages hook in (report.scorecard.HOOKS), as they render on real runs.
+  assert "## Systems" in text and "failed:" not in text
   assert "diverged @1200" in text and "hc_32x896_lr2e-3 | diverged | 1200" in text
   for design in ("preln", "hc", "attnres_block", "all"):
     png = out / "plots" / f"loss_vs_aspect_{design}.png"
@@ -161,14 +163,17 @@ def test_a_sweep_with_no_finished_run_yet_reports_where_its_runs_stand(tmp_path,
   assert capsys.readouterr().out.split() == [str(tmp_path / "results" / "report.md")]
 
 
-def test_a_torn_summary_lists_its_run_as_unfinished(tmp_path):
-  # A summary.json left empty or cut short (a full disk, a copy cut short) is no result, and
-  # the run must not vanish from the report: it is listed with the runs without a summary,
-  # which a sweep re-launches.
+@pytest.mark.parametrize("content", [b'{"name": "hc_24x1024_lr1e-3", "status": "o', b"[]",
+                                     b"\xff\xfe"], ids=["cut-short", "not-an-object", "not-utf8"])
+def test_a_torn_summary_lists_its_run_as_unfinished(tmp_path, content):
+  # A summary.json left empty or cut short (a full disk, a copy cut short), or holding no JSON
+  # object, is no result, and the run must not vanish from the report nor stop it (a list or
+  # foreign bytes raised AttributeError / UnicodeDecodeError there, as the sweep reads it): it
+  # is listed with the runs without a summary, which a sweep re-launches.
   results = tmp_path / "results"
   shutil.copytree(FIXTURE, results)
   torn = results / "hc_24x1024_lr1e-3"
-  (torn / "summary.json").write_text('{"name": "hc_24x1024_lr1e-3", "status": "o')
+  (torn / "summary.json").write_bytes(content)
   (torn / "metrics.jsonl").write_text('{"step": 1200, "train/loss": 2.75}\n')
   (torn / "checkpoints" / "1200").mkdir(parents=True)
   scorecard.write_report(str(results), plots=False)
