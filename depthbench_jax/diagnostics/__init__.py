@@ -22,4 +22,5 @@ def diagnostics_table(runs, relative_to=None):
   best = sweep.best_lr_runs(list(runs))
   return report_section.section(pairs, relative_to, heading=False, heatmap_runs="deepest",
                                 which=("causal", "permutation"),
-                                best=[p for p in pairs if any(p[0] is b for b in best)])
+                                best=[p for p in pairs if any(p[0] is b for b in best)],
+                                records=list(runs))

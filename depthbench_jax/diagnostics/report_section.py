@@ -253,10 +253,12 @@ def _paper_scale(summary: dict) -> bool:
           and not recipe_differences([summary]))
 
 
-def paper_comparison(best: Sequence[Any]) -> str | None:
+def paper_comparison(best: Sequence[Any], records: Sequence[dict] | None = None) -> str | None:
   """Markdown: the paper's diagnostics beside ours (``best``: the best-LR runs of the paper's
   scale and recipe, ``_paper_scale``, in a scale family whose 16- and 32-layer totals agree
-  within the scorecard's ``PAPER_ISO_TOTAL_TOL``), for the designs and depth the paper reports,
+  within the scorecard's ``PAPER_ISO_TOTAL_TOL``: over ``records``, the report's runs of that
+  family, diagnosed or not, as the scorecard judges it; without them, over ``best``), for the
+  designs and depth the paper reports,
   each of ours named by its shape; the shares only where ours used the paper's thresholds and the
   mean over tokens. None when no run matches. Our effective rank is ``erank_late`` (products
   from layer ceil(L/4) to the last) over every depth run; the paper gives a range without saying
@@ -270,9 +272,13 @@ def paper_comparison(best: Sequence[Any]) -> str | None:
   for run in runs:
     by_family.setdefault(run[0].get("family"), []).append(run)
   # One iso-parameter sweep per family, as the scorecard's own comparison asks.
-  totals = lambda rs: ({"n_layers": _depth(*r), "params_total": r[0]["params_total"]}
-                       for r in rs)
-  runs = [r for rs in by_family.values() if not off_iso_total(totals(rs)) for r in rs]
+  # Only L = 32 is compared, so a report diagnosing only its 32-layer runs left the family's
+  # 16-layer total out and passed the iso-backbone 32x864 beside the scorecard's "Not compared".
+  totals = lambda family, rs: ((r for r in records if r.get("family") == family)
+                               if records is not None else
+                               ({"n_layers": _depth(*r), "params_total": r[0]["params_total"]}
+                                for r in rs))
+  runs = [r for f, rs in by_family.items() if not off_iso_total(totals(f, rs)) for r in rs]
   at = lambda design, depth: [r for r in runs if _design(*r) == design and _depth(*r) == depth]
   shape = lambda run: f" ({_depth(*run)}x{_width(*run)})" if _width(*run) else ""
   rows = []
@@ -306,9 +312,9 @@ def paper_comparison(best: Sequence[Any]) -> str | None:
 
 def section(runs: Sequence[Any], relative_to: str | None = None, heading: bool = True,
             heatmap_runs: str = "all", which: Sequence[str] = HEATMAPS,
-            best: Sequence[Any] | None = None) -> str:
+            best: Sequence[Any] | None = None, records: Sequence[dict] | None = None) -> str:
   """The markdown section: the table of ``runs``, then the pivots and heatmaps of ``best`` (the
-  report passes the best-LR runs; default ``runs``).
+  report passes the best-LR runs; default ``runs``), and ``paper_comparison(best, records)``.
 
   Image paths are relative to ``relative_to`` (the report's folder) when given, else absolute.
   ``heatmap_runs``: 'all' runs, or 'deepest' (each design's deepest run only).
@@ -323,7 +329,7 @@ def section(runs: Sequence[Any], relative_to: str | None = None, heading: bool =
       f"score skips a layer {skips_used(runs)}. diagnostics.json records both.\n",
       diagnostics_table(runs), "\nCausal share by depth:\n", share_pivot(best, "causal"),
       "\nPermutation share by depth:\n", share_pivot(best, "permutation"), ""]
-  paper = paper_comparison(best)
+  paper = paper_comparison(best, records)
   if paper:
     parts += ["Against the paper (DepthBench's reported diagnostics):\n", paper, ""]
   shown = deepest_per_design(best) if heatmap_runs == "deepest" else best

@@ -249,6 +249,36 @@ def test_paper_comparison_sets_depthbench_diagnostics_beside_ours():
   assert report_section.paper_comparison(iso_backbone) is None
   iso_backbone[1][0]["params_total"] = 395e6   # within 5%: compared
   assert "(32x864) |" in report_section.paper_comparison(iso_backbone)
+  # Only the 32-layer run diagnosed: the family's undiagnosed 16x1216 (the report's records,
+  # as the scorecard judges them) still says it is no iso-parameter sweep.
+  iso_backbone[1][0].update(params_total=373.6e6, family=0)
+  records = [{"family": 0, "n_layers": 16, "params_total": 407.4e6},
+             {"family": 0, "n_layers": 32, "params_total": 373.6e6}]
+  assert "(32x864) |" in report_section.paper_comparison(iso_backbone[1:])
+  assert report_section.paper_comparison(iso_backbone[1:], records) is None
+  records[1]["params_total"] = 395e6
+  assert "(32x864) |" in report_section.paper_comparison(iso_backbone[1:], records)
+
+
+def test_the_reports_hook_judges_iso_parameters_over_the_familys_undiagnosed_runs_too(tmp_path):
+  """The iso-backbone suite with only its 32x864 diagnosed: the report's hook hands the family's
+  16x1216 (407M, no diagnostics.json) to the paper comparison, which sets nothing beside the
+  paper, as the scorecard's own comparison says 'Not compared' (it once judged only the
+  diagnosed runs, of one depth, and compared)."""
+  from depthbench_jax import diagnostics
+  def record(depth, width, total):
+    workdir = tmp_path / f"preln_{depth}x{width}"
+    workdir.mkdir()
+    return {"name": workdir.name, "workdir": str(workdir), "design": "preln", "status": "ok",
+            "n_layers": depth, "d_model": width, "lr": 1e-3, "final_val_loss": 3.0,
+            "params_total": total, "family": 0, "config": {"data": {"seq_len": 2048}}}
+  shallow, deep = record(16, 1216, 407.4e6), record(32, 864, 373.6e6)
+  json.dump({"design": "preln", "n_layers": 32, "loss": 3.0,
+             "causal": {"share": 0.02, "threshold": 0.45, "skip": "zero_update"}},
+            open(os.path.join(deep["workdir"], "diagnostics.json"), "w"))
+  assert "Against the paper" not in diagnostics.diagnostics_table([shallow, deep])
+  shallow["params_total"] = 390e6   # within 5% of 373.6M: one iso-parameter sweep, compared
+  assert "(32x864) |" in diagnostics.diagnostics_table([shallow, deep])
 
 
 def _canned_result():
