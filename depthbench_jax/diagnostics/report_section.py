@@ -319,10 +319,18 @@ def section(runs: Sequence[Any], relative_to: str | None = None, heading: bool =
   Image paths are relative to ``relative_to`` (the report's folder) when given, else absolute.
   ``heatmap_runs``: 'all' runs, or 'deepest' (each design's deepest run only).
   """
+  from depthbench_jax.diagnostics.metrics import (PAPER_CAUSAL_THRESHOLD,
+                                                  PAPER_PERMUTATION_THRESHOLD)
   runs = as_runs(runs)
   best = runs if best is None else as_runs(best)
+  rule = f"C > {PAPER_CAUSAL_THRESHOLD:g}, P > {PAPER_PERMUTATION_THRESHOLD:g}"
+  # Runs diagnosed with other --set=thresholds name theirs in the header or the cells.
+  own = (_thresholds(runs, "causal") - {PAPER_CAUSAL_THRESHOLD}
+         or _thresholds(runs, "permutation") - {PAPER_PERMUTATION_THRESHOLD})
+  thresholds = (f"thresholds as the table names them (DepthBench's: {rule})" if own
+                else f"thresholds as in DepthBench ({rule})")
   parts = (["## Layer diagnostics\n"] if heading else []) + [
-      "Shares are over late pairs (both layers >= L/4); thresholds as in DepthBench; share "
+      f"Shares are over late pairs (both layers >= L/4); {thresholds}; share "
       "curves over thresholds are in each run's plots/diag_share_curves.png. Angular distance "
       "compares each design's residual-equivalent state after each layer (x; HC/mHC the sum of "
       "streams; AttnRes the sum of its sources, Pre-LN's x: not a layer's own read); the causal "

@@ -242,6 +242,11 @@ def test_paper_comparison_sets_depthbench_diagnostics_beside_ours():
   assert report_section.paper_comparison([run("preln", 16)]) is None
   assert report_section.paper_comparison(other) is None
   assert "Against the paper" in report_section.section(runs, heading=False)
+  # The section's note names the thresholds the table's shares were scored at.
+  paper_only = report_section.section([runs[0], runs[-1]], heading=False)
+  assert "thresholds as in DepthBench (C > 0.45, P > 0.15);" in paper_only
+  assert ("thresholds as the table names them (DepthBench's: C > 0.45, P > 0.15);"
+          in report_section.section(runs[:2], heading=False))   # hc scored at C > 0.2
   # The iso-backbone suite's 32x864 (374M) beside its 16x1216 (407M): each in the paper's
   # range, yet not one iso-parameter sweep (-8%), which the scorecard's comparison refuses.
   iso_backbone = [run("preln", 16, 1216, 407.4e6, causal={"share": 0.02, "threshold": 0.45}),
