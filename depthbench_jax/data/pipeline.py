@@ -50,8 +50,10 @@ PREFETCH_BATCHES = 8
 
 
 def cache_dir(data) -> str:
-  """config.data.cache_dir if set, else $DEPTHBENCH_CACHE_DIR, else ~/.cache/depthbench_jax."""
-  return data.get("cache_dir") or token_cache.default_cache_dir()
+  """config.data.cache_dir if set, else $DEPTHBENCH_CACHE_DIR, else ~/.cache/depthbench_jax; a
+  leading ``~`` is the home dir, as in config.data.path (the shell leaves ``--cache_dir=~/c``
+  alone: the cache went to ``./~/c`` and a run started elsewhere tokenized everything again)."""
+  return os.path.expanduser(data.get("cache_dir") or token_cache.default_cache_dir())
 
 
 def _process(process_index, process_count) -> tuple[int, int]:

@@ -57,9 +57,10 @@ class Shard:
 
 
 def default_cache_dir() -> str:
-  return os.environ.get(
-      "DEPTHBENCH_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "depthbench_jax")
-  )
+  """$DEPTHBENCH_CACHE_DIR, else ~/.cache/depthbench_jax (a variable set empty, as a launch
+  script's ``DEPTHBENCH_CACHE_DIR=`` leaves it, is unset: '' put the cache in the cwd)."""
+  return (os.environ.get("DEPTHBENCH_CACHE_DIR")
+          or os.path.join(os.path.expanduser("~"), ".cache", "depthbench_jax"))
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -171,9 +172,10 @@ def tokenize_shard(shard: Shard, tokenizer, cache_dir: str) -> dict:
     _remove_dead_writers_files(paths)
     files = {s: open(paths[s] + tag, "wb") for s in SPLITS}
   except OSError as e:
-    raise ConfigError(f"config.data.cache_dir={cache_dir!r} (else $DEPTHBENCH_CACHE_DIR, else "
-                      f"~/.cache/depthbench_jax) cannot be written ({e}); allowed: a writable "
-                      "directory") from e
+    # The dir as resolved (pipeline.cache_dir): the field, the variable or the default.
+    raise ConfigError(f"the token cache dir {cache_dir!r} (config.data.cache_dir, else "
+                      f"$DEPTHBENCH_CACHE_DIR, else ~/.cache/depthbench_jax) cannot be written "
+                      f"({e}); allowed: a writable directory") from e
   n_docs = {s: 0 for s in SPLITS}
   n_tokens = {s: 0 for s in SPLITS}
   start = time.time()

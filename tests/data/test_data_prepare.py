@@ -44,6 +44,16 @@ def test_prepare_fills_the_runs_cache_and_prints_its_counts(tmp_path, make_confi
     prepare.main([])
   assert len(os.listdir(tmp_path / "env_cache" / "byte")) == 2 * 3   # .json, .train/.val.bin
   assert sorted(os.listdir(tmp_path)) == ["cache", "env_cache", "parquet"]   # nothing elsewhere
+  # The variable set empty is unset (the default under $HOME), and a --cache_dir of '~/c', as
+  # the shell passes it, is under $HOME: neither puts a cache in the cwd.
+  monkeypatch.setenv("DEPTHBENCH_CACHE_DIR", "")
+  monkeypatch.setenv("HOME", str(tmp_path / "home"))
+  for cache_dir, under in (("", "home/.cache/depthbench_jax/byte"), ("~/c", "home/c/byte")):
+    with flagsaver.as_parsed(source="parquet", path=str(data), tfds_name="", tokenizer="byte",
+                             cache_dir=cache_dir, process_index="0", process_count="1"):
+      prepare.main([])
+    assert len(os.listdir(tmp_path / under)) == 2 * 3, cache_dir
+  assert sorted(os.listdir(tmp_path)) == ["cache", "env_cache", "home", "parquet"]
 
 
 @pytest.mark.parametrize("flags, named", [
@@ -51,7 +61,8 @@ def test_prepare_fills_the_runs_cache_and_prints_its_counts(tmp_path, make_confi
     (["--path={data}/*.pqt"], "config.data.path="),
     (["--path={data}/no_text.parquet"], "config.data.path: parquet shard"),
     (["--path={data}", "--tokenizer=sentencepiece"], "flag --tokenizer=sentencepiece"),
-    (["--path={data}", "--cache_dir={data}/no_text.parquet/cache"], "config.data.cache_dir="),
+    (["--path={data}", "--cache_dir={data}/no_text.parquet/cache"],
+     "the token cache dir '{data}/no_text.parquet/cache' (config.data.cache_dir, else"),
     (["--path={data}", "--process_index=2", "--process_count=2"], "--process_index=2"),
     (["--path={data}", "--process_count=0"], "flag --process_count=0"),
 ])
@@ -69,6 +80,7 @@ def test_bad_input_is_one_error_line_and_exit_2(tmp_path, flags, named):
       cwd=helpers.ROOT, env=helpers.subprocess_env(), capture_output=True, text=True, timeout=120)
   assert proc.returncode == 2, proc.stderr[-2000:]
   lines = proc.stderr.strip().splitlines()
+  named = named.format(data=data)
   assert len(lines) == 1 and lines[0].startswith(f"error: {named}"), proc.stderr[-2000:]
   assert "allowed" in lines[0], lines[0]
   assert not [f for _, _, files in os.walk(cache) for f in files]   # no cache, no temporaries

@@ -264,12 +264,14 @@ def test_a_killed_writers_temporary_files_are_removed_and_live_or_remote_ones_ke
 
 def test_a_cache_dir_that_cannot_be_written_names_the_field(tmp_path):
   """A token cache under a regular file (or on a read-only mount) is one ConfigError naming
-  config.data.cache_dir, not an OSError traceback from os.makedirs."""
+  the dir and where it comes from (config.data.cache_dir, else the variable, else the default:
+  the path is the resolved one, which the field may not hold), not an OSError traceback."""
   (tmp_path / "a_file").write_text("")
   shard, _ = _counting_shard(["alpha"], val_every=100)
   tok = tokenizer_lib.get_tokenizer("byte")
-  with pytest.raises(ConfigError, match=r"config.data.cache_dir=.*a_file/cache.*allowed: a "
-                     r"writable directory"):
+  with pytest.raises(ConfigError, match=r"the token cache dir '.*a_file/cache' \(config.data."
+                     r"cache_dir, else \$DEPTHBENCH_CACHE_DIR, else .*allowed: a writable "
+                     r"directory"):
     token_cache.tokenize_shard(shard, tok, str(tmp_path / "a_file" / "cache"))
 
 
