@@ -176,7 +176,10 @@ def evals_table(runs: Sequence[Any], relative_to: str | None = None) -> str | No
     return None
   pairs.sort(key=lambda p: (_design(*p), _depth(*p) or 0, p[0].get("name") or ""))
   tasks = [(s, m) for s, m in TASKS if any(m in (e.get("sets", {}).get(s) or {}) for _, e in pairs)]
-  head = ["design", "L", "lr"] + [f"{d} NLL" for d in DOMAINS] + [f"{s} {m}" for s, m in tasks]
+  # The rows' LxD (a bare L where no run states its width); the trend rows list the depths.
+  shaped = any("x" in _shape(*p) for p in pairs)
+  head = (["design", "shape" if shaped else "L", "lr"] + [f"{d} NLL" for d in DOMAINS]
+          + [f"{s} {m}" for s, m in tasks])
   lines = ["Teacher-forced NLL of the reference answer (nats/token; per domain = mean over its "
            "sets) and task scores.", "",
            "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

@@ -352,6 +352,7 @@ def test_evals_table_rows_and_trend_words_by_hand():
                       "| preln | 16 | - | 2.010 | 1.004 | - |",
                       "| preln | 32 | - | - | - | - |"]
   assert rows[3] == "| preln | 8, 16, 32 | +0.010 (deeper worse) | +0.004 (flat) | - |"
+  assert "| design | L | lr |" in text   # no width stated: the depths alone
 
 
 def test_evals_table_names_the_best_lr_runs_not_yet_evaluated(tmp_path):
@@ -369,6 +370,8 @@ def test_evals_table_names_the_best_lr_runs_not_yet_evaluated(tmp_path):
           {"n_layers": depth, "domains": {"coding": {"nll_per_token": 2.0}}}))
   text = report_section.evals_table(records)
   assert ("so missing from the rows and depth trends: preln_16x64." in text), text
+  # The column holds each run's shape, not its depth alone (its header said L).
+  assert "| design | shape | lr | coding NLL |" in text and "| preln | 8x64 | 0.001 |" in text
   assert "Not evaluated" not in report_section.evals_table([records[0], records[2]])
 
 
