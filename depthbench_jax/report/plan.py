@@ -3,7 +3,8 @@
 The planned runs are ``sweep.list_runs(SUITE, RESULTS_DIR)``, the sweep's own expansion (design
 x shape x LR, one workdir each), and each run's state is the one the sweep acts on
 (``sweep.run_state``): ``ok`` / ``diverged`` (a summary with that final status), ``started``
-(a non-empty folder without one: training, interrupted or crashed), ``not started``, or
+(a non-empty folder without one: training, interrupted or crashed; or a run diverged under
+other divergence rules than the suite's now, which the sweep trains again), ``not started``, or
 ``other recipe`` (trained, finished or not, with a recipe the suite no longer gives it:
 ``other_recipe_runs``; the report sets it aside, the sweep refuses it).
 Progress is ``finished = ok + diverged`` of ``planned``; a run folder on disk that is no
@@ -95,22 +96,25 @@ def load_plan(config_path: str, results_dir: str) -> list[dict]:
   module = load_config_module(config_path)
   return [{"name": r.name, "design": r.design, "arg": r.arg,
            "key": (r.design, r.shape.n_layers, r.shape.d_model), "lr": r.lr,
-           "workdir": r.workdir, "state": _state(r.workdir, module, r.arg)} for r in runs]
+           "workdir": r.workdir, **_state(r.workdir, module, r.arg)} for r in runs]
 
 
-def _state(workdir: str, module, arg: str) -> str:
-  """The state the sweep acts on: a run diverged under other divergence rules than the suite
-  now sets is 'started' (the sweep relaunches it, ``sweep.run_state``), not 'diverged'."""
+def _state(workdir: str, module, arg: str) -> dict:
+  """``{'state', 'retrain'}``: the state the sweep acts on; a run diverged under other
+  divergence rules than the suite now sets is 'started' (the sweep relaunches it,
+  ``sweep.run_state``), not 'diverged', with ``retrain`` True (it has a summary)."""
   summary, config = read_summary(workdir), None
-  if (summary or {}).get("status") == "diverged":   # only then does the suite's config decide
+  diverged = (summary or {}).get("status") == "diverged"
+  if diverged:   # only then does the suite's config decide
     try:
       config = config_of(module, arg)
     except ConfigError:   # the entry no longer builds: as on disk
       pass
   state = run_state(workdir, config)
   if state == "done":
-    return summary.get("status", "ok")
-  return "started" if state == "partial" else "not started"
+    return {"state": summary.get("status", "ok"), "retrain": False}
+  return {"state": "started" if state == "partial" else "not started",
+          "retrain": diverged and state == "partial"}
 
 
 def off_plan(plan: Sequence[dict], workdirs: Sequence[str], results_dir: str) -> list[str]:
@@ -130,15 +134,19 @@ def progress_markdown(plan: Sequence[dict], config_path: str,
   shown = shown_path(config_path)
   count = lambda runs, *states: sum(r["state"] in states for r in runs)
   finished = count(plan, "ok", "diverged")
+  retrain = sum(bool(r.get("retrain")) for r in plan)
+  started = count(plan, "started") - retrain
   lines = [f"Plan ({shown}): **{finished} of {len(plan)} planned runs finished** "
            f"({count(plan, 'ok')} ok, {count(plan, 'diverged')} diverged); "
-           f"{count(plan, 'started')} started without a summary (training, interrupted or "
-           f"crashed); {count(plan, 'not started')} not started."
+           f"{started} started without a summary (training, interrupted or crashed); "
+           + (f"{retrain} diverged under other divergence rules than the suite's now (the "
+              f"sweep trains them again); " if retrain else "")
+           + f"{count(plan, 'not started')} not started."
            + (f" {count(plan, 'other recipe')} trained with another recipe than the suite's "
               f"now (set aside; the sweep refuses them)." if count(plan, "other recipe") else "")]
   designs = list(dict.fromkeys(r["design"] for r in plan))
   if designs:
-    lines += ["", "| design | finished | ok | diverged | no summary yet | not started | "
+    lines += ["", "| design | finished | ok | diverged | started, unfinished | not started | "
               "other recipe |", "|---|---|---|---|---|---|---|"]
     for design in designs:
       runs = [r for r in plan if r["design"] == design]
