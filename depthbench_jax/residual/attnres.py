@@ -237,8 +237,9 @@ def block_schedule(n_layers: int, n_blocks: int, unit: str = "sublayer") -> tupl
   * ``'sublayer'`` (default): the AttnRes paper's S, which counts attention and MLP sublayers
     (spec 5.2: "N blocks of S = L/N sublayers"). It gives exactly 8 blocks at every suite depth
     (L=20: 5-sublayer blocks, so a boundary may fall between a layer's two sublayers), as
-    DepthBench's "8 block boundaries" reads, and equals ``'layer'`` wherever that gives 8 blocks
-    (L = 16, 24, 32, 56, 70; K3's 93 layers in 12-layer blocks). With ``n_blocks >= 2L`` each
+    DepthBench's "8 block boundaries" reads, and equals ``'layer'`` at L = 16, 24, 32, 56, 70
+    and K3's 93 layers in 12-layer blocks (not at every depth where both give 8 blocks: L = 57
+    is (15, 8) in sublayers, (16, 8) in layers). With ``n_blocks >= 2L`` each
     sublayer is its own block: Full AttnRes (so at L <= 4 with 8 blocks).
   * ``'layer'``: K3's wording, sizes in whole decoder layers: 7 blocks at L = 20, 28, 42.
   """

@@ -137,8 +137,9 @@ def test_vmapped_passes_match_direct_calls(preln):
 
 def test_chunking_does_not_change_results(preln):
   cfg, params, pr = preln
-  # The default options put all L gates and all 6 swap orders in one vmapped batch (and share
-  # their compile with the other test modules' default-option runs of this model).
+  # The default options run the L gated networks one at a time and all 6 swap orders in one
+  # vmapped batch (and share their compile with the other test modules' default-option runs of
+  # this model).
   whole = probes.Probes(cfg, probes.Options()).run(params, _tokens())
   chunked = pr.run(params, _tokens())
   for key in ("causal", "permutation"):

@@ -10,7 +10,8 @@ Test requirement: ``pip install --no-deps attn-res==0.1.0`` (and torch). Documen
   (i, i + hd/2), with the same frequencies; permuting the q/k projection columns maps one to the
   other exactly.
 * block schedule: the reference's block size is ``floor(2L / n_blocks)`` sublayers, ours the K3
-  ``ceil`` in layers (or sublayers); the configs below pick sizes where both agree.
+  ``ceil(2L / n_blocks)`` in sublayers by default (``block_unit='layer'``: whole layers); the
+  configs below pick sizes where both agree.
 """
 
 from __future__ import annotations
