@@ -499,7 +499,7 @@ def hf_runner(cfg, config) -> Callable[[], None] | None:
   """One torch train step of ``LlamaForCausalLM`` matching ``cfg`` (None if unavailable)."""
   try:
     import torch
-    import transformers
+    import transformers  # pylint: disable=unused-import  # only whether it is there
   except ImportError:
     return None
   torch.manual_seed(0)

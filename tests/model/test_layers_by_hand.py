@@ -2,7 +2,6 @@
 also pin them, skip themselves where torch is missing): RMSNorm's eps inside the root, RoPE's
 frequencies and rotation direction, SwiGLU's gate and up roles."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 

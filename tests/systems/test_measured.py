@@ -83,7 +83,7 @@ def test_a_bench_under_another_remat_policy_than_the_runs_says_so(tmp_path, cost
 
 
 def test_each_device_keeps_its_rows_and_the_ranking_orders_by_device_hours(tmp_path, cost_rows):
-  pre, hc = cost_rows["preln"], cost_rows["hc"]
+  pre = cost_rows["preln"]
   rows_of = lambda tps: [("preln", pre["train_flops_per_token"], tps, 1.0)]
   files = [bench_json(tmp_path / "a.json", rows_of(100.0), device="h100"),
            bench_json(tmp_path / "b.json", rows_of(150.0), device="h200")]
