@@ -41,8 +41,9 @@ def suite_shapes(config_path: str, module) -> list[str]:
     return list(dict.fromkeys(str(run.shape) for run in sweep.list_runs(config_path)))
   shape_sets = getattr(module, "SHAPE_SETS", {})
   if not shape_sets:
+    # (--shapes does not help: the file's get_config takes no shape either.)
     raise ConfigError(f"--config={config_path} has neither a sweep nor SHAPE_SETS; allowed: a "
-                      "suite file, or --shapes=LxD,...")
+                      "suite file, e.g. configs/suite_400m.py")
   return list(dict.fromkeys(s for shape_set in shape_sets.values() for s in shape_set.shapes))
 
 
@@ -57,7 +58,12 @@ def suite_configs(config_path: str, designs: Sequence[str] | None = None,
   """``(module, [(design, shape, ml_collections config)])``; shapes default to `suite_shapes`."""
   from depthbench_jax import sweep
   from depthbench_jax.residual import registry
+  from depthbench_jax.shapes import parse_shape
   module = sweep.load_config_module(config_path)
+  try:  # One spelling per shape: '16X1216' and '016x1216' were rows and options of their own.
+    shapes = list(dict.fromkeys(str(parse_shape(s)) for s in shapes or ()))
+  except ConfigError as err:
+    raise ConfigError(f"--shapes: {err}") from None
   shapes = shapes or suite_shapes(config_path, module)
   designs = designs or registry.names()
   unknown = [d for d in designs if d not in registry.names()]

@@ -349,9 +349,11 @@ def test_cli_keeps_a_table_of_other_options_unless_overwrite(tmp_path, capsys):
   out = tmp_path / "sys"
   argv = ["--config", os.path.join(ROOT, "configs", "smoke.py"), "--seq_len", "64",
           "--shapes", "4x128,8x96", "--xla", "false", "--out", str(out)]
-  assert cli.main(argv + ["--designs", "preln,hc"]) == 0
+  assert cli.main(argv[:-5] + ["4X128,8x96,04x128"] + argv[-4:] + ["--designs", "preln,hc"]) == 0
   full = (out / "systems.json").read_text()
+  # One spelling of a shape: no second row of it, and the usual spelling reruns the same options.
   assert json.loads(full)["options"]["shapes"] == ["4x128", "8x96"]
+  assert len(json.loads(full)["rows"]) == 4
   capsys.readouterr()
   for narrower in (["--designs", "preln,hc", "--shapes", "4x128"], ["--designs", "preln"],
                    ["--designs", "preln,hc", "--mfu", "0.3"],
@@ -1661,5 +1663,11 @@ def test_cli_a_shape_the_model_refuses_is_named_as_the_shape(tmp_path, capsys):
   # A shape that does not parse said "shape='4x'; allowed: ..." without the flag.
   assert cli.main(["--config", os.path.join(ROOT, "configs", "smoke.py"), "--shapes", "4x",
                    "--xla", "false", "--out", str(tmp_path / "sys")]) == 2
-  assert capsys.readouterr().err.startswith("error: --shapes: 4x gives ")
+  assert capsys.readouterr().err.startswith("error: --shapes: shape='4x'; allowed: 'LxD'")
+  # A config with no shapes of its own: --shapes cannot help it, so the error does not offer it.
+  assert cli.main(["--config", os.path.join(ROOT, "configs", "base.py"), "--xla", "false",
+                   "--out", str(tmp_path / "sys")]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "has neither a sweep nor SHAPE_SETS; allowed: a suite file" in err[0]
+  assert "--shapes" not in err[0]
   assert cli.comma_list("4x128, 4x128,8x96,") == ["4x128", "8x96"]   # two identical rows once
