@@ -47,13 +47,18 @@ def match(cost_rows: Iterable[dict], measured: Iterable[dict], *, peak_flops: fl
           ) -> tuple[list[dict], list[str]]:
   """``(rows, skipped)``: one row per (device, design, shape) found in both, with the measured
   device-hours beside the analytic; ``skipped`` says why a bench row of a tabled (design, shape)
-  was left out (a different model)."""
+  was left out (a different model, or one the first file given already timed on that device:
+  two orders of --measured gave HC 1.489 and 1.509 without a word)."""
   by_key = {(r["design"], r["shape"]): r for r in cost_rows}
-  rows, skipped, seen = [], [], set()
+  rows, skipped, seen = [], [], {}
   for m in measured:
     key = (m["design"], m["shape"])
     row = by_key.get(key)
-    if row is None or (m["device"],) + key in seen:
+    if row is None:
+      continue
+    if (m["device"],) + key in seen:
+      skipped.append(f"{m['source']}: {m['design']} {m['shape']} on {m['device']} is timed "
+                     f"by {seen[(m['device'],) + key]} too, given first: that one is shown")
       continue
     if abs(m["flops_per_token"] / row["train_flops_per_token"] - 1.0) > FLOPS_REL_TOL:
       # Four figures and the gap: a tiny model's 0.006 read 'against the table's 0.006'.
@@ -62,7 +67,7 @@ def match(cost_rows: Iterable[dict], measured: Iterable[dict], *, peak_flops: fl
                      f"{row['train_flops_per_token']:.4g}, "
                      f"{m['flops_per_token'] / row['train_flops_per_token'] - 1:+.1%})")
       continue
-    seen.add((m["device"],) + key)
+    seen[(m["device"],) + key] = m["source"]
     band = m.get("step_over_preln_rounds") or {}
     rows.append({
         "design": m["design"], "shape": m["shape"], "n_layers": row["n_layers"],

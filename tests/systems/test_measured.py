@@ -64,8 +64,11 @@ def test_a_bench_of_another_model_is_left_out_and_the_first_file_wins(tmp_path, 
   rows, skipped = measured.match(cost_rows.values(), measured.bench_rows([first, second]),
                                  peak_flops=1e12)
   assert [(r["design"], r["tokens_per_s"]) for r in rows] == [("preln", 100.0)]
-  assert len(skipped) == 1 and "hc 4x128 timed a different model" in skipped[0]
+  assert len(skipped) == 2 and "hc 4x128 timed a different model" in skipped[0]
   assert first in skipped[0] and skipped[0].endswith(", +2.0%)")   # two figures read equal
+  # The second file's Pre-LN, timed on the same device, is left out with a word.
+  assert skipped[1] == (f"{second}: preln 4x128 on fakedev is timed by {first} too, given "
+                        "first: that one is shown")
 
 
 def test_a_bench_under_another_remat_policy_than_the_runs_says_so(tmp_path, cost_rows):
