@@ -782,7 +782,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   name = args.preset or ("cpu" if jax.default_backend() == "cpu" else "gpu400m")
   p = PRESETS[name]
   if args.designs:
-    p = dataclasses.replace(p, designs=tuple(s.strip() for s in args.designs.split(",")))
+    # Once each: '--designs=hc,hc' compiled HC twice, timed one row and recorded both.
+    p = dataclasses.replace(p, designs=tuple(dict.fromkeys(
+        s.strip() for s in args.designs.split(","))))
     for spec in p.designs:
       try:
         design_spec(spec)
@@ -807,12 +809,11 @@ def main(argv: Sequence[str] | None = None) -> int:
   if args.attention_kernel:
     p = dataclasses.replace(p, attention_kernel=args.attention_kernel)
   if args.shapes:
-    p = dataclasses.replace(p, shapes=tuple(s.strip() for s in args.shapes.split(",")))
-    for spec in p.shapes:
-      try:
-        shape_spec(spec, p.n_heads)
-      except ValueError as e:
-        ap.error(str(e))
+    try:  # One spelling each, once ('08x512' beside '8x512' was a second row of one shape).
+      shapes = [shape_spec(spec, p.n_heads) for spec in args.shapes.split(",")]
+    except ValueError as e:
+      ap.error(str(e))
+    p = dataclasses.replace(p, shapes=tuple(dict.fromkeys(f"{l}x{d}" for l, d in shapes)))
   if args.remat:
     p = dataclasses.replace(p, remat=args.remat)
   from depthbench_jax.residual import registry

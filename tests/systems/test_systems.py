@@ -1032,6 +1032,21 @@ def test_bench_refuses_to_replace_a_result_of_other_designs(tmp_path, capsys, mo
       bench.main(["--preset=quick", *flags, "--out", str(tmp_path)])
 
 
+def test_bench_times_each_design_and_shape_once_in_one_spelling(tmp_path, monkeypatch):
+  """--designs=hc,hc compiled HC twice, timed one row and recorded both, so a later --designs=hc
+  was refused as other designs; '02x32' beside '2x32' was a second row of one shape."""
+  from depthbench_jax import bench
+  timed = []
+  def run_bench(p, **_):
+    timed.append(p)
+    raise helpers.RunReached
+  monkeypatch.setattr(bench, "run_bench", run_bench)
+  with pytest.raises(helpers.RunReached):
+    bench.main(["--preset=quick", "--designs=preln,hc,hc", "--shapes=2x32, 02x32,1x32",
+                "--no_hf", "--out", str(tmp_path)])
+  assert timed[0].designs == ("preln", "hc") and timed[0].shapes == ("2x32", "1x32")
+
+
 def test_bench_refuses_to_replace_a_result_of_another_attention_kernel_or_preset(
     tmp_path, capsys, monkeypatch):
   """gpu_bench.sh's fallback (--attention_kernel=xla) once replaced the committed cuDNN result
