@@ -313,14 +313,22 @@ def check_lr_tables(module, config_path: str) -> None:
 
 def read_summary(workdir: str) -> dict | None:
   """The run's summary.json, or None where there is none to read: missing, torn, not UTF-8
-  or not an object (as the trainer reads it; ``[]`` raised AttributeError in run_state)."""
+  or not an object (as the trainer reads it; ``[]`` raised AttributeError in run_state), or an
+  object no trainer wrote, without a final status, a shape or an LR (``{}`` read 'done': the
+  sweep never relaunched it, though the trainer resumes it, and the report dropped it)."""
   path = os.path.join(workdir, SUMMARY)
   try:
     with open(path) as f:
       data = json.load(f)
   except (OSError, ValueError):
     return None
-  return data if isinstance(data, dict) else None
+  if not isinstance(data, dict) or data.get("status") not in FINAL_STATUSES:
+    return None
+  try:
+    shape_key(data), record_lr(data)
+  except (TypeError, ValueError, KeyError, AttributeError):  # AttributeError: a list config.
+    return None
+  return data
 
 
 def run_state(workdir: str, config: ml_collections.ConfigDict | None = None) -> str:
@@ -332,7 +340,7 @@ def run_state(workdir: str, config: ml_collections.ConfigDict | None = None) -> 
   (``recipe.guard_changes``: a suite edited to skip non-finite steps) is 'partial': the trainer
   resumes it from its last checkpoint, and one LR grid is not judged under two sets of rules."""
   summary = read_summary(workdir)
-  if summary is not None and summary.get("status", "ok") in FINAL_STATUSES:
+  if summary is not None:
     trained = summary.get("config")
     if (config is not None and summary.get("status") == "diverged"
         and isinstance(trained, dict) and recipe.guard_changes(trained, config.to_dict())):

@@ -55,8 +55,12 @@ FAKE_MAIN = textwrap.dedent("""
       resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
       os.abort()  # JAX's coordination service: a host did not join in time.
     os.makedirs(workdir, exist_ok=True)
+    design, shape, lr = os.path.basename(workdir).rsplit("_", 2)
+    n_layers, d_model = map(int, shape.split("x"))
     with open(os.path.join(workdir, "summary.json"), "w") as f:
-      json.dump({"name": os.path.basename(workdir), "status": "ok", "final_val_loss": 3.0}, f)
+      json.dump({"name": os.path.basename(workdir), "status": "ok", "final_val_loss": 3.0,
+                 "design": design, "n_layers": n_layers, "d_model": d_model,
+                 "lr": float(lr[2:])}, f)
 """)
 
 
@@ -78,9 +82,12 @@ def calls(path):
 
 
 def write_summary(workdir, **kw):
+  """A trainer's summary.json for the run of folder ``<design>_<L>x<d>_lr<lr>``."""
+  design, shape, lr = sweep.parse_run_name(os.path.basename(workdir))
   os.makedirs(workdir, exist_ok=True)
   with open(os.path.join(workdir, "summary.json"), "w") as f:
-    json.dump({"status": "ok", "final_val_loss": 3.0, **kw}, f)
+    json.dump({"status": "ok", "final_val_loss": 3.0, "design": design,
+               "n_layers": shape.n_layers, "d_model": shape.d_model, "lr": lr, **kw}, f)
 
 
 def test_names_and_args():
@@ -286,13 +293,19 @@ def test_a_relaunched_diverged_run_that_fails_counts_as_failed(tiny, monkeypatch
   assert outcome["failed"] == [runs[1].name] and outcome["diverged"] == []
 
 
-@pytest.mark.parametrize("text", ["[]", "3", b"\xff"])
+@pytest.mark.parametrize("text", ["[]", "3", b"\xff", "{}", '{"status": "ok", "lr": 1e-3}',
+                                  '{"design": "hc", "n_layers": 2, "d_model": 8, "lr": 1e-3}'])
 def test_a_summary_that_is_no_json_object_reads_as_none(tmp_path, text):
   """Valid JSON that is no object, or bytes not UTF-8: AttributeError / UnicodeDecodeError
-  tracebacks in the sweep, dry run and report, where the trainer reads no summary."""
+  tracebacks in the sweep, dry run and report, where the trainer reads no summary; an object no
+  trainer wrote (no final status, shape or LR): 'done' for the sweep, which never relaunched
+  it while the trainer resumes it, and dropped from the report without a word."""
   (tmp_path / "summary.json").write_bytes(text if isinstance(text, bytes) else text.encode())
   assert sweep.read_summary(str(tmp_path)) is None
   assert sweep.run_state(str(tmp_path)) == "partial"
+  (tmp_path / "summary.json").write_text(
+      '{"status": "ok", "design": "hc", "n_layers": 2, "d_model": 8, "lr": 1e-3}')
+  assert sweep.run_state(str(tmp_path)) == "done"
 
 
 def test_a_finished_run_under_another_recipe_is_refused_before_anything_runs(tiny, monkeypatch,

@@ -112,7 +112,7 @@ def _state(workdir: str, module, arg: str) -> dict:
       pass
   state = run_state(workdir, config)
   if state == "done":
-    return {"state": summary.get("status", "ok"), "retrain": False}
+    return {"state": summary["status"], "retrain": False}
   return {"state": "started" if state == "partial" else "not started",
           "retrain": diverged and state == "partial"}
 

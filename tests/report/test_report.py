@@ -164,10 +164,12 @@ def test_a_sweep_with_no_finished_run_yet_reports_where_its_runs_stand(tmp_path,
 
 
 @pytest.mark.parametrize("content", [b'{"name": "hc_24x1024_lr1e-3", "status": "o', b"[]",
-                                     b"\xff\xfe"], ids=["cut-short", "not-an-object", "not-utf8"])
+                                     b"\xff\xfe", b"{}", b'{"status": "ok", "design": "hc"}'],
+                         ids=["cut-short", "not-an-object", "not-utf8", "empty", "no-shape"])
 def test_a_torn_summary_lists_its_run_as_unfinished(tmp_path, content):
   # A summary.json left empty or cut short (a full disk, a copy cut short), or holding no JSON
-  # object, is no result, and the run must not vanish from the report nor stop it (a list or
+  # object or one no trainer wrote ({}: it was dropped from the report without a word), is no
+  # result, and the run must not vanish from the report nor stop it (a list or
   # foreign bytes raised AttributeError / UnicodeDecodeError there, as the sweep reads it): it
   # is listed with the runs without a summary, which a sweep re-launches.
   results = tmp_path / "results"
