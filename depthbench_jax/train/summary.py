@@ -53,7 +53,10 @@ def recorded_options(result: dict) -> dict:
 def check_folder(path: str, name: str) -> None:
   """One ``ConfigError`` when ``path``, a folder a tool writes into (made if missing), or the
   nearest of its parents that exists is a file: caught before any compute, not a
-  FileExistsError/NotADirectoryError traceback at the write."""
+  FileExistsError/NotADirectoryError traceback at the write. An empty ``path`` is refused too
+  (``--workdir=`` passed as the cwd, then os.makedirs('') raised FileNotFoundError)."""
+  if not path:
+    raise ConfigError(f"{name}: empty; allowed: a folder path (made if missing)")
   probe = os.path.abspath(path)
   while not os.path.exists(probe) and os.path.dirname(probe) != probe:
     probe = os.path.dirname(probe)
@@ -109,7 +112,10 @@ def check_replaceable(path: str, settings: dict, overwrite: bool,
     result, before = {}, {}
   made_at = result.get("step") if isinstance(result, dict) else None
   made_of = result.get("workdir") if isinstance(result, dict) else None
-  if workdir and made_of and os.path.abspath(made_of) != os.path.abspath(workdir):
+  # A file in the run's own folder is its own result, wherever the folder was first trained
+  # (copied, moved, or reached through a link: each refused as 'another run' once).
+  own = os.path.realpath(os.path.dirname(os.path.abspath(path))) == os.path.realpath(workdir or "")
+  if workdir and made_of and not own and os.path.realpath(made_of) != os.path.realpath(workdir):
     raise ConfigError(
         f"--workdir={workdir}: {path} holds the result of another run ({made_of}), which this "
         f"run would replace; allowed: another --out, or --overwrite")

@@ -118,6 +118,28 @@ def test_a_result_of_a_later_step_is_not_replaced_by_an_earlier_one(tmp_path):
   summary.check_replaceable(path, same, overwrite=True, step=100)
 
 
+def test_a_result_in_the_runs_own_folder_is_its_own_after_a_copy_a_move_or_a_link(tmp_path):
+  """evaluate/diagnose refused RUN/evals.json of a run folder copied or moved (rsynced results)
+  or reached through a link as 'the result of another run' (the path it was made at); a file
+  elsewhere (a debug --out) still names the run it holds, and another run's is refused."""
+  from depthbench_jax.errors import ConfigError
+  made = tmp_path / "fin"
+  made.mkdir()
+  summary.atomic_write_json(str(made / "evals.json"), {"workdir": str(made), "options": {}})
+  copied = tmp_path / "fin2"
+  os.rename(made, copied)
+  (tmp_path / "link").symlink_to(copied)
+  for run in (copied, tmp_path / "link"):
+    summary.check_replaceable(str(run / "evals.json"), {}, overwrite=False, workdir=str(run))
+  debug = tmp_path / "debug.json"
+  summary.atomic_write_json(str(debug), {"workdir": str(copied), "options": {}})
+  summary.check_replaceable(str(debug), {}, overwrite=False, workdir=str(tmp_path / "link"))
+  with pytest.raises(ConfigError, match="holds the result of another run"):
+    summary.check_replaceable(str(debug), {}, overwrite=False, workdir=str(tmp_path / "other"))
+  with pytest.raises(ConfigError, match=r"^--workdir=: empty; allowed: a folder path"):
+    summary.check_folder("", "--workdir=")
+
+
 @pytest.mark.parametrize("dirty, recorded", [(None, False), ("0", False), ("1", True)])
 def test_a_named_commit_records_the_dirty_flag_it_is_given(monkeypatch, dirty, recorded):
   """A device run names its commit ($DEPTHBENCH_COMMIT: the copy's .git can be stale), and was
