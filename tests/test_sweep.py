@@ -669,6 +669,12 @@ def test_a_results_dir_that_is_a_file_is_one_error_line(tiny, tmp_path, capsys):
     assert err == [f"error: --results_dir={path}: {path} is a file; allowed: a folder there "
                    f"(made if missing)"], err
   assert path.read_text() == "{}"
+  # An empty value (a launch script's unset variable): the default folder was used unasked,
+  # in the cwd, where run_sweep.sh refuses it.
+  assert sweep.main([tiny["config"], "--results_dir=", "--dry_run"]) == 2
+  assert capsys.readouterr().err.strip().splitlines() == [
+      "error: --results_dir=: empty; allowed: a folder path, or no --results_dir for "
+      "results/<suite NAME>"]
 
 
 def _rec(design, L, d, lr, loss, status="ok"):
