@@ -119,8 +119,8 @@ def arg_string(entry: dict[str, Any]) -> str:
   for key, value in entry.items():
     if isinstance(value, Shape):
       value = value.name
-    elif key == "lr" and isinstance(value, (int, float)):  # Anything else parse_run_arg reads.
-      value = format_lr(value)
+    elif key == "lr" and isinstance(value, (int, float)) and math.isfinite(value):
+      value = format_lr(value)   # Anything else (nan, inf) parse_run_arg reads, and refuses.
     parts.append(f"{key}={value}")
   return ",".join(parts)
 
@@ -272,8 +272,15 @@ def list_runs(config_path: str, results_dir: str | None = None) -> list[Run]:
                       f"sweep() that lists the suite's runs") from None
   check_lr_tables(module, config_path)
   results_dir = results_dir or os.path.join("results", suite_name(module))
+  example = "{'arch': 'preln', 'shape': '16x1216', 'lr': 1e-3}"
+  if isinstance(entries, (str, bytes, dict)) or not hasattr(entries, "__iter__"):
+    raise ConfigError(f"{config_path}: sweep gave {type(entries).__name__}; allowed: a list of "
+                      f"run entries, e.g. [{example}]")   # None: a TypeError traceback once
   runs, seen = [], {}
   for entry in entries:
+    if not (isinstance(entry, dict) and {"arch", "shape", "lr"} <= set(entry)):
+      raise ConfigError(f"{config_path}: sweep entry {entry!r}; allowed: a dict with arch, "
+                        f"shape and lr, e.g. {example}")   # KeyError/AttributeError once
     parsed = parse_run_arg(arg_string(entry), {k: None for k in entry})
     name = run_name(parsed["arch"], parsed["shape"], parsed["lr"])
     if name in seen:

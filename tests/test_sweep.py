@@ -956,7 +956,18 @@ def test_a_process_groups_second_sigterm_is_not_announced_again(capsys):
 @pytest.mark.parametrize("source, said", [
     ("import nosuchmod\n", "does not load: ModuleNotFoundError: No module named 'nosuchmod'"),
     ("from configs import smoke\nget_config = smoke.get_config\nNAME = 'x'\n"
-     "def sweep():\n  return undefined_name\n", "sweep() raised NameError")])
+     "def sweep():\n  return undefined_name\n", "sweep() raised NameError"),
+    # Entries that are no runs: tracebacks in the sweep's dry run once (the report said so).
+    ("from configs import smoke\nget_config = smoke.get_config\nNAME = 'x'\n"
+     "def sweep():\n  return None\n", "sweep gave NoneType; allowed: a list of run entries"),
+    ("from configs import smoke\nget_config = smoke.get_config\nNAME = 'x'\n"
+     "def sweep():\n  return [{'arch': 'preln', 'lr': 1e-3}]\n",
+     "sweep entry {'arch': 'preln', 'lr': 0.001}; allowed: a dict with arch, shape and lr"),
+    ("from configs import smoke\nget_config = smoke.get_config\nNAME = 'x'\n"
+     "def sweep():\n  return ['arch=preln,shape=4x128,lr=1e-3']\n", "allowed: a dict with"),
+    ("from configs import smoke\nget_config = smoke.get_config\nNAME = 'x'\n"
+     "def sweep():\n  return [{'arch': 'preln', 'shape': '4x128', 'lr': float('nan')}]\n",
+     "config argument lr='nan'; allowed: a positive number")])
 def test_a_suite_that_does_not_load_is_one_error_line(tmp_path, capsys, source, said):
   """A suite with an import or a name error was its traceback from sweep, systems and shapes
   (report already said it in one line)."""
