@@ -118,8 +118,11 @@ def sweep(shape_sets: dict[str, ShapeSet] | None = None, lrs=None) -> list[dict]
   that design's LR grid ``lrs(design)`` (default: ``lrs_for``); the control suites pass their
   own ``SHAPE_SETS`` and ``lrs_for``, so a copy of one that edits its grid sweeps that grid."""
   from depthbench_jax.residual import registry
+  grids = {arch: (lrs or lrs_for)(arch) for arch in registry.names()}
+  for arch, grid in grids.items():   # a copy's lrs_for returning '1e-3' swept lr=1.0, then 'e'
+    sweep_lib.check_lr_grid(grid, f"lrs_for({arch!r})")
   return [{"arch": arch, "shape": shape, "lr": lr}
           for arch in registry.names()
           for shape_set in (SHAPE_SETS if shape_sets is None else shape_sets).values()
           for shape in shape_set.shapes
-          for lr in (lrs or lrs_for)(arch)]
+          for lr in grids[arch]]

@@ -296,26 +296,35 @@ def list_runs(config_path: str, results_dir: str | None = None) -> list[Run]:
   return runs
 
 
+def _positive_lr(x) -> bool:
+  return (isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
+          and x > 0)
+
+
+def check_lr_grid(grid, where: str) -> None:
+  """One ConfigError naming ``where`` unless ``grid`` is a non-empty sequence of positive LRs
+  (a numpy array is one): a grid typed as a string was read one character at a time, an error
+  about lr='e' (or lr=1.0 from '1e-3', a run)."""
+  if not (not isinstance(grid, (str, bytes, dict)) and hasattr(grid, "__len__")
+          and len(grid) > 0 and all(map(_positive_lr, grid))):
+    raise ConfigError(f"{where}={grid!r}; allowed: a tuple of positive LRs, e.g. (5e-4, 1e-3)")
+
+
 def check_lr_tables(module, config_path: str) -> None:
-  """A suite's LR tables (``LR_GRID``, ``LR_BY_ARCH``: design -> its LRs; ``DEFAULT_LRS``):
-  a misspelt design key fell back to the default grid silently, and a grid typed as a string
-  was read one character at a time (an error about lr='e')."""
+  """A suite's LR tables (``LR_GRID``, ``LR_BY_ARCH``: design -> its LRs; ``DEFAULT_LRS``,
+  each by ``check_lr_grid``): a misspelt design key fell back to the default grid silently."""
   from depthbench_jax.residual import registry  # Local: pulls in jax/flax.
-  positive = lambda x: (isinstance(x, numbers.Real) and not isinstance(x, bool)
-                        and math.isfinite(x) and x > 0)
-  grid_ok = lambda v: (not isinstance(v, (str, bytes, dict)) and hasattr(v, "__len__")
-                       and len(v) > 0 and all(map(positive, v)))   # a numpy array is one
-  if hasattr(module, "DEFAULT_LRS") and not grid_ok(module.DEFAULT_LRS):
-    raise ConfigError(f"{config_path}: DEFAULT_LRS={module.DEFAULT_LRS!r}; allowed: a tuple of "
-                      f"positive LRs, e.g. (5e-4, 1e-3)")
-  for table, value_ok, allowed in (("LR_GRID", grid_ok, "a tuple of positive LRs"),
-                                   ("LR_BY_ARCH", positive, "a positive LR")):
+  if hasattr(module, "DEFAULT_LRS"):
+    check_lr_grid(module.DEFAULT_LRS, f"{config_path}: DEFAULT_LRS")
+  for table, one in (("LR_GRID", check_lr_grid), ("LR_BY_ARCH", None)):
     for key, value in (getattr(module, table, None) or {}).items():
       if key not in registry.names():
         raise ConfigError(f"{config_path}: {table} key {key!r}; allowed: "
                           f"{', '.join(registry.names())}")
-      if not value_ok(value):
-        raise ConfigError(f"{config_path}: {table}[{key!r}]={value!r}; allowed: {allowed}")
+      if one is not None:
+        one(value, f"{config_path}: {table}[{key!r}]")
+      elif not _positive_lr(value):
+        raise ConfigError(f"{config_path}: {table}[{key!r}]={value!r}; allowed: a positive LR")
 
 
 def read_summary(workdir: str) -> dict | None:

@@ -608,6 +608,19 @@ def test_a_suite_file_mistake_is_one_error_line_naming_it(tiny, capsys, edit, er
   assert not os.path.exists(tiny["results"])
 
 
+def test_a_control_suite_copys_lr_grid_typed_as_a_string_is_named(tmp_path, capsys):
+  """README has copies of the control suites edit lrs_for: one returning '1e-3' swept lr=1.0
+  (from '1'), then stopped at "config argument lr='e'", naming no grid."""
+  suite = tmp_path / "my_suite.py"
+  suite.write_text("from configs import suite_400m\nfrom configs.suite_400m import get_config\n"
+                   "NAME = 'my_suite'\nSHAPE_SETS = suite_400m.SHAPE_SETS\n"
+                   "def lrs_for(design):\n  return '1e-3'\n"
+                   "def sweep():\n  return suite_400m.sweep(SHAPE_SETS, lrs_for)\n")
+  assert sweep.main([str(suite), "--results_dir", str(tmp_path / "r"), "--dry_run"]) == 2
+  assert capsys.readouterr().err.strip().splitlines() == [
+      "error: lrs_for('preln')='1e-3'; allowed: a tuple of positive LRs, e.g. (5e-4, 1e-3)"]
+
+
 def test_an_lr_grid_may_be_a_numpy_array(tiny, capsys):
   with open(tiny["config"], "a") as f:
     f.write("import numpy as np\nDEFAULT_LRS = 5e-4 * 2.0 ** np.arange(4)\n"
