@@ -78,8 +78,16 @@ def active() -> bool:
 
 
 def describe() -> str:
-  """What the bench records as its host allocator."""
-  return ("glibc heap kept, THP (" + ":".join(TUNABLES) + ")") if active() else "default"
+  """What the bench records as its host allocator: ours in full, else the malloc tunables the
+  process did start with (``hugetlb=0`` beside our other three once read 'default', though the
+  kept heap applied), else 'default'."""
+  if active():
+    return "glibc heap kept, THP (" + ":".join(TUNABLES) + ")"
+  given = [t for t in os.environ.get("GLIBC_TUNABLES", "").split(":")
+           if t.startswith("glibc.malloc.")]
+  if not given:
+    return "default"
+  return f"glibc malloc tunables {':'.join(given)}" + ("" if thp_available() else ", no THP")
 
 
 def memory_maps() -> tuple[int, int] | None:

@@ -108,12 +108,19 @@ def test_thp_is_available_in_mode_always_or_madvise_on_linux_only(tmp_path, monk
 
 def test_active_needs_every_tunable_and_thp(monkeypatch):
   """``active``/``describe``: all of TUNABLES in GLIBC_TUNABLES (others may sit beside them) and
-  THP available; one of them alone, or no THP, is the default allocator."""
+  THP available; otherwise the malloc tunables given are recorded as they are (a user's
+  hugetlb=0 beside our other three read 'default'), and none is the default allocator."""
   monkeypatch.setattr(hostmem, "thp_available", lambda: True)
   monkeypatch.setenv("GLIBC_TUNABLES", "glibc.mem.tagging=0:" + OURS)
   assert hostmem.active() and hostmem.describe() == f"glibc heap kept, THP ({OURS})"
   monkeypatch.setenv("GLIBC_TUNABLES", hostmem.TUNABLES[0])
-  assert not hostmem.active() and hostmem.describe() == "default"
+  assert not hostmem.active() and hostmem.describe() == (
+      f"glibc malloc tunables {hostmem.TUNABLES[0]}")
+  user = ":".join(("glibc.malloc.hugetlb=0",) + hostmem.TUNABLES[1:])
+  monkeypatch.setenv("GLIBC_TUNABLES", "glibc.mem.tagging=0:" + user)
+  assert hostmem.describe() == f"glibc malloc tunables {user}"
+  monkeypatch.setenv("GLIBC_TUNABLES", "glibc.mem.tagging=0")
+  assert hostmem.describe() == "default"
   monkeypatch.setenv("GLIBC_TUNABLES", OURS)
   monkeypatch.setattr(hostmem, "thp_available", lambda: False)
-  assert not hostmem.active()
+  assert not hostmem.active() and hostmem.describe() == f"glibc malloc tunables {OURS}, no THP"
