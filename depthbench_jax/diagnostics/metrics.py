@@ -61,7 +61,7 @@ CAUSAL_SKIPS = {
     "zero_update": "layer s's sublayer outputs set to zero, its own write still applied (the "
                    "spec's 'update set to zero')",
     "absent": "layer s absent (Csordas et al.: the state as if it were not there); the spec's "
-              "'update set to zero' in Pre-LN, LNS, Sandwich-LN and AttnRes only"}
+              "'update set to zero' in Pre-LN, LNS and Sandwich-LN only"}
 
 
 def is_spec_skip(causal: dict) -> bool:

@@ -194,6 +194,24 @@ def test_both_causal_skips_agree_for_pre_ln(preln):
   np.testing.assert_allclose(got[0], got[1], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("design, agree", [("lns", True), ("sandwich", True),
+                                           ("attnres_full", False)])
+def test_the_two_causal_skips_agree_where_the_docs_say(design, agree):
+  """README and CAUSAL_SKIPS: 'absent' is the spec's skip in Pre-LN, LNS and Sandwich-LN (their
+  write of a zero output adds nothing: N_post(0) = 0), not in Full AttnRes, whose zero output
+  is still a present source, with logit 0, that dilutes every later depth softmax (the docs
+  named AttnRes among the first). Away from init, as in the test above."""
+  cfg, params = _model(design)
+  rng = np.random.RandomState(2)
+  params = jax.tree.map(
+      lambda a: jnp.asarray(a + 0.1 * rng.standard_normal(a.shape), a.dtype), params)
+  got = [probes.from_jsonable_matrix(probes.Probes(cfg, probes.Options(
+      causal_skip=skip, run_permutation=False)).run(params, _tokens())["causal"]["matrix"])
+         for skip in ("zero_update", "absent")]
+  close = np.allclose(np.nan_to_num(got[0]), np.nan_to_num(got[1]), rtol=1e-5, atol=1e-6)
+  assert close == agree, np.nanmax(np.abs(got[0] - got[1]))
+
+
 def test_swapping_identical_layers_scores_zero(preln):
   cfg, params, pr = preln
   i, j = 1, 3
