@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import jax.numpy as jnp
 
 from depthbench_jax.residual.base import Design, LayerWiring, StateIO, check_fields
@@ -71,9 +73,10 @@ class KeelIO(StateIO):
 
 def _check(residual, n_layers):
   check_fields(residual, {
+      # Finite: inf made every logit NaN (inf x / RMS(inf x)) with no error.
       "alpha": (lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)
-                                        and v > 0),
-                "None (= 2 * n_layers, the number of sublayers) or a positive number"),
+                                        and 0 < v < math.inf),
+                "None (= 2 * n_layers, the number of sublayers) or a finite positive number"),
       "first_layer_plain": (lambda v: isinstance(v, bool), "True or False"),
   })
 
