@@ -221,19 +221,23 @@ def main(argv):
 
   workdir = _WORKDIR.value
   out = _OUT.value or os.path.join(workdir, "evals.json")
+  # Once each: '--sets=gsm8k,gsm8k' without the file passed check_found (1 missing of 2), then
+  # raised FileNotFoundError after the restore; with it, gsm8k was scored twice.
+  sets = list(dict.fromkeys(_SETS.value))
   try:
-    check_sets(_SETS.value)  # Before the checkpoint loads.
+    check_sets(sets)  # Before the checkpoint loads.
     config, params, step = checkpoint.restore_run(workdir, _STEP.value)
     model_cfg = model_config_from(config.model)
     if _EXPORT.value:
       hf.check_exportable(model_cfg)  # Before any compute: a clear error for non-Pre-LN designs.
     # --eval_data_dir, else the run's config.evals.data_dir (when set), else the default.
-    data_dir = _DATA_DIR.value or config.evals.data_dir or None
+    # A leading '~' is the home dir, as in config.data.path (the shell leaves '--x=~/e' alone).
+    data_dir = os.path.expanduser(_DATA_DIR.value or config.evals.data_dir or "") or None
     if data_dir and not os.path.isdir(data_dir):  # a typo read the wheel's HumanEval alone
       where = "--eval_data_dir" if _DATA_DIR.value else "config.evals.data_dir (the run's)"
       raise ConfigError(f"{where}={data_dir}: no such directory; allowed: the folder holding "
                         f"the eval sets (README: Data and eval sets), or --eval_data_dir")
-    found = check_found(_SETS.value, data_dir, _STRICT.value)
+    found = check_found(sets, data_dir, _STRICT.value)
     can_generate = any(datasets.SETS[n].kind != "mc" for n in found)
     generates = _GENERATE.value and can_generate
     if generates and _MAX_NEW.value >= model_cfg.max_seq_len:   # else a traceback after a set
@@ -269,7 +273,7 @@ def main(argv):
   except ConfigError as err:
     fail(str(err))
   tokenizer = get_tokenizer(config.data.tokenizer)
-  evals = evaluate(model_cfg, params, tokenizer, sets=_SETS.value, data_dir=data_dir,
+  evals = evaluate(model_cfg, params, tokenizer, sets=sets, data_dir=data_dir,
                    max_examples=_MAX_EXAMPLES.value, generate=_GENERATE.value,
                    max_new_tokens=_MAX_NEW.value, batch_size=_BATCH.value,
                    timeout_s=_TIMEOUT.value, strict=_STRICT.value,

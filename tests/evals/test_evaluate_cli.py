@@ -86,10 +86,15 @@ def test_cli_bad_flag_is_one_error_line_before_the_checkpoint_loads(tmp_path, fl
     (["--strict", "--sets=humaneval,gsm8k"], "--strict"),
     # Once a FileNotFoundError traceback, exit 1.
     (["--sets=gsm8k"], "--sets=gsm8k"),
+    # A set given twice passed the 'none found' check (1 missing of 2): the same traceback.
+    (["--sets=gsm8k,gsm8k"], "--sets=gsm8k: gsm8k not found"),
     (["--sets="], "--sets"),
     # A typo once read the sets from their default places (humaneval from its wheel) unsaid.
     (["--eval_data_dir=/nonexistent/evals", "--sets=humaneval"],
      "--eval_data_dir=/nonexistent/evals: no such directory"),
+    # '~' is the home dir (as in config.data.path), not a folder named '~' in the cwd.
+    (["--eval_data_dir=~/nonexistent_evals", "--sets=humaneval"],
+     f"--eval_data_dir={os.path.expanduser('~')}/nonexistent_evals: no such directory"),
     # A header-only file: a ValueError traceback after the sets before it were scored.
     (["--sets=humaneval,gpqa"], "gpqa_diamond.csv: no 'gpqa' examples in it"),
 ])
@@ -201,9 +206,11 @@ def test_cli_rerun_with_another_sandbox_timeout_is_refused_where_code_runs(tmp_p
 
 def test_cli_without_generation_max_new_tokens_decides_nothing(tmp_path):
   """A --generate=false rerun was refused for the max_new_tokens an earlier one recorded,
-  though without generation it decides nothing."""
-  workdir, _ = _run_with_evals(tmp_path, DEBUG)
-  proc = _evaluate(workdir, *DEBUG_FLAGS, "--max_new_tokens=8")
+  though without generation it decides nothing. On gsm8k, a set that could generate (sciq
+  alone never does, so the rerun passed even with the bug back)."""
+  workdir, _ = _run_with_evals(tmp_path, dict(DEBUG, sets=["gsm8k"]))
+  proc = _evaluate(workdir, *FULL_FLAGS, "--sets=gsm8k", "--max_examples=1",
+                   "--generate=false", "--max_new_tokens=8")
   assert proc.returncode == 0, proc.stderr[-2000:]
 
 
