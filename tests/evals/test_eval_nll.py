@@ -277,13 +277,21 @@ def test_generation_budget_over_the_context_is_one_clear_error():
 
 
 def test_missing_sets_are_listed_not_fatal(tmp_path):
+  """gsm8k's file present, gpqa's not: gsm8k is scored and gpqa listed with where its file goes
+  (both were present here once, so the missing-set path was never taken); with none found it is
+  an error, and with --strict any one missing."""
   cfg = tiny_model_cfg()
   params = jax.tree.map(lambda s: np.zeros(s.shape, np.float32), nn.unbox(abstract_params(cfg)))
-  out = evaluate.evaluate(cfg, params, ByteTok(), sets=["gsm8k", "gpqa"], data_dir=FIXTURES,
-                          generate=False)
-  assert set(out["sets"]) == {"gsm8k", "gpqa"}
+  shutil.copytree(os.path.join(FIXTURES, "gsm8k"), tmp_path / "gsm8k")
+  out = evaluate.evaluate(cfg, params, ByteTok(), sets=["gsm8k", "gpqa"],
+                          data_dir=str(tmp_path), generate=False)
+  assert set(out["sets"]) == {"gsm8k"} and list(out["missing"]) == ["gpqa"]
+  assert "gpqa_diamond.csv" in out["missing"]["gpqa"]
   with pytest.raises(FileNotFoundError, match="gpqa_diamond.csv"):
     evaluate.evaluate(cfg, params, ByteTok(), sets=["gpqa"], data_dir=str(tmp_path))
+  with pytest.raises(FileNotFoundError, match="gpqa_diamond.csv"):
+    evaluate.evaluate(cfg, params, ByteTok(), sets=["gsm8k", "gpqa"], data_dir=str(tmp_path),
+                      generate=False, strict=True)
 
 
 def _generating(monkeypatch, texts):
