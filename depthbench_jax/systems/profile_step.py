@@ -44,7 +44,9 @@ warnings.filterwarnings("ignore", message="builtin type event_stats has no __mod
 
 _SKIP = ("PjRt", "Thunk", "jit_", "Execute", "SlinkyThreadPool", "PjitFunction")
 _CONTROL_FLOW = ("while", "call", "conditional")
-_FRAMES = {"while", "body", "closed_call", "checkpoint", "rematted_computation", "layers", "cond"}
+# eval_jaxpr: a call frame like closed_call in newer jax (0.11, the H200 profiles' parts).
+_FRAMES = {"while", "body", "closed_call", "eval_jaxpr", "checkpoint", "rematted_computation",
+           "layers", "cond"}
 
 
 UNMAPPED = "(no HLO op of the step)"
