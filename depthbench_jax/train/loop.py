@@ -39,8 +39,10 @@ from depthbench_jax.train.step import init_state
 from depthbench_jax.train.throughput import StepClock
 
 # Dense bf16 matmul peak per device, FLOP/s, for MFU. ``config.peak_flops_per_device`` wins.
-# Matched in order against ``device_kind``: "TPU v5 lite" (v5e) before "TPU v5" (v5p).
-PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "B200": 2250e12,
+# Matched in order against ``device_kind``: "TPU v5 lite" (v5e) before "TPU v5" (v5p), the H100
+# PCIe and NVL cards (NVIDIA's datasheet, dense) before the SXM's "NVIDIA H100 80GB HBM3".
+PEAK_FLOPS = {"H100 PCIe": 756e12, "H100 NVL": 835e12, "H100": 989e12, "H200": 989e12,
+              "A100": 312e12, "B200": 2250e12,
               "TPU v5 lite": 197e12, "TPU v5": 459e12, "TPU v6 lite": 918e12, "TPU v4": 275e12}
 
 
