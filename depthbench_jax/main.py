@@ -368,12 +368,14 @@ def main(argv):
   try:
     check_even_hosts(collections.Counter(d.process_index for d in jax.devices()))
     check_same_run(config, _WORKDIR.value)
-    check_results_shared(_WORKDIR.value)
   except HostsDiffer as err:
     fail(str(err), HOSTS_DIFFER)
   try:
-    # Before the trainer is imported (it pulls in TensorFlow via clu): bad input fails fast.
+    # Before the trainer is imported (it pulls in TensorFlow via clu): bad input fails fast,
+    # on every process alike (check_same_run: one config), and before check_results_shared
+    # makes the workdir's parent folder (a bad config left it behind on a pod).
     config_check.validate(config, jax.device_count())
+    check_results_shared(_WORKDIR.value)
     from depthbench_jax.train.loop import train_and_evaluate
     result = train_and_evaluate(config, _WORKDIR.value)
   except HostsDiffer as err:  # the train data (config_check.check_same_data)

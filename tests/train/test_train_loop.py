@@ -294,6 +294,18 @@ def test_two_processes_given_other_configs_both_refuse_before_writing(tmp_path):
   assert not os.path.exists(workdir)
 
 
+def test_two_processes_given_a_bad_config_refuse_before_making_any_folder(tmp_path):
+  """main's docstring: bad input exits 2 before anything is written. On two processes the
+  results-folder check (main.check_results_shared) made the workdir's parent before the
+  config was validated, and a bad config left it behind."""
+  workdir = str(tmp_path / "new" / "x" / "run")
+  procs = start_two_processes(workdir, helpers.tiny_flags(**{"model.n_heads": 5}))
+  errors = [p.communicate(timeout=120)[1] for p in procs]
+  assert [p.returncode for p in procs] == [2, 2], errors
+  assert all("config.model" in e and "allowed" in e for e in errors), errors
+  assert not os.path.exists(tmp_path / "new")
+
+
 def test_two_processes_driving_other_device_counts_both_refuse_before_writing(tmp_path):
   """One host with 1 device, the other with 2: every gather reshapes jax.devices() to
   processes x local devices, so both crashed with a traceback in the first (check_same_run's)
