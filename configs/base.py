@@ -86,7 +86,7 @@ def get_config() -> ml_collections.ConfigDict:
   g.dead_threshold = 0.05          # Block AttnRes: own-block weight below this = dead layer
 
   # Divergence (train/summary.py DivergenceGuard, checked on every step's loss): a non-finite
-  # loss or gradient, or after `min_steps` a loss above `spike_factor` x the best so far
+  # loss or gradient, or from step `min_steps` on a loss above `spike_factor` x the best so far
   # (0 = off), stops the run as 'diverged'; no checkpoint past the last good step is written.
   # With skip_nonfinite_steps a non-finite step leaves the state untouched instead, and only
   # more than `max_skipped_steps` of them in a row count as divergence.

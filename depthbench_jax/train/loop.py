@@ -400,9 +400,10 @@ def _saved_summary(workdir: str) -> dict | None:
 
 
 def _progress_line(step, steps, scalars, val_loss, eta, val_step=None) -> str:
-  """``step 40/200 (20%) | loss 7.12 | val 7.30 | 3.1 steps/s | 6.3k tok/s | ETA 52s``; a val
-  loss from an earlier step says which (``val 7.41 (step 30)``); a line of the compile step
-  alone has no rate yet (``steps/s from the next line``, ``ETA ?``)."""
+  """``step 40/200 (20%) | loss 3.1204 | val 3.3012 | gnorm 0.84 | 3.10 steps/s | 6.3k tok/s |
+  MFU 41.0% | ETA 52s`` (MFU on devices of known peak); a val loss from an earlier step says
+  which (``val 3.3012 (step 30)``); a line of the compile step alone has no rate yet
+  (``steps/s from the next line``, ``ETA ?``)."""
   parts = [f"step {step}/{steps} ({100 * step / steps:.0f}%)", f"loss {scalars['train/loss']:.4f}"]
   if val_loss is not None:
     parts.append(f"val {val_loss:.4f}" + (f" (step {val_step})" if val_step != step else ""))
