@@ -42,14 +42,20 @@ MODA = ml_collections.ConfigDict({"name": "moda"})
     dict(n_layers=3, n_kv_heads=2, qk_norm=True, residual=MODA),
     # Unrolled, MoDA's layers read only the first 8 of the 10 depth slots (a static index).
     dict(n_layers=5, n_kv_heads=2, qk_norm=True, residual=MODA, scan_layers=False)])
-def test_kv_cache_equals_full_recompute(overrides):
+def test_kv_cache_equals_full_recompute(overrides, monkeypatch):
   cfg = cfg_of(**overrides)
   assert decode.supports_kv_cache(cfg)
   params = random_params(cfg)
+  # The cached side runs the cached step (with its branch never taken, both sides recomputed
+  # and the test passed): one prefill, then a step per new token.
+  calls, real = [], decode.cached_step
+  monkeypatch.setattr(decode, "cached_step",
+                      lambda c: (lambda *a: calls.append(1) or real(c)(*a)))
   cached, cached_logits = decode.greedy_generate(cfg, params, PROMPTS, 6, return_logits=True)
+  assert len(calls) == 6
   full, full_logits = decode.greedy_generate(cfg, params, PROMPTS, 6, use_cache=False,
                                              return_logits=True)
-  assert cached == full
+  assert len(calls) == 6 and cached == full
   np.testing.assert_allclose(cached_logits, full_logits, atol=1e-5, rtol=1e-5)
   # And against a plain forward pass of the unpadded prompt + generated tokens.
   seq = PROMPTS[0] + cached[0][:-1]

@@ -54,10 +54,14 @@ def test_sandwich_update_by_hand():
   np.testing.assert_allclose(new, X + Y / np.sqrt(1.3125 + EPS) * G2, rtol=1e-6)
   new, _ = wiring_call(cfg, params, "write", X, Y, 1, jnp.int32(0))
   np.testing.assert_allclose(new, X + Y / np.sqrt(1.3125 + EPS) * G1, rtol=1e-6)
-  # What the model runs: Sandwich's own ``sublayer`` (not ``write``), returning N_post(y).
-  for sub, post in ((0, G2), (1, G1)):
+  # What the model runs: Sandwich's own ``sublayer`` (not ``read`` and ``write``): the branch
+  # reads N_pre(x) (each sublayer its own gain; a read of x, or of the other pre-norm, passed
+  # when only the output was checked), returning N_post(y).
+  for sub, pre, post in ((0, G1, G2), (1, G2, G1)):
+    seen = []
     (new, z), _ = wiring_call(cfg, params, "sublayer", X, sub, jnp.int32(0),
-                              lambda u, x: (jnp.asarray(Y), x))
+                              lambda u, x: (seen.append(u) or jnp.asarray(Y), x))
+    np.testing.assert_allclose(seen[-1], X / np.sqrt(7.5 + EPS) * pre, rtol=1e-6)
     np.testing.assert_allclose(z, Y / np.sqrt(1.3125 + EPS) * post, rtol=1e-6)
     np.testing.assert_allclose(new, X + z, rtol=1e-6)
 

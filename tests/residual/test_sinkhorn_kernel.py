@@ -26,16 +26,25 @@ def test_values_and_vjp_equal_the_xla_rounds(shape, iterations, eps):
     np.testing.assert_allclose(got.sum(-1), 1.0, atol=1e-6)
 
 
-def test_mhc_with_the_kernel_equals_mhc_without():
-  """The model's loss and every gradient are the same whichever kernel runs the Sinkhorn."""
+def test_mhc_with_the_kernel_equals_mhc_without(monkeypatch):
+  """The model's loss and every gradient are the same whichever kernel runs the Sinkhorn, and
+  the option reaches the model: the Pallas kernel runs for 'pallas' alone (with the option
+  dropped, both sides ran the XLA rounds and passed)."""
+  from depthbench_jax.residual import mhc
   cfgs = [tiny_cfg("mhc", residual={"sinkhorn_kernel": k}) for k in ("xla", "pallas")]
   params = perturb(init(cfgs[0]), scale=0.1)
   tokens = jnp.asarray(text_batch(2, 12))
+  calls = []
+  monkeypatch.setattr(mhc, "sinkhorn_pallas",
+                      lambda *a, **k: calls.append(1) or sinkhorn_pallas(*a, **k))
 
   def loss(cfg):
     return jit(jax.value_and_grad(lambda p: jnp.mean(
         Transformer(cfg).apply({"params": p}, tokens) ** 2)))(params)
-  (want, want_g), (got, got_g) = loss(cfgs[0]), loss(cfgs[1])
+  (want, want_g) = loss(cfgs[0])
+  assert not calls
+  (got, got_g) = loss(cfgs[1])
+  assert calls
   np.testing.assert_allclose(got, want, rtol=1e-6)
   for a, b in zip(jax.tree.leaves(got_g), jax.tree.leaves(want_g)):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)

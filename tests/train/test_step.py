@@ -43,14 +43,18 @@ def test_eval_step_sums_loss_and_counts_tokens():
   assert jnp.issubdtype(out["count"].dtype, jnp.floating)
 
 
-def test_gradient_accumulation_is_the_whole_batchs_loss_and_gradient():
+def test_gradient_accumulation_is_the_whole_batchs_loss_and_gradient(monkeypatch):
   """Two microbatches of one row each give the mean loss and gradient of the whole batch (equal
-  up to fp32 summation order); the gradients keep the params' dtype."""
-  from depthbench_jax.train.step import loss_and_grads
+  up to fp32 summation order); the gradients keep the params' dtype. The loss is traced on the
+  slices' rows (with the accumulation never taken, both sides were the whole batch)."""
+  from depthbench_jax.train import step
   model, params, tokens = _model_params_tokens()
-  run = lambda k: jax.jit(lambda p, t: loss_and_grads(p, model, t, microbatches=k))(params,
-                                                                                   tokens)
+  rows, real = [], step.lm_loss
+  monkeypatch.setattr(step, "lm_loss", lambda p, m, t: rows.append(t.shape[0]) or real(p, m, t))
+  run = lambda k: jax.jit(lambda p, t: step.loss_and_grads(p, model, t, microbatches=k))(
+      params, tokens)
   (loss, grads), (loss_k, grads_k) = run(1), run(2)
+  assert rows == [tokens.shape[0], tokens.shape[0] // 2], rows
   np.testing.assert_allclose(loss_k, loss, rtol=1e-6)
   for g_k, g in zip(jax.tree.leaves(grads_k), jax.tree.leaves(grads)):
     assert g_k.dtype == g.dtype
