@@ -456,6 +456,20 @@ def checked_config(module, run: Run) -> ml_collections.ConfigDict:
   return config
 
 
+def check_local_processes(config: ml_collections.ConfigDict, n: int, run: Run) -> None:
+  """The mesh and batch checks main.py makes on its devices, for ``n`` local processes of one
+  device each (LOCAL_PROCESSES): a count that does not split the batch failed every run of
+  the suite in turn, each error naming the batch, not the setting that changed."""
+  from depthbench_jax.train import config_check, sharding  # Local: pulls in jax.
+  try:
+    mesh = sharding.mesh_shape(config.mesh, n)
+    config_check.validate_data(config.data, n, data_parallel=mesh[0] * mesh[1],
+                               microbatches=config.grad_accum_steps)
+  except ConfigError as err:
+    raise ConfigError(f"--local_processes (LOCAL_PROCESSES)={n} ({n} processes of one device "
+                      f"each), run {run.name}: {err}") from None
+
+
 def plan_rows(config_path: str, runs: Sequence[Run], mfu: float = DEFAULT_MFU,
               peak_flops: float = DEFAULT_PEAK_FLOPS) -> list[dict]:
   """One row per run: params (the design's own, eval_shape), steps, tokens, FLOPs, hours.
@@ -875,21 +889,25 @@ def main(argv: Sequence[str] | None = None) -> int:
       print(f"suite {suite_name(module)} -> {results_dir}")
       print(format_plan(rows, args.mfu, args.peak_flops))
       return 0
-    for run in runs:   # Every run, as the dry run: with all done, a typo passed the sweep (exit
-      checked_config(module, run)   # 0, a report of that suite) and failed the dry run.
+    configs = {run.name: checked_config(module, run)   # Every run, as the dry run: with all
+               for run in runs}   # done, a typo passed the sweep (exit 0) and failed the dry run.
     if args.local_processes <= 1:  # A bad JAX_* set fails once here, not once per run.
       from depthbench_jax.main import distributed_settings  # Local: defines main's flags.
       distributed_settings()
     else:  # Each host would run its own local cluster, every run, into the shared run dirs.
       from depthbench_jax.main import slurm_tasks  # Local: defines main's flags.
-      pod = [f"{k}={os.environ[k]}" for k in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES")
-             if os.environ.get(k)]
+      # JAX_PROCESS_ID too: run_sweep.sh reads it for the report's host, and a leftover id
+      # of 1 skipped the report without a word (an older report.md then read as this one's).
+      pod = [f"{k}={os.environ[k]}" for k in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES",
+                                              "JAX_PROCESS_ID") if os.environ.get(k)]
       if not pod and slurm_tasks() > 1:   # README's srun launch sets no JAX_* variable
         pod = [f"an srun step of SLURM_NTASKS={slurm_tasks()}"]
       if pod:
         raise ConfigError(f"--local_processes (LOCAL_PROCESSES)={args.local_processes} with "
                           f"{' '.join(pod)}: it replaces them; allowed: LOCAL_PROCESSES on one "
                           f"machine, or the JAX_* variables on a pod, not both")
+      for run in runs:   # its processes of one device each: once here, not a failure per run
+        check_local_processes(configs[run.name], args.local_processes, run)
     outcome = execute(args.config, runs, shlex.split(args.main_cmd), args.local_processes)
   except ConfigError as e:
     print(f"error: {e}", file=sys.stderr)

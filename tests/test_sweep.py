@@ -522,6 +522,31 @@ def test_local_processes_with_a_pods_jax_env_is_refused(tiny, monkeypatch, capsy
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and "LOCAL_PROCESSES" in err[0] and "JAX_NUM_PROCESSES=4" in err[0], err
   assert "allowed" in err[0] and not calls(tiny["log"])
+  # A leftover JAX_PROCESS_ID alone: the runs trained, but run_sweep.sh read it as this host's
+  # and skipped the report without a word.
+  monkeypatch.delenv("JAX_COORDINATOR_ADDRESS")
+  monkeypatch.delenv("JAX_NUM_PROCESSES")
+  monkeypatch.setenv("JAX_PROCESS_ID", "1")
+  assert sweep.main([tiny["config"], "--results_dir", tiny["results"],
+                     "--main_cmd", " ".join(tiny["main_cmd"])]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "with JAX_PROCESS_ID=1: it replaces them" in err[0], err
+  assert not calls(tiny["log"])
+
+
+def test_local_processes_that_do_not_split_the_batch_are_refused_once(tiny, monkeypatch,
+                                                                      capsys):
+  """LOCAL_PROCESSES=3 under a batch of 8: every run of the suite started 3 processes and
+  failed in turn, each naming the batch, not the setting that changed."""
+  monkeypatch.setenv("FAKE_LOG", tiny["log"])
+  monkeypatch.setenv("LOCAL_PROCESSES", "3")
+  assert sweep.main([tiny["config"], "--results_dir", tiny["results"],
+                     "--main_cmd", " ".join(tiny["main_cmd"])]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith(
+      "error: --local_processes (LOCAL_PROCESSES)=3 (3 processes of one device each), run "), err
+  assert "is not divisible by the data-parallel size 3" in err[0] and "allowed" in err[0]
+  assert not calls(tiny["log"]) and not os.path.exists(tiny["results"])
 
 
 @pytest.mark.parametrize("edit, error", [
