@@ -204,7 +204,8 @@ def distributed_settings(coordinator: str | None = None, num_processes: int | No
   if (num_processes or 0) > 1:
     host, _, port = (coordinator or "").rpartition(":")
     if not (host and port.isdigit()):
-      raise ConfigError(f"{coord_name}={coordinator!r} with {nproc_name}={num_processes}; "
+      given = f"{coord_name}={coordinator!r}" if coordinator else f"{coord_name} is unset"
+      raise ConfigError(f"{given} with {nproc_name}={num_processes}; "
                         f"allowed: host:port of process 0, e.g. node0:12345")
   if num_processes and process_id is not None and not 0 <= process_id < num_processes:
     raise ConfigError(f"{pid_name}={process_id} with {nproc_name}={num_processes}; "
