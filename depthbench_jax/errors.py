@@ -68,15 +68,29 @@ def flag_error_line(err: Exception, usage: str) -> str:
   return line if "allowed" in line else f"{line}; allowed: {usage}"
 
 
+def refuse_arguments(rest: list, usage: str) -> list:
+  """``rest`` (absl's leftovers: the program, then anything not a flag) if it holds the program
+  alone, else one ``fail`` line naming the rest. They were dropped without a word: an unquoted
+  glob after ``--path`` (``--path /data/*.parquet``) tokenized the first file alone, and
+  ``diagnose --workdir results/x/*/`` diagnosed the first run alone, each exiting 0."""
+  if len(rest) > 1:
+    shown = ", ".join(repr(a) for a in rest[1:4]) + (", ..." if len(rest) > 4 else "")
+    fail(f"unexpected argument{'s' if len(rest) > 2 else ''} {shown}: not a flag; allowed: "
+         f"{usage} (quote a glob, e.g. --path='/data/*.parquet', or loop over the folders)")
+  return rest
+
+
 def absl_flags_parser(usage: str) -> Callable[[list], list]:
   """An ``app.run(main, flags_parser=...)``: an unknown, mistyped, out-of-range or missing flag
-  is one ``fail`` line naming it (absl's own is a FATAL line and exit 1)."""
+  is one ``fail`` line naming it (absl's own is a FATAL line and exit 1), and so is an
+  argument that is no flag (``refuse_arguments``)."""
 
   def parse(argv: list) -> list:
     from absl import flags  # pylint: disable=g-import-not-at-top
     try:
-      return flags.FLAGS(argv)
+      rest = flags.FLAGS(argv)
     except flags.Error as err:
       fail(flag_error_line(err, usage))
+    return refuse_arguments(rest, usage)
 
   return parse

@@ -33,7 +33,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from depthbench_jax.errors import (HOSTS_DIFFER, ConfigError, HostsDiffer, fail, flag_error_line,
-                                   quiet_logs)
+                                   quiet_logs, refuse_arguments)
 from depthbench_jax.hosts import gather_text
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file.",
@@ -61,7 +61,7 @@ def parse_flags(argv: list[str]) -> list[str]:
   except OSError:
     fail(f"flag --config={_config_flag(argv)}: no such file; allowed: a config file such as "
           f"configs/base.py or configs/smoke.py[:ARG]")
-  return rest
+  return refuse_arguments(rest, USAGE)
 
 
 def _config_flag(argv: list[str]) -> str | None:

@@ -65,6 +65,8 @@ def test_prepare_fills_the_runs_cache_and_prints_its_counts(tmp_path, make_confi
      "the token cache dir '{data}/no_text.parquet/cache' (config.data.cache_dir, else"),
     (["--path={data}", "--process_index=2", "--process_count=2"], "--process_index=2"),
     (["--path={data}", "--process_count=0"], "flag --process_count=0"),
+    # An unquoted glob after --path: the first file alone was tokenized, exit 0.
+    (["--path", "{data}/no_text.parquet", "{data}/b.parquet"], "unexpected argument '"),
 ])
 def test_bad_input_is_one_error_line_and_exit_2(tmp_path, flags, named):
   """Each bad flag of ``prepare`` is one ``error:`` line naming it and what is allowed, exit 2

@@ -60,6 +60,8 @@ def test_cli_misspelt_set_key_is_one_error_before_the_checkpoint_loads(tmp_path)
     ("--batch_size=0", "--batch_size=0"),       # once silently the config's batch size
     ("--batch_size=-2", "--batch_size=-2"),     # once a traceback after the checkpoint loaded
     ("--nope=1", "nope"),                       # absl: a FATAL line and exit 1
+    # An unquoted glob's second folder: dropped once, the first run alone diagnosed, exit 0.
+    ("results/x/run_b/", "unexpected argument 'results/x/run_b/': not a flag"),
 ])
 def test_cli_bad_flag_is_one_error_line_before_the_checkpoint_loads(tmp_path, flag, named):
   assert_cli_refuses_before_loading("depthbench_jax.diagnose", tmp_path, [flag], named)

@@ -74,6 +74,7 @@ def test_cli_unknown_set_is_one_error_before_the_checkpoint_loads(tmp_path):
     ("--timeout_s=0", "--timeout_s=0"),             # once every program a timeout: pass@1 = 0
     ("--generate=maybe", "--generate=maybe"),       # absl: a FATAL line and exit 1
     ("--nope=1", "nope"),
+    ("run_b", "unexpected argument 'run_b': not a flag"),   # once dropped without a word
 ])
 def test_cli_bad_flag_is_one_error_line_before_the_checkpoint_loads(tmp_path, flag, named):
   helpers.assert_cli_refuses_before_loading("depthbench_jax.evaluate", tmp_path, [flag], named)

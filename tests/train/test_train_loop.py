@@ -432,6 +432,7 @@ def test_resume_on_two_processes_continues_a_one_process_runs_data_and_diagnoses
     ("--config.model.n_heads=5", "config.model.n_heads"),
     ("--config.model.residual.name=resnet", "config.model.residual.name"),
     ("--config.data.source=parquet", "config.data.path"),
+    ("stray", "unexpected argument 'stray': not a flag"),   # once dropped without a word
 ])
 def test_bad_config_fails_before_compute_naming_the_field(tmp_path, flag, field):
   workdir = str(tmp_path / "bad")
