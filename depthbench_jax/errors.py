@@ -44,6 +44,10 @@ class OneLineParser(argparse.ArgumentParser):
     super().__init__(*args, **kwargs)
 
   def error(self, message: str) -> NoReturn:
+    """``message``, with the usage as what is allowed where argparse names none (an
+    unrecognized or missing argument; a bad choice lists its own)."""
+    if "allowed" not in message and "choose from" not in message:
+      message += f"; allowed: {' '.join(self.format_usage().split()[1:])}"
     fail(message)
 
 

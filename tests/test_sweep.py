@@ -671,8 +671,9 @@ def test_an_abbreviated_flag_is_one_error_line(tiny, capsys, flag):
                [tiny["config"], "--results_dir", tiny["results"], flag])
   assert exit_.value.code == 2
   err = capsys.readouterr().err.strip().splitlines()
-  assert err == [f"error: unrecognized arguments: {flag}" + (
-      f" {tiny['results']}" if flag == "--results" else "")], err
+  assert len(err) == 1 and err[0].startswith(f"error: unrecognized arguments: {flag}" + (
+      f" {tiny['results']}" if flag == "--results" else "") + "; allowed: "), err
+  assert "[--results_dir RESULTS_DIR]" in err[0] and "[--dry_run]" in err[0]   # the usage
 
 
 def test_local_processes_in_an_srun_step_is_refused(tiny, monkeypatch, capsys):
