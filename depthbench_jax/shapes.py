@@ -291,8 +291,9 @@ def main(argv: Sequence[str]) -> int:
   if list(argv) in (["-h"], ["--help"]):  # Not a config file named '--help'.
     print(f"{usage}\n\n{__doc__}")
     return 0
-  if len(argv) != 1:
-    print(usage, file=sys.stderr)
+  if len(argv) != 1:   # one error line, as the other CLIs (it printed the usage alone)
+    print(f"error: {len(argv)} arguments {list(argv)}; allowed: one suite file, "
+          f"python -m depthbench_jax.shapes configs/SUITE.py", file=sys.stderr)
     return 2
   # Through the package (not __main__), so Shape/ShapeSet are the classes the configs use.
   from depthbench_jax import shapes, sweep

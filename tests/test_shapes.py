@@ -195,6 +195,12 @@ def test_cli_with_a_mistyped_config_is_one_error_line(capsys):
   err = capsys.readouterr().err.strip().splitlines()
   assert err == ["error: config file 'configs/nope.py' does not exist; allowed: a configs/*.py "
                  "file"]
+  # No suite, or two: one error line too (the usage alone once, with no error: line).
+  for argv in ([], ["configs/smoke.py", "configs/suite_400m.py"]):
+    assert shapes.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {len(argv)} arguments"), err
+    assert "allowed: one suite file" in err[0]
 
 
 def test_cli_on_a_config_without_shape_sets_is_one_error_line(capsys):
