@@ -71,6 +71,11 @@ def parquet_documents(file: str, column: str = TEXT_COLUMN) -> Iterator[str]:
     raise ConfigError(f"config.data.path: parquet shard {file} has no {column!r} column "
                       f"(columns: {pf.schema_arrow.names}); allowed: files with a {column!r} "
                       "string column, as FineWeb-Edu has")
+  kind = pf.schema_arrow.field(column).type   # ints were an AttributeError in the tokenizer
+  if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+    raise ConfigError(f"config.data.path: parquet shard {file} has a {column!r} column of "
+                      f"{kind}; allowed: files with a {column!r} string column, as FineWeb-Edu "
+                      "has")
   try:
     for batch in pf.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=[column]):
       for text in batch.column(0).to_pylist():

@@ -60,6 +60,7 @@ def test_prepare_fills_the_runs_cache_and_prints_its_counts(tmp_path, make_confi
     (["--path=/nonexistent/shards"], "config.data.path='/nonexistent/shards' matches no parquet"),
     (["--path={data}/*.pqt"], "config.data.path="),
     (["--path={data}/no_text.parquet"], "config.data.path: parquet shard"),
+    (["--path={data}/int_text.parquet"], "config.data.path: parquet shard"),   # a traceback once
     (["--path={data}", "--tokenizer=sentencepiece"], "flag --tokenizer=sentencepiece"),
     (["--path={data}", "--cache_dir={data}/no_text.parquet/cache"],
      "the token cache dir '{data}/no_text.parquet/cache' (config.data.cache_dir, else"),
@@ -74,6 +75,7 @@ def test_bad_input_is_one_error_line_and_exit_2(tmp_path, flags, named):
   data = tmp_path / "data"
   data.mkdir()
   pq.write_table(pa.table({"content": ["a document"]}), data / "no_text.parquet")
+  pq.write_table(pa.table({"text": [1, 2]}), data / "int_text.parquet")
   cache = tmp_path / "cache"
   args = [f.format(data=data) for f in flags]
   proc = subprocess.run(
