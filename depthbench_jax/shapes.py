@@ -29,6 +29,7 @@ import dataclasses
 import functools
 import json
 import math
+import numbers
 import sys
 from typing import Any, Sequence
 
@@ -199,7 +200,8 @@ def iso_param_width(target: float, n_layers: int, model: ml_collections.ConfigDi
     raise ConfigError(f"count={count!r}; allowed: {', '.join(COUNTS)}")
   if not (isinstance(n_layers, int) and n_layers > 0):
     raise ConfigError(f"n_layers={n_layers!r}; allowed: a positive integer")
-  if not target > 0:
+  if not (isinstance(target, numbers.Real) and not isinstance(target, bool)
+          and 0 < target < math.inf):   # a string target was a TypeError traceback
     raise ConfigError(f"target={target!r}; allowed: a positive parameter count")
   g = granularity or default_granularity(model)
   if g % int(model.n_heads):
@@ -218,6 +220,8 @@ def iso_param_width(target: float, n_layers: int, model: ml_collections.ConfigDi
     if k_next == k:
       break
     k = k_next
+    if k * g > 1 << 20:   # a target no width reaches: the steps overshot the walk's own check
+      raise ConfigError(f"target={target:.4g} needs d > {1 << 20}; check target and count")
   while k > 1 and counts_at(k)[count] >= target:
     k -= 1
   while counts_at(k + 1)[count] < target:

@@ -122,6 +122,13 @@ def test_solver_backbone_count_and_design_option():
     shapes.iso_param_width(5e5, 4, model, count="embedding")
   with pytest.raises(ConfigError, match="multiple of n_heads"):
     shapes.iso_param_width(5e5, 4, model, granularity=6)
+  # A suite's target typed as a string (a TypeError traceback once), or none at all, or one
+  # no width reaches (9e15 printed 4x13693056, exit 0: the walk's own check came too late).
+  for bad in ("918912", True, float("inf"), float("nan")):
+    with pytest.raises(ConfigError, match=r"target=.*allowed: a positive parameter count"):
+      shapes.iso_param_width(bad, 4, model)
+  with pytest.raises(ConfigError, match=r"target=9e\+15 needs d > 1048576"):
+    shapes.iso_param_width(9e15, 4, model)
 
 
 @pytest.mark.slow
