@@ -88,7 +88,7 @@ def collect_runs(results_dir: str) -> list[dict]:
     summary = read_summary(root)
     if summary is None:
       continue  # A torn or foreign file is not a run (collect_unfinished lists it).
-    (design, n_layers, d_model), lr = shape_key(summary), record_lr(summary)
+    (_, n_layers, d_model), lr = shape_key(summary), record_lr(summary)
     record = dict(summary)
     record.update(design=design_label(summary), n_layers=n_layers, d_model=d_model, lr=lr,
                   aspect_ratio=d_model / n_layers, workdir=root,
