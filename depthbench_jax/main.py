@@ -237,7 +237,7 @@ def check_even_hosts(devices_by_process: dict[int, int]) -> None:
   every gather, ``gather_text`` included, reshapes ``jax.devices()`` to processes x local
   devices and failed with a traceback). The mesh is that reshape too: with 2 devices on one
   host and 6 on another a batch shard (a data x fsdp cell) would span both, and
-  ``validate_data`` counts shards per process, which holds only for even hosts."""
+  ``validate_batch_split`` counts shards per process, which holds only for even hosts."""
   if len(set(devices_by_process.values())) > 1:
     counts = ", ".join(f"process {p}: {n}" for p, n in sorted(devices_by_process.items()))
     raise HostsDiffer(f"the processes drive different numbers of devices ({counts}); allowed: "

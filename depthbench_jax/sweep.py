@@ -460,11 +460,9 @@ def check_local_processes(config: ml_collections.ConfigDict, n: int, run: Run) -
   """The mesh and batch checks main.py makes on its devices, for ``n`` local processes of one
   device each (LOCAL_PROCESSES): a count that does not split the batch failed every run of
   the suite in turn, each error naming the batch, not the setting that changed."""
-  from depthbench_jax.train import config_check, sharding  # Local: pulls in jax.
-  try:
-    mesh = sharding.mesh_shape(config.mesh, n)
-    config_check.validate_data(config.data, n, data_parallel=mesh[0] * mesh[1],
-                               microbatches=config.grad_accum_steps)
+  from depthbench_jax.train import config_check  # Local: pulls in jax.
+  try:   # (not the data path, which the trainer checks, whatever the process count)
+    config_check.validate_devices(config, n, n)
   except ConfigError as err:
     raise ConfigError(f"--local_processes (LOCAL_PROCESSES)={n} ({n} processes of one device "
                       f"each), run {run.name}: {err}") from None

@@ -547,6 +547,12 @@ def test_local_processes_that_do_not_split_the_batch_are_refused_once(tiny, monk
       "error: --local_processes (LOCAL_PROCESSES)=3 (3 processes of one device each), run "), err
   assert "is not divisible by the data-parallel size 3" in err[0] and "allowed" in err[0]
   assert not calls(tiny["log"]) and not os.path.exists(tiny["results"])
+  # Only what the process count decides: a data path the trainer will refuse is not blamed on
+  # LOCAL_PROCESSES here.
+  run = sweep.list_runs(tiny["config"], tiny["results"])[0]
+  config = sweep.config_of(sweep.load_config_module(tiny["config"]), run.arg)
+  config.data.source, config.data.path = "parquet", "/nonexistent/shards"
+  sweep.check_local_processes(config, 2, run)
 
 
 @pytest.mark.parametrize("edit, error", [

@@ -240,13 +240,19 @@ def validate_data_fields(data, model) -> None:
            f"{data.tokenizer!r}'s {vocab}; allowed: >= {vocab}")
 
 
-def validate_data(data, process_count: int, data_parallel: int, microbatches: int = 1) -> None:
-  """The data checks that need the files and the devices (``validate_data_fields`` ran in
-  ``validate_without_devices``): the parquet path names files (``sources.parquet_files``), and
-  the batch splits over the batch shards, microbatches and processes."""
-  if data.source == "parquet":   # As the loader reads it: '~' expanded, '**' recursive.
-    from depthbench_jax.data.sources import parquet_files
-    parquet_files(data.path)
+def validate_devices(config, device_count: int, process_count: int) -> None:
+  """The checks that need the devices alone: ``config.mesh`` fits ``device_count`` and the batch
+  splits over its batch shards, the microbatches and the processes (``validate_batch_split``);
+  the sweep makes them for LOCAL_PROCESSES before any run starts."""
+  mesh = sharding.mesh_shape(config.mesh, device_count)
+  validate_batch_split(config.data, process_count, data_parallel=mesh[0] * mesh[1],
+                       microbatches=config.grad_accum_steps)
+
+
+def validate_batch_split(data, process_count: int, data_parallel: int,
+                         microbatches: int = 1) -> None:
+  """The batch splits over the batch shards (data x fsdp), the microbatches and the processes,
+  each process's rows within its own shards."""
   batch = data.global_batch_size
   _require(batch % data_parallel == 0,
            f"config.data.global_batch_size={batch} is not divisible by the data-parallel size "
@@ -310,9 +316,10 @@ def validate(config, device_count: int, process_count: int | None = None) -> Mod
   import jax
   process_count = jax.process_count() if process_count is None else process_count
   model_cfg = validate_without_devices(config)
-  mesh = sharding.mesh_shape(config.mesh, device_count)
-  validate_data(config.data, process_count, data_parallel=mesh[0] * mesh[1],
-                microbatches=config.grad_accum_steps)
+  if config.data.source == "parquet":   # As the loader reads it: '~' expanded, '**' recursive.
+    from depthbench_jax.data.sources import parquet_files
+    parquet_files(config.data.path)
+  validate_devices(config, device_count, process_count)
   validate_iso(config)
   return model_cfg
 
