@@ -300,6 +300,15 @@ def shape_spec(spec: str, n_heads: int, flag: str = "--shapes") -> tuple[int, in
   return int(layers), int(width)
 
 
+def canonical_shapes(specs: Sequence[str], n_heads: int, flag: str = "--shapes"
+                     ) -> tuple[str, ...]:
+  """``specs``, each checked (``shape_spec``), in one spelling ('LxD') and once: '08x512'
+  beside '8x512' was a second row (or decode case) of one shape, and a rerun with the usual
+  spelling was refused as other shapes."""
+  return tuple(dict.fromkeys(f"{l}x{d}" for l, d in (shape_spec(s, n_heads, flag)
+                                                      for s in specs)))
+
+
 def check_model(p: Preset, spec: str, shape: str, flag: str = "--designs") -> None:
   """Validates the model of ``spec`` at ``shape`` (``model_config_from``) before anything is
   compiled: a bad residual field or value would otherwise show only as that candidate's failed
@@ -809,11 +818,10 @@ def main(argv: Sequence[str] | None = None) -> int:
   if args.attention_kernel:
     p = dataclasses.replace(p, attention_kernel=args.attention_kernel)
   if args.shapes:
-    try:  # One spelling each, once ('08x512' beside '8x512' was a second row of one shape).
-      shapes = [shape_spec(spec, p.n_heads) for spec in args.shapes.split(",")]
+    try:
+      p = dataclasses.replace(p, shapes=canonical_shapes(args.shapes.split(","), p.n_heads))
     except ValueError as e:
       ap.error(str(e))
-    p = dataclasses.replace(p, shapes=tuple(dict.fromkeys(f"{l}x{d}" for l, d in shapes)))
   if args.remat:
     p = dataclasses.replace(p, remat=args.remat)
   from depthbench_jax.residual import registry

@@ -326,7 +326,8 @@ def parse_cases(p: bench.Preset, designs: str, shapes: str, contexts: str,
   from depthbench_jax.model import decode
   from depthbench_jax.systems.__main__ import comma_list   # an entry given twice: one case
   split = lambda text: comma_list(text) or []
-  design_list, shape_list = split(designs), split(shapes)
+  design_list = split(designs)
+  shape_list = list(bench.canonical_shapes(split(shapes), p.n_heads))   # one spelling, once
   for spec in design_list:
     name, _ = bench.design_spec(spec)
     if not decode.design_supports_kv_cache(name):
@@ -334,8 +335,6 @@ def parse_cases(p: bench.Preset, designs: str, shapes: str, contexts: str,
                        "attend override does not handle the per-layer KV cache: "
                        "LayerWiring.attend_handles_kv_cache, model/decode.py), so it has no "
                        "cached decode step to time")
-  for spec in shape_list:
-    bench.shape_spec(spec, p.n_heads)
   for spec in design_list:
     for shape in shape_list:
       bench.check_model(p, spec, shape)

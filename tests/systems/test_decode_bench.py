@@ -91,7 +91,8 @@ def test_decode_config_is_the_cases_shape_loop_and_context():
 
 
 def test_an_entry_given_twice_is_one_case():
-  cases = decode_bench.parse_cases(QUICK, "preln,preln", "2x32,2x32", "16,16", "unrolled")
+  # A shape in another spelling too ('02x32': a second case of one shape, recorded apart once).
+  cases = decode_bench.parse_cases(QUICK, "preln,preln", "2x32,2x32,02x32", "16,16", "unrolled")
   assert [c.name for c in cases] == ["preln@2x32@ctx16@unrolled"]
 
 
