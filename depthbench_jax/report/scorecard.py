@@ -673,9 +673,7 @@ def build_report(records: Sequence[dict], title: str = "DepthBench scorecard",
   gaps = grid_gaps(records, unfinished, plan)
   rows = scorecard_rows(records, groups, gaps)
   n_div = sum(r.get("status") == "diverged" for r in records)
-  retrained = {os.path.realpath(p["workdir"]) for p in plan or () if p["state"] == "started"}
-  n_retrained = sum(r.get("status") == "diverged" and r.get("workdir") and
-                    os.path.realpath(r["workdir"]) in retrained for r in records)
+  n_retrained = sum(bool(p.get("retrain")) for p in plan or ())   # report.plan._state
   # Finished 'ok' with a NaN/inf val loss: excluded like a diverged run, so counted beside it.
   n_bad = sum(r.get("status") == "ok" and not is_usable(r) for r in records)
   # Trained on with skip_nonfinite_steps (a diverged run resumed so): compared, but named.
