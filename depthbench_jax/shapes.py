@@ -214,20 +214,21 @@ def iso_param_width(target: float, n_layers: int, model: ml_collections.ConfigDi
   # Newton-like steps on d ~ sqrt(count) from the model's own counts, then a walk on the grid
   # to the bracket count(k) < target <= count(k + 1). The steps only choose where to look; the
   # pick is always between two adjacent grid points counted by eval_shape.
+  def within_reach(k: int) -> int:   # the steps too: they overshot the walk's check (9e15)
+    if k * g > 1 << 20:
+      raise ConfigError(f"target={target:.4g} needs d > {1 << 20}; check target and count")
+    return k
+
   k = max(1, round(1024 / g))
   for _ in range(8):
     k_next = max(1, round(k * math.sqrt(target / counts_at(k)[count])))
     if k_next == k:
       break
-    k = k_next
-    if k * g > 1 << 20:   # a target no width reaches: the steps overshot the walk's own check
-      raise ConfigError(f"target={target:.4g} needs d > {1 << 20}; check target and count")
+    k = within_reach(k_next)
   while k > 1 and counts_at(k)[count] >= target:
     k -= 1
   while counts_at(k + 1)[count] < target:
-    k += 1
-    if k * g > 1 << 20:
-      raise ConfigError(f"target={target:.4g} needs d > {1 << 20}; check target and count")
+    k = within_reach(k + 1)
   best = min((k, k + 1), key=lambda j: (abs(counts_at(j)[count] / target - 1.0), j))
   shape = Shape(n_layers, best * g)
   shaped = shaped_model(model, shape, ffn, design)
