@@ -870,10 +870,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.local_processes = int(args.local_processes)
     check_device_hours_inputs(args.mfu, args.peak_flops)
     module = load_config_module(args.config)
-    if args.results_dir == "":   # as run_sweep.sh refuses it: not the default folder unasked
-      raise ConfigError("--results_dir=: empty; allowed: a folder path, or no --results_dir "
-                        "for results/<suite NAME>")
-    results_dir = args.results_dir or os.path.join("results", suite_name(module))
+    # An empty --results_dir= reaches check_folder, which refuses it (as run_sweep.sh does),
+    # instead of standing for the default folder.
+    results_dir = (os.path.join("results", suite_name(module)) if args.results_dir is None
+                   else args.results_dir)
     check_folder(results_dir, f"--results_dir={results_dir}")
     if args.print_results_dir:
       print(results_dir)

@@ -718,8 +718,7 @@ def test_a_results_dir_that_is_a_file_is_one_error_line(tiny, tmp_path, capsys):
   # in the cwd, where run_sweep.sh refuses it.
   assert sweep.main([tiny["config"], "--results_dir=", "--dry_run"]) == 2
   assert capsys.readouterr().err.strip().splitlines() == [
-      "error: --results_dir=: empty; allowed: a folder path, or no --results_dir for "
-      "results/<suite NAME>"]
+      "error: --results_dir=: empty; allowed: a folder path (made if missing)"]
 
 
 def _rec(design, L, d, lr, loss, status="ok"):
