@@ -316,13 +316,13 @@ def check_lr_tables(module, config_path: str) -> None:
   from depthbench_jax.residual import registry  # Local: pulls in jax/flax.
   if hasattr(module, "DEFAULT_LRS"):
     check_lr_grid(module.DEFAULT_LRS, f"{config_path}: DEFAULT_LRS")
-  for table, one in (("LR_GRID", check_lr_grid), ("LR_BY_ARCH", None)):
+  for table in ("LR_GRID", "LR_BY_ARCH"):
     for key, value in (getattr(module, table, None) or {}).items():
       if key not in registry.names():
         raise ConfigError(f"{config_path}: {table} key {key!r}; allowed: "
                           f"{', '.join(registry.names())}")
-      if one is not None:
-        one(value, f"{config_path}: {table}[{key!r}]")
+      if table == "LR_GRID":
+        check_lr_grid(value, f"{config_path}: {table}[{key!r}]")
       elif not _positive_lr(value):
         raise ConfigError(f"{config_path}: {table}[{key!r}]={value!r}; allowed: a positive LR")
 
