@@ -341,10 +341,11 @@ def read_summary(workdir: str) -> dict | None:
   if not isinstance(data, dict) or data.get("status") not in FINAL_STATUSES:
     return None
   try:
-    shape_key(data), record_lr(data)
+    design, _, _ = shape_key(data)
+    record_lr(data)
   except (TypeError, ValueError, KeyError, AttributeError):  # AttributeError: a list config.
     return None
-  return data
+  return data if design != "None" else None   # shape_key's str() of a missing design
 
 
 def run_state(workdir: str, config: ml_collections.ConfigDict | None = None) -> str:

@@ -294,7 +294,8 @@ def test_a_relaunched_diverged_run_that_fails_counts_as_failed(tiny, monkeypatch
 
 
 @pytest.mark.parametrize("text", ["[]", "3", b"\xff", "{}", '{"status": "ok", "lr": 1e-3}',
-                                  '{"design": "hc", "n_layers": 2, "d_model": 8, "lr": 1e-3}'])
+                                  '{"design": "hc", "n_layers": 2, "d_model": 8, "lr": 1e-3}',
+                                  '{"status": "ok", "n_layers": 2, "d_model": 8, "lr": 1e-3}'])
 def test_a_summary_that_is_no_json_object_reads_as_none(tmp_path, text):
   """Valid JSON that is no object, or bytes not UTF-8: AttributeError / UnicodeDecodeError
   tracebacks in the sweep, dry run and report, where the trainer reads no summary; an object no
