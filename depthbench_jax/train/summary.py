@@ -114,8 +114,8 @@ def check_replaceable(path: str, settings: dict, overwrite: bool,
   made_of = result.get("workdir") if isinstance(result, dict) else None
   # A file in the run's own folder is its own result, wherever the folder was first trained
   # (copied, moved, or reached through a link: each refused as 'another run' once).
-  own = os.path.realpath(os.path.dirname(os.path.abspath(path))) == os.path.realpath(workdir or "")
-  if workdir and made_of and not own and os.path.realpath(made_of) != os.path.realpath(workdir):
+  if (workdir and made_of and os.path.realpath(made_of) != os.path.realpath(workdir)
+      and os.path.realpath(os.path.dirname(os.path.abspath(path))) != os.path.realpath(workdir)):
     raise ConfigError(
         f"--workdir={workdir}: {path} holds the result of another run ({made_of}), which this "
         f"run would replace; allowed: another --out, or --overwrite")
