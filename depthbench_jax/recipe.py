@@ -72,8 +72,11 @@ def is_guard_field(field: str) -> bool:
 
 def guard_changes(trained: dict, config: dict) -> list[str]:
   """The guard fields (``GUARD_FIELDS``) two nested configs set differently, sorted: a diverged
-  run under other ones trains on from its last checkpoint."""
-  a, b = flatten_fields(trained), flatten_fields(config)
+  run under other ones trains on from its last checkpoint. A field ``trained`` lacks (older
+  code) reads as its schema default, as the run ran it: missing, it differed from every value
+  and retrained a run diverged under the same rules."""
+  from depthbench_jax.train.config_check import with_schema_defaults  # Local: jax, a cycle.
+  a, b = flatten_fields(with_schema_defaults(trained).to_dict()), flatten_fields(config)
   return sorted(k for k in a.keys() | b.keys() if is_guard_field(k) and a.get(k) != b.get(k))
 
 

@@ -343,9 +343,12 @@ def _with_design_defaults(tree: dict) -> dict:
 
 def recipe_changes(saved: dict, config) -> list[tuple[str, object, object]]:
   """``[(field, saved value, config's value)]`` for every field outside ``RESUMABLE_FIELDS``
-  that differs, design options with their defaults (other fields on one side only are not
-  compared)."""
-  old = flatten_fields(_with_design_defaults(saved))
+  that differs, design options with their defaults, and a field the saved config lacks (added
+  to the schema after it was written) as its schema default (``with_schema_defaults``: what the
+  code did before the field existed); a retired field, on the saved side only, is not compared.
+  A run from before ``budget_design`` resumed under a suite setting it passed, and its step
+  count (its LR schedule) changed mid-run."""
+  old = flatten_fields(_with_design_defaults(with_schema_defaults(saved).to_dict()))
   new = flatten_fields(_with_design_defaults(as_json(config)))
   return [(f, old[f], new[f]) for f in sorted(old.keys() & new.keys())
           if old[f] != new[f] and not is_resumable(f)]
@@ -362,8 +365,8 @@ def check_resume(saved: dict, config, workdir: str) -> None:
   """Raises one ``ConfigError`` naming every field whose value differs from ``saved`` (the
   run's ``config.json``, written when its checkpoints were trained) other than the
   ``RESUMABLE_FIELDS``: a resume under another recipe would silently mix two runs in one
-  workdir (and ``config.json`` would no longer say how the checkpoints were made). Fields
-  present on one side only (a config from an older version of the code) are not compared."""
+  workdir (and ``config.json`` would no longer say how the checkpoints were made). A field
+  the saved config lacks reads as its schema default (``recipe_changes``)."""
   changed = recipe_changes(saved, config)
   now, trained = describe_changes(changed)
   _require(not changed,

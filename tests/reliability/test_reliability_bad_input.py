@@ -333,6 +333,26 @@ def test_resume_under_another_recipe_is_refused_naming_every_changed_field():
       config_check.check_resume(saved, helpers.tiny_config(**{field: value}), "w")
 
 
+def test_a_field_the_saved_config_lacks_is_compared_as_its_schema_default():
+  """A run from before a field existed ran what its default says: resumed under a suite that
+  sets it otherwise (budget_design='preln': Pre-LN's parameter budget, fewer steps for MoDA), it
+  was not compared and the run's schedule changed mid-run. The same default is no change, and
+  a missing guard field is no other divergence rule (it retrained such a diverged run)."""
+  from depthbench_jax import recipe
+  saved = helpers.tiny_config().to_dict()
+  del saved["budget_design"]
+  del saved["model"]["stream_dtype"]
+  del saved["divergence"]["max_skipped_steps"]
+  config_check.check_resume(saved, helpers.tiny_config(), "w")
+  for field, value in (("budget_design", "preln"), ("model.stream_dtype", "float32")):
+    with pytest.raises(ConfigError, match=f"config.{field}='{value}'"):
+      config_check.check_resume(saved, helpers.tiny_config(**{field: value}), "w")
+  full = helpers.tiny_config().to_dict()
+  assert recipe.guard_changes(saved, full) == []
+  full["divergence"]["max_skipped_steps"] += 1
+  assert recipe.guard_changes(saved, full) == ["divergence.max_skipped_steps"]
+
+
 def test_resume_compares_design_options_with_their_defaults():
   """config.json keeps the residual as written: an mHC run trained with sinkhorn_iters=5 and
   resumed without it (the default, 20) compared nothing and trained on other math; the same
