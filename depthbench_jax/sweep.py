@@ -401,7 +401,12 @@ def recipe_edits(config_path: str, runs: Sequence[Run]) -> list[tuple[Run, list]
       config = config_of(module, run.arg)
       changed = config_check.recipe_changes(trained, config)
       if run_state(run.workdir, config) == "done":   # not one the sweep relaunches
-        changed = [c for c in changed if not recipe.is_own_field(c[0])]
+        # Nor implementation switches (mHC's Sinkhorn kernel), as the report's
+        # other_recipe_runs: a suite switching mHC to Pallas stopped every sweep.
+        from depthbench_jax.residual import registry  # Local: pulls in jax/flax.
+        switches = {f"model.residual.{o}"
+                    for o in registry.get(run.design).implementation_options}
+        changed = [c for c in changed if not recipe.is_own_field(c[0]) and c[0] not in switches]
       if changed:
         out.append((run, changed))
   return out

@@ -309,6 +309,22 @@ def test_a_summary_that_is_no_json_object_reads_as_none(tmp_path, text):
   assert sweep.run_state(str(tmp_path)) == "done"
 
 
+def test_a_finished_runs_implementation_switch_is_no_other_recipe(tmp_path):
+  """mHC's Sinkhorn kernel chooses how the same math runs (Design.implementation_options), as
+  the report's other_recipe_runs reads it: a suite switching it to Pallas after some mHC runs
+  finished on XLA stopped every sweep, dry run included. Another sinkhorn_iters still counts."""
+  smoke = os.path.join(REPO, "configs", "smoke.py")
+  run = next(r for r in sweep.list_runs(smoke, str(tmp_path)) if r.design == "mhc")
+  trained = sweep.config_of(sweep.load_config_module(smoke), run.arg).to_dict()
+  trained["model"]["residual"] = dict(trained["model"]["residual"], sinkhorn_kernel="pallas")
+  write_summary(run.workdir, config=trained)
+  assert sweep.recipe_edits(smoke, [run]) == []
+  trained["model"]["residual"]["sinkhorn_iters"] = 5
+  write_summary(run.workdir, config=trained)
+  [(_, changed)] = sweep.recipe_edits(smoke, [run])
+  assert [c[0] for c in changed] == ["model.residual.sinkhorn_iters"]
+
+
 def test_a_finished_run_under_another_recipe_is_refused_before_anything_runs(tiny, monkeypatch,
                                                                              capsys):
   # The suite's steps were edited after preln_4x128_lr1e-3 finished: skipping it would put a
