@@ -38,8 +38,9 @@ def _num(v: float, decimals: int) -> str:
 
 
 def _hours(v: float) -> str:
-  """Device-hours to three significant figures below 100, whole hours above: whole hours printed
-  a 120M suite's 1.47 as 1 (and 0.96 beside it as 0.96), where the sweep plan says 1.47."""
+  """Device-hours to two decimals below 10, one below 100, whole hours above (below 1, two
+  significant figures, ``_num``): whole hours printed a 120M suite's 1.47 as 1, where the
+  sweep plan says 1.47."""
   return _num(v, 2 if abs(v) < 10 else 1 if abs(v) < 100 else 0)
 
 
@@ -73,8 +74,11 @@ def markdown_table(rows: Sequence[dict]) -> str:
             "the suite's steps x batch x T tokens" if all(
                 r.get("train_tokens_from") == "steps" for r in rows) else
             "Chinchilla tokens, or steps x batch x T where a suite fixes its steps")
+  # Each row's own training T: a report of the smoke sweep beside a suite (T=128 and 2048)
+  # said the first row's for all.
+  train_t = "/".join(str(t) for t in sorted({r["train_seq_len"] for r in rows}))
   head = (f"Prefill at T={r0['seq_len']}, batch {r0.get('batch', 1)}, {r0['dtype']}{peak}; "
-          f"training at T={r0['train_seq_len']}, {tokens}, device-hours at "
+          f"training at T={train_t}, {tokens}, device-hours at "
           f"{r0['peak_flops'] / 1e12:.0f} TFLOP/s peak and MFU {r0['mfu']:.2f}.")
   lines = [head, "",
            "| design | shape | AR | params | prefill TFLOPs causal | computed | XLA | paper | "

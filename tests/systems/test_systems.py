@@ -561,6 +561,10 @@ def test_table_device_hours_agree_with_the_plan_to_three_figures():
          "device_hours": 1.4712, "seq_len": 4096, "dtype": "bfloat16", "train_seq_len": 2048,
          "peak_flops": 989e12, "mfu": 0.4}
   assert table.markdown_table([row]).splitlines()[-1].endswith("| 0.85 | 1.47 |")
+  # Rows of two recipes (the smoke sweep beside a suite): the header names both training Ts
+  # (it said the first row's, T=128, over the 2048 rows' GFLOPs per token).
+  mixed = table.markdown_table([dict(row, shape="4x128", train_seq_len=128), row])
+  assert "training at T=128/2048," in mixed.splitlines()[0]
 
 
 def test_interleaved_rotates_the_order_each_round():
