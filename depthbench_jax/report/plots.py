@@ -5,7 +5,7 @@ deep-narrow on the right, as the paper reads). y: final val loss. The line joins
 best-LR run (per scale family), broken at a shape another design ran where this one has no
 usable run; grey dots are the other LRs; diverged runs and finished ones without a finite val
 loss are red crosses on the lower edge, below a dashed line under the losses, at their aspect
-ratio, each labelled with its LR: a position, not a value (``PLOT_CAPTION``, printed under the
+ratio, each labelled with its LR: a position, not a value (``PLOT_CAPTION``, printed above the
 report's plots).
 """
 
@@ -50,9 +50,23 @@ def _best_curves(records: Sequence[dict], groups: dict, design: str) -> dict[int
 
 
 def design_colors(designs: Sequence[str]) -> dict:
-  """One colour per design, in order: matplotlib's ten-colour cycle (C0..C9) while it is long
-  enough, else ``tab20`` (an eleventh design took C0 again: two lines alike in one legend)."""
-  designs = list(dict.fromkeys(designs))
+  """One colour per design, by the registry's order of every design, then the other labels
+  (variants) in order: matplotlib's ten-colour cycle (C0..C9) while it is long enough, else
+  ``tab20`` (an eleventh design took C0 again: two lines alike in one legend). A design keeps
+  its colour across figures and reports (by order of appearance, HC was C3 in the report's
+  plot and C1 in the decode bench's)."""
+  try:
+    from depthbench_jax.residual import registry  # Local: pulls in jax/flax.
+    known = list(registry.names())
+  except Exception:  # pylint: disable=broad-except  # a plot without the model code
+    known = []
+  given = list(dict.fromkeys(designs))
+  order = known + [d for d in given if d not in known]
+  colors = _cycle(order)
+  return {d: colors[d] for d in given}
+
+
+def _cycle(designs: list[str]) -> dict:
   if len(designs) <= 10:
     return {d: f"C{i}" for i, d in enumerate(designs)}
   cmap = matplotlib.colormaps["tab20" if len(designs) <= 20 else "turbo"]
@@ -111,10 +125,12 @@ def loss_vs_aspect(records: Sequence[dict], groups: dict, out_dir: str) -> list[
       ax.scatter([r["aspect_ratio"] for r in lost], [0.02] * len(lost), marker="x",
                  color="red", transform=ax.get_xaxis_transform(),
                  label="diverged or no finite val loss (below the line)", zorder=4)
+      stacked: dict[float, int] = {}   # two lost runs at one shape: labels one above the other
       for r in lost:
+        k = stacked[r["aspect_ratio"]] = stacked.get(r["aspect_ratio"], -1) + 1
         ax.annotate(f"lr {format_lr(r['lr'])}" if r.get("lr") is not None else "diverged",
                     (r["aspect_ratio"], 0.02), xycoords=ax.get_xaxis_transform(),
-                    textcoords="offset points", xytext=(4, 3), fontsize=7, color="red")
+                    textcoords="offset points", xytext=(4, 3 + 8 * k), fontsize=7, color="red")
     _axes(ax, f"{design}: val loss vs aspect ratio", [r["aspect_ratio"] for r in mine])
     if ax.get_legend_handles_labels()[0]:
       ax.legend(fontsize=8)

@@ -423,6 +423,24 @@ def test_loss_vs_aspect_draws_the_best_lr_curve_other_lrs_and_diverged_runs(tmp_
           [76.0, 0.02], [pytest.approx(1024 / 24), 0.02], [28.0, 0.02]]
   # The loss axis names its unit (it said "final val loss"; the evals section says nats/token).
   assert {ax.get_ylabel() for ax in saved.values()} == {"final val loss (nats/token)"}
+  # Two lost runs at one shape: their LR labels one above the other (printed on top of each
+  # other once, the caption's 'labelled with its LR' unreadable).
+  twin = dict(next(r for r in records if r["design"] == "hc" and r["n_layers"] == 16
+                   and r.get("status") == "diverged"), lr=9e-3, name="hc_16x1216_lr9e-3")
+  plots.loss_vs_aspect(records + [twin], scorecard.select_best_lr(records + [twin]),
+                       str(tmp_path))
+  at_16 = [t.xyann for t in saved["loss_vs_aspect_hc.png"].texts
+           if t.xy[0] == 76.0 and t.get_text().startswith("lr ")]
+  assert len(at_16) == 2 and len(set(at_16)) == 2, at_16
+
+
+def test_a_design_keeps_its_colour_whichever_designs_a_figure_holds():
+  """Colours by the registry's order: by order of appearance, HC was C3 in the report's plot
+  (sorted by run name) and C1 in the decode bench's; one design's results moved the others."""
+  from depthbench_jax.report import plots
+  assert (plots.design_colors(["hc", "preln"])["hc"] == plots.design_colors(["preln", "hc"])["hc"]
+          == plots.design_colors(["attnres_block", "hc"])["hc"])
+  assert len(set(plots.design_colors(["preln", "hc", "mhc"]).values())) == 3
 
 
 def test_loss_vs_aspect_all_draws_no_two_lines_alike_with_eleven_designs(tmp_path, monkeypatch):
