@@ -1154,6 +1154,11 @@ def test_bench_plot_draws_each_ratio_its_round_median_and_the_target_at_the_firs
   assert list(step_ax.lines[0].get_ydata()) == [1.0, pytest.approx(1.25)]  # 4x64's medians
   ticks = [c.get_segments()[0] for c in step_ax.collections if c.get_label() != "_nolegend_"]
   assert len(ticks) == 1 and ticks[0].tolist() == [[pytest.approx(0.6), 1.2], [1.0, 1.2]]
+  assert "target" in [t.get_text() for t in step_ax.get_legend().get_texts()]
+  # No design with a target: no 'target' legend entry without its dashed line.
+  bench_plot.plot_bench(rows, path, {"mhc": 1.2}, "t")
+  legend = saved[-1].axes[0].get_legend()
+  assert "target" not in [t.get_text() for t in legend.get_texts()] if legend else True
 
 
 def test_bench_design_specs_carry_residual_overrides(capsys):
