@@ -1,7 +1,7 @@
 """Heatmaps and curves of one diagnostics result (matplotlib, Agg): PNG files or uint8 images.
 
-Each figure marks the late boundary ``L/4`` (dashed): only pairs right of and below it enter the
-shares. Undefined entries (``i >= j``) are blank; a pair whose swapped or skipped run blew up
+Each heatmap and layer curve marks the late boundary ``L/4`` (dashed): only pairs right of and
+below it enter the shares (the share curves' x axis is the threshold). Undefined entries (``i >= j``) are blank; a pair whose swapped or skipped run blew up
 (a non-finite score, which the shares count above every threshold) is a red cross, not a blank.
 """
 
