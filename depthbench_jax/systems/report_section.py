@@ -61,16 +61,22 @@ def _budget_params(record: dict) -> int | None:
       {"model": _run_model(record), "budget_design": budget_design}))
 
 
-def _systems_rows(records: Iterable[dict]
-                  ) -> tuple[dict[tuple[str, str], dict], list[dict], dict[str, Any]]:
-  """``(rows by (design, shape), measured rows, {path: what differs} of the files not merged)``
-  of the ``systems.json`` files near the runs; only files at ``PREFILL_SETTING`` are merged; where
+def _systems_rows(records: Iterable[dict]) -> tuple[dict[tuple[str, str], dict], list[dict],
+                                                   dict[str, Any], dict[str, str]]:
+  """``(rows by (design, shape), measured rows, {path: what differs} of the files not merged,
+  {path: its peak and MFU} of the files whose measured rows are not merged)`` of the
+  ``systems.json`` files near the runs; only files at ``PREFILL_SETTING`` are merged, and their
+  measured rows (MFU at a peak, device-hours at an MFU) only at the table's own peak and MFU
+  (``sweep.DEFAULT_*``: a file made with --peak_flops=1979e12 showed its MFU under the table's
+  989 TFLOP/s); where
   two files hold a row (a measured one: for the same device), the nearer wins: every run's own
   folder is read before any parent, every parent before any grandparent (run by run, a suite's
   file reached through an earlier run's parent beat a later run's own)."""
   found: dict[tuple[str, str], dict] = {}
   timed: dict[tuple[str, str, str], dict] = {}
   other_settings: dict[str, str] = {}
+  other_costing: dict[str, str] = {}
+  from depthbench_jax import sweep  # pylint: disable=g-import-not-at-top
   seen = set()
   workdirs = [r.get("workdir") or "" for r in records]
   levels = [workdirs, [os.path.dirname(d) for d in workdirs],
@@ -91,9 +97,15 @@ def _systems_rows(records: Iterable[dict]
       continue
     for row in data.get("rows", []):
       found.setdefault((row["design"], row["shape"]), row)
+    row0 = (data.get("rows") or [{}])[0]
+    costed = (row0.get("peak_flops", sweep.DEFAULT_PEAK_FLOPS),
+              row0.get("mfu", sweep.DEFAULT_MFU))
+    if data.get("measured") and costed != (sweep.DEFAULT_PEAK_FLOPS, sweep.DEFAULT_MFU):
+      other_costing[f] = f"peak {costed[0] / 1e12:.0f} TFLOP/s and MFU {costed[1]:.2f}"
+      continue
     for m in data.get("measured") or []:
       timed.setdefault((m["device"], m["design"], m["shape"]), m)
-  return found, list(timed.values()), other_settings
+  return found, list(timed.values()), other_settings, other_costing
 
 
 def systems_table(runs: Iterable[dict], relative_to: str | None = None) -> str | None:
@@ -106,7 +118,7 @@ def systems_table(runs: Iterable[dict], relative_to: str | None = None) -> str |
   groups: dict[tuple[str, str], list[dict]] = {}
   for r in records:
     groups.setdefault((r["design"], f"{r['n_layers']}x{r['d_model']}"), []).append(r)
-  xla_rows, timed, other_settings = _systems_rows(records)
+  xla_rows, timed, other_settings, other_costing = _systems_rows(records)
   rows, left_out, other_model = [], [], {}
   for (design, shape), rs in sorted(groups.items(),
                                     key=lambda kv: (kv[0][0], int(kv[0][1].split("x")[0]))):
@@ -151,6 +163,10 @@ def systems_table(runs: Iterable[dict], relative_to: str | None = None) -> str |
     parts += ["", f"Not merged: {path} is at prefill {mismatch} (python -m "
               f"depthbench_jax.systems --seq_len={PREFILL_SEQ_LEN} --batch=1 --dtype=bfloat16, "
               "its defaults, writes one that adds XLA FLOPs, peak memory and measured rows)."]
+  for path, costed in other_costing.items():
+    parts += ["", f"Measured rows not merged: {path} costs them at {costed}, this table at "
+              f"{sweep.DEFAULT_PEAK_FLOPS / 1e12:.0f} TFLOP/s and MFU {sweep.DEFAULT_MFU:.2f} "
+              f"(python -m depthbench_jax.systems without --peak_flops and --mfu)."]
   for (design, shape), (theirs, ours) in sorted(other_model.items()):
     parts += ["", f"Not merged: {design} {shape} of systems.json holds {theirs:,} parameters, "
               f"the runs' model {ours:,} (another option or layout): its XLA FLOPs, peak "

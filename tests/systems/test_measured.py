@@ -152,3 +152,14 @@ def test_report_section_shows_the_measured_rows_of_the_runs_shapes(tmp_path):
   # only because an earlier run reached the suite folder first).
   assert "| hc | 16x1216 | fakedev | 100,000 | 1.700 (1.400-1.600) |" in section
   assert "moda" not in section
+  # A file costed at another peak or MFU (systems --peak_flops=1979e12): its measured rows'
+  # MFU and device-hours are at that peak, under a table costed at 989 TFLOP/s: not merged.
+  (runs / "hc_16x1216_lr1e-3" / "systems.json").write_text(json.dumps(
+      {"seq_len": 4096, "rows": [{"design": "hc", "shape": "16x1216", "peak_flops": 1979e12,
+                                  "mfu": 0.5}],
+       "measured": [{**row, "design": "hc", "step_over_preln": 1.7}]}))
+  section = systems_table(scorecard.collect_runs(str(runs)))
+  assert "1.700" not in section and "| hc | 16x1216 | fakedev | 100,000 | 1.500" in section
+  assert ("Measured rows not merged: " + str(runs / "hc_16x1216_lr1e-3" / "systems.json") +
+          " costs them at peak 1979 TFLOP/s and MFU 0.50, this table at 989 TFLOP/s and MFU "
+          "0.40") in section
