@@ -1,8 +1,9 @@
 """Heatmaps and curves of one diagnostics result (matplotlib, Agg): PNG files or uint8 images.
 
 Each heatmap and layer curve marks the late boundary ``L/4`` (dashed): only pairs right of and
-below it enter the shares (the share curves' x axis is the threshold). Undefined entries (``i >= j``) are blank; a pair whose swapped or skipped run blew up
-(a non-finite score, which the shares count above every threshold) is a red cross, not a blank.
+below it enter the shares (the share curves' x axis is the threshold). Undefined entries
+(``i >= j``) are blank; a pair whose swapped or skipped run blew up (a non-finite score, which
+the shares count above every threshold) is a red cross, not a blank.
 """
 
 from __future__ import annotations

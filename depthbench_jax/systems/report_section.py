@@ -68,10 +68,10 @@ def _systems_rows(records: Iterable[dict]) -> tuple[dict[tuple[str, str], dict],
   ``systems.json`` files near the runs; only files at ``PREFILL_SETTING`` are merged, and their
   measured rows (MFU at a peak, device-hours at an MFU) only at the table's own peak and MFU
   (``sweep.DEFAULT_*``: a file made with --peak_flops=1979e12 showed its MFU under the table's
-  989 TFLOP/s); where
-  two files hold a row (a measured one: for the same device), the nearer wins: every run's own
-  folder is read before any parent, every parent before any grandparent (run by run, a suite's
-  file reached through an earlier run's parent beat a later run's own)."""
+  989 TFLOP/s); where two files hold a row (a measured one: for the same device), the nearer
+  wins: every run's own folder is read before any parent, every parent before any grandparent
+  (run by run, a suite's file reached through an earlier run's parent beat a later run's
+  own)."""
   found: dict[tuple[str, str], dict] = {}
   timed: dict[tuple[str, str, str], dict] = {}
   other_settings: dict[str, str] = {}
