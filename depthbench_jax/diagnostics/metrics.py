@@ -17,9 +17,10 @@ repository; choices where the paper is silent):
   unchanged by it). Reduced over tokens by the mean (the spec and [DIAG]); ``reduction='max'``
   gives Csordas et al.'s max over sequence and prompts. Entries with ``s >= t`` are NaN. A token
   whose clean update is zero scores 0 (nothing to change). "Update" is the sum of what
-  layer t's two sublayers add (under the probe's output gate, 1 for every t > s read here) (``LayerWiring.sublayer``): ``F`` in Pre-LN and LNS, ``N_post(F)``
-  in Sandwich-LN, in these three exactly Csordas's ``h_(t+1) - h_t``; in the others, whose state
-  change is no sum of increments, the sublayer outputs ``F`` (the spec's ``f_l`` option).
+  layer t's two sublayers add (under the probe's output gate, 1 for every t > s read here)
+  (``LayerWiring.sublayer``): ``F`` in Pre-LN and LNS, ``N_post(F)`` in Sandwich-LN, in these
+  three exactly Csordas's ``h_(t+1) - h_t``; in the others, whose state change is no sum of
+  increments, the sublayer outputs ``F`` (the spec's ``f_l`` option).
   Skipping (``causal_skip``, ``CAUSAL_SKIPS``): by default the spec's "update set to zero",
   layer s's two sublayer outputs ``F`` := 0 with the design's own write still applied
   (residuals-detail 6.2: "replacing layer s's sublayer outputs by 0"); ``'absent'`` is Csordas

@@ -123,10 +123,10 @@ class MHC(StreamWiring):
   per-stream-RMSNormed d-vector with a shared d x (n+1) projection; the paper flattens the n*d
   state (``phi`` here; the reference is the block-diagonal special case, equal when all streams
   have the same RMS); (2) its matrix is ``A = H_res^T`` and its Sinkhorn normalises
-  ``A``'s rows (its last axis) last, i.e. ``H_res``'s columns last, where Eq. 9 ends on rows (equal in the
-  limit, not bit-equal after 20 rounds); (3) its init is ``b_pre = e_k``, ``b_res = I``,
-  ``b_post = 1`` (``H_res`` diagonal 0.475, ``H_post`` 1.46). ``tests/residual/test_hc_parity.py``
-  checks the exact relation.
+  ``A``'s rows (its last axis) last, i.e. ``H_res``'s columns last, where Eq. 9 ends on rows
+  (equal in the limit, not bit-equal after 20 rounds); (3) its init is ``b_pre = e_k``,
+  ``b_res = I``, ``b_post = 1`` (``H_res`` diagonal 0.475, ``H_post`` 1.46).
+  ``tests/residual/test_hc_parity.py`` checks the exact relation.
   """
 
   def setup(self):

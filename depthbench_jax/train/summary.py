@@ -243,9 +243,9 @@ class DivergenceGuard:
   The loop feeds it every step's metrics (``check_steps``, batched between the steps where it
   logs or checkpoints), so the first bad step is found exactly and no checkpoint is written
   past it. Spike: from step ``divergence.min_steps`` on, a loss above ``spike_factor`` times
-  the best loss so far (``spike_factor`` <= 0 disables it). With ``skip_nonfinite_steps`` the train step
-  already left the state untouched on a non-finite step; those are counted (``skipped``) and
-  only more than ``divergence.max_skipped_steps`` in a row are a divergence.
+  the best loss so far (``spike_factor`` <= 0 disables it). With ``skip_nonfinite_steps`` the
+  train step already left the state untouched on a non-finite step; those are counted
+  (``skipped``) and only more than ``divergence.max_skipped_steps`` in a row are a divergence.
   """
 
   def __init__(self, config):
