@@ -144,15 +144,27 @@ def to_uint8(fig) -> np.ndarray:
   return pixels
 
 
+# Every name ``figures`` may draw: a rerun that draws fewer (``run_permutation=false``) removes
+# the earlier run's figure of that name, which no diagnostics.json names any more.
+FIGURE_NAMES = ("angular", "causal", "permutation", "share_curves", "angular_consecutive",
+                "erank", "dead_prefix", "depth_weights")
+
+
 def save_pngs(result: dict, directory: str, prefix: str = "diag_") -> dict[str, str]:
-  """Writes ``directory/<prefix><name>.png`` for every figure; returns name -> file path."""
+  """Writes ``directory/<prefix><name>.png`` for every figure and removes those of the
+  ``FIGURE_NAMES`` it did not draw; returns name -> file path."""
   os.makedirs(directory, exist_ok=True)
   paths = {}
   for name, fig in figures(result).items():
+    assert name in FIGURE_NAMES, name  # A new figure joins FIGURE_NAMES, or stale ones stay.
     path = os.path.join(directory, f"{prefix}{name}.png")
     fig.savefig(path)
     plt.close(fig)
     paths[name] = path
+  for name in set(FIGURE_NAMES) - set(paths):
+    stale = os.path.join(directory, f"{prefix}{name}.png")
+    if os.path.exists(stale):
+      os.remove(stale)
   return paths
 
 

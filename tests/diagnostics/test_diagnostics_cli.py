@@ -181,12 +181,24 @@ def test_cli_rerun_with_the_same_settings_replaces_diagnostics_and_records_them(
 
 
 def test_cli_overwrite_replaces_diagnostics_made_with_other_settings(tmp_path):
+  """...and the plots: the permutation heatmap of the replaced run, which the new
+  diagnostics.json no longer names, is removed (it stayed beside the new ones)."""
   workdir, _ = _run_with_diagnostics(tmp_path, DEFAULT)
-  proc = _diagnose(workdir, "--set=causal_reduction=max", "--overwrite")
+  plots = os.path.join(workdir, "plots")
+  os.makedirs(plots)
+  for name in ("diag_permutation.png", "other_diag_permutation.png", "notes.png"):
+    open(os.path.join(plots, name), "wb").write(b"old")
+  proc = _diagnose(workdir, "--set=causal_reduction=max", "--set=run_permutation=false",
+                   "--overwrite")
   assert proc.returncode == 0, proc.stderr[-2000:]
   result = json.load(open(os.path.join(workdir, "diagnostics.json")))
-  assert result["step"] == 5 and result["options"] == dict(DEFAULT, causal_reduction="max")
-  assert os.path.exists(os.path.join(workdir, "plots", "diag_causal.png"))
+  assert result["step"] == 5 and result["options"] == dict(
+      DEFAULT, causal_reduction="max", run_permutation=False)
+  assert os.path.exists(os.path.join(plots, "diag_causal.png"))
+  assert "permutation" not in result["plots"]
+  assert sorted(os.listdir(plots)) == sorted(
+      ["notes.png", "other_diag_permutation.png", *map(os.path.basename,
+                                                        result["plots"].values())])
 
 
 def test_cli_out_beside_the_runs_diagnostics_names_its_own_plots(tmp_path):
