@@ -10,7 +10,7 @@ these tests check the documented relation:
     ``residual_mix_constraint_fn`` the sublayer matches exactly, with its own order only to
     Sinkhorn convergence;
   * its init (``b_pre = e_k``, ``b_res = I``, ``b_post = 1``) is not ours (documented numbers).
-Torch layout ``(b s) t d`` <-> ours ``[n, b, t, d]``.
+Torch layout ``(b s) t d`` <-> ours ``[b, t, n, d]``.
 """
 
 import jax

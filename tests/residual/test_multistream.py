@@ -61,6 +61,21 @@ def random_hc_params(n=2, d=4, seed=0):
           "dynamic_beta_scale": np.float32(-0.4), "norm": {"scale": 1 + 0.3 * f(d)}}
 
 
+def assert_sublayer_is_read_then_write(cfg, params, sub, layer, u_ref, new_ref, mixing_ref):
+  """What the model runs: the wiring's own ``sublayer`` (the maps computed once), not ``read``
+  and ``write``. The branch reads ``u_ref`` and the streams become ``new_ref``; random,
+  non-symmetric maps, where init's symmetric M and equal streams hid a transposed M or a read
+  through the write map."""
+  seen = []
+  (new, y), sown = wiring_call(cfg, params, "sublayer", H, sub, jnp.int32(layer),
+                               lambda u, h: (seen.append(u) or jnp.asarray(Y), h))
+  np.testing.assert_allclose(seen[-1], u_ref, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(new, new_ref, rtol=1e-5, atol=1e-6)
+  np.testing.assert_array_equal(y, Y)
+  (mixing,) = sown["intermediates"]["mixing"]
+  np.testing.assert_allclose(mixing, mixing_ref, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("use_tanh", [True, False])
 def test_hc_update_by_hand(use_tanh):
   cfg = small("hc", tanh=use_tanh)
@@ -74,6 +89,7 @@ def test_hc_update_by_hand(use_tanh):
   (mixing,) = sown["intermediates"]["mixing"]
   np.testing.assert_allclose(mixing, mixing_ref, rtol=1e-5, atol=1e-6)   # M = A_r^T
   assert mixing.shape == (1, 3, 2, 2)
+  assert_sublayer_is_read_then_write(cfg, params, 1, 1, u_ref, new_ref, mixing_ref)
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
@@ -159,6 +175,7 @@ def test_mhc_update_by_hand():
   np.testing.assert_allclose(new, new_ref, rtol=1e-5, atol=1e-6)
   (mixing,) = sown["intermediates"]["mixing"]
   np.testing.assert_allclose(mixing, res_ref, rtol=1e-5, atol=1e-6)      # M = H_res
+  assert_sublayer_is_read_then_write(cfg, params, 0, 0, u_ref, new_ref, res_ref)
 
 
 def test_sinkhorn_matches_reference_and_is_doubly_stochastic():
