@@ -54,8 +54,10 @@ CASES = [
     ("tensor_axis_across_processes", {"mesh.data": 1, "mesh.tensor": -1}, 4, 2, "config.mesh"),
     ("zero_batch", {"data.global_batch_size": 0}, 1, 1, "config.data.global_batch_size"),
     ("zero_grad_accum_steps", {"grad_accum_steps": 0}, 1, 1, "config.grad_accum_steps"),
-    ("grad_accum_not_dividing_a_shards_rows",   # 8 rows over 2 shards: 4 each, not 3 slices
-     {"grad_accum_steps": 3, "mesh.data": 2}, 2, 1, "config.grad_accum_steps"),
+    # 8 rows over 2 shards: 4 each, not 8 slices (8 divides the global batch: only the
+    # per-shard check can refuse it; 3 slices passed a check of the global batch too).
+    ("grad_accum_not_dividing_a_shards_rows",
+     {"grad_accum_steps": 8, "mesh.data": 2}, 2, 1, "config.grad_accum_steps"),
     ("seq_len_over_rope_limit", {"data.seq_len": 8192}, 1, 1, "config.data.seq_len"),
     ("missing_data_path", {"data.source": "parquet", "data.path": "/nonexistent/shards"}, 1, 1,
      "config.data.path"),
