@@ -691,6 +691,24 @@ def test_paper_comparison_only_for_shapes_of_one_total(total_32):
           in text) == (not compared)
 
 
+def test_paper_comparison_rows_set_the_papers_numbers_beside_ours():
+  """Each row: the paper's 16L loss, ours, the paper's 32L, ours, the paper's trend, ours. The
+  fixture's losses are the paper's own, where a row printing the paper's number as ours, the
+  depths swapped or the paper's trend as ours read the same; three are moved here."""
+  records = report.collect_runs(FIXTURE)
+  moved = {("preln", 32): -0.05, ("hc", 16): 0.02, ("hc", 32): 0.01}
+  for r in records:
+    if r["final_val_loss"] is not None:
+      r["final_val_loss"] += moved.get((r["design"], r["n_layers"]), 0.0)
+  table = scorecard.build_report(records).split("## Against the paper (400M)")[1]
+  assert ("| preln | 2.759 | 2.759 † | 2.782 | 2.732 † | worse when deeper | "
+          "better when deeper |") in table
+  assert ("| hc | 2.729 | 2.749 † | 2.699 | 2.709 † | better when deeper | "
+          "better when deeper |") in table
+  assert ("| attnres_block | – | 2.741 ‡ | 2.730 | 2.730 ‡ | peak in the middle (best 2.715 at "
+          "20 layers) | peak in the middle (L=24) |") in table
+
+
 @pytest.mark.parametrize("change, differ", [
     ({}, None), ({"data": {"seq_len": 8192}}, "data.seq_len=8192"),
     ({"data": {"tokenizer": "byte"}}, "data.tokenizer='byte'"),
