@@ -762,12 +762,17 @@ def test_curve_table_reads_shallow_to_deep():
            for s, L, t, f in (("4x128", 4, 2048, 1e12), ("16x64", 16, 2048, 2e12),
                               ("4x128", 4, 4096, 3e12), ("16x64", 16, 4096, 9e12))]
   assert table.curve_markdown(curve).splitlines()[-1] == "| 16x64 / 4x128 | 2.00 | 3.00 |"
-  rows = [{"design": "preln", "shape": s, "n_layers": L, "prefill_flops_paper": f,
-           "prefill_flops_causal": f, "kv_cache_bytes": kv, "peak_bytes": None,
-           "device_hours": h} for s, L, f, kv, h in (("16x64", 16, 2e12, 4e6, 3.0),
-                                                     ("4x128", 4, 1e12, 2e6, 1.0))]
+  # Every column its own value (the paper's approximation 0.9x the causal count), so a column
+  # read from its neighbour's key fails; a peak the compile did not give is "-".
+  rows = [{"design": "preln", "shape": s, "n_layers": L, "prefill_flops_paper": 0.9 * f,
+           "prefill_flops_causal": f, "kv_cache_bytes": kv, "peak_bytes": peak,
+           "device_hours": h}
+          for s, L, f, kv, peak, h in (("16x64", 16, 2e12, 6e6, 3e9, 4.0),
+                                       ("4x128", 4, 1e12, 2e6, 2e9, 1.0))]
   assert table.depth_cost_summary(rows).splitlines()[-1] == (
-      "| preln | 4x128 -> 16x64 | 1.00 -> 2.00 | 1.00 -> 2.00 (x2.00) | x2.00 | - | x3.00 |")
+      "| preln | 4x128 -> 16x64 | 0.9 -> 1.80 | 1.00 -> 2.00 (x2.00) | x3.00 | x1.50 | x4.00 |")
+  rows[0]["peak_bytes"] = None
+  assert table.depth_cost_summary(rows).splitlines()[-1].endswith("| x3.00 | - | x4.00 |")
 
 
 def test_verdict_flags_a_target_inside_the_run_noise():
