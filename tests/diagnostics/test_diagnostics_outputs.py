@@ -168,6 +168,22 @@ def test_pivot_and_heatmaps_pick_the_lowest_loss_run_of_a_cell():
     assert report_section.deepest_per_design(runs) == [better]
 
 
+def test_every_column_of_the_table_and_both_pivots_read_their_own_measure():
+  """A run whose six measures all differ: the checks above stop at the causal cell, where a
+  permutation column showing the causal share, angular and erank swapped, or the permutation
+  pivot built from the causal share all passed."""
+  run = ({"name": "a", "status": "ok", "d_model": 64, "lr": 1e-3},
+         {"design": "hc", "n_layers": 8, "loss": 2.9, "causal": {"share": 0.1},
+          "permutation": {"share": 0.2}, "angular": {"late_consecutive_mean": 0.3},
+          "mixing": {"erank_late": 2.5}, "dead_prefix": {"dead_prefix": 3}})
+  table = report_section.diagnostics_table([run])
+  assert "| hc | 8 | 64 | 0.001 | 10.0% | 20.0% | 0.300 | 2.50 | 3 | 2.900 |" in table
+  section = report_section.section([run], heading=False)
+  causal, permutation = section.split("Causal share by depth:")[1].split(
+      "Permutation share by depth:")
+  assert "| hc | 10.0% |" in causal and "| hc | 20.0% |" in permutation
+
+
 def test_tables_name_mixed_thresholds_and_an_earlier_step():
   """A run scored at threshold 0.20 was printed under the header "causal C>0.45" (the default,
   taken when runs disagreed), and one diagnosed at step 500 of 7770 read as final."""
