@@ -392,6 +392,30 @@ def test_heatmaps_show_scores_above_one_and_mark_pairs_that_blew_up():
       "causal (threshold 0.45)", "permutation (threshold 0.15)"]
   colours = [line.get_color() for line in curves.lines]
   assert colours[2] == colours[0] and colours[3] == colours[1]   # each threshold in its colour
+  # What each draws: the matrix as given (row = skipped s, column = measured t; a transpose
+  # kept the crosses and the colour scale), each share over its thresholds.
+  np.testing.assert_array_equal(ax.images[0].get_array().filled(np.nan),
+                                np.array(result["causal"]["matrix"], float))
+  assert ([(list(l.get_xdata()), list(l.get_ydata())) for l in curves.lines[:2]]
+          == [([0.0, 1.0], [1.0, 0.5]), ([0.0, 1.0], [1.0, 0.0])])
+  for fig in figs.values():
+    plt.close(fig)
+
+
+def test_layer_curves_draw_each_layers_value_at_its_layer():
+  """The consecutive angular distance d(l, l+1) at x = l, and the mixing erank of layers
+  s..L-1 at x = s (no test drew the erank curve: no result held ``mixing``)."""
+  from depthbench_jax.diagnostics import plots
+  import matplotlib.pyplot as plt
+  result = dict(_canned_result(), design="hc", n_layers=4, late_start=1,
+                angular={"matrix": [[None] * 4] * 4, "consecutive": [0.5, 0.4, 0.1]},
+                mixing={"erank_by_start": [3.5, 2.5, 1.5, 1.0]})
+  figs = plots.figures(result)
+  cons, erank = figs["angular_consecutive"].axes[0], figs["erank"].axes[0]
+  assert (list(cons.lines[0].get_xdata()), list(cons.lines[0].get_ydata())) == (
+      [0, 1, 2], [0.5, 0.4, 0.1])
+  assert (list(erank.lines[0].get_xdata()), list(erank.lines[0].get_ydata())) == (
+      [0, 1, 2, 3], [3.5, 2.5, 1.5, 1.0])
   for fig in figs.values():
     plt.close(fig)
 
