@@ -231,3 +231,6 @@ def test_dead_prefix():
   assert out["dead_layers"] == [0, 1, 4]
   assert out["per_layer"] == pytest.approx([0.01, 0.02, 0.3, 0.4, 0.01])
   assert metrics.dead_prefix(np.zeros((3, 2)))["dead_prefix"] == 3
+  # Dead is strictly below the threshold: a layer at it is alive.
+  at = metrics.dead_prefix(np.array([[0.05, 0.0], [0.0, 0.04]]), threshold=0.05)
+  assert (at["dead_prefix"], at["dead_layers"]) == (0, [1])

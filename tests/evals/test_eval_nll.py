@@ -132,6 +132,17 @@ def test_acc_norm_leaves_the_joining_space_out_of_the_length(monkeypatch):
   assert (got["acc"], got["acc_norm"]) == (0.0, 1.0)
 
 
+def test_a_tie_with_another_choice_is_no_correct_answer(monkeypatch):
+  """``acc`` needs the strictly highest log-likelihood (module docstring): a model scoring every
+  choice alike (a uniform one) gets 0, not 1; ``acc_norm`` the same at equal lengths."""
+  monkeypatch.setattr(tasks, "continuation_logprobs", lambda cfg, params, pairs, **k: [
+      np.array([-3.0]) for _ in pairs])
+  example = datasets.Example(id="x", prompt="Q", answer=" b", choices=(" a", " b", " c"),
+                             label=1)
+  got = tasks.mc_metrics(None, None, ByteTok(), [example])
+  assert (got["acc"], got["acc_norm"]) == (0.0, 0.0)
+
+
 def test_a_continuation_longer_than_the_window_scores_its_last_tokens():
   """max_len 32, context of 4, continuation of 40: the window keeps the last 32 tokens and
   scores every one after its first (31 log-probs, the continuation's last 31)."""
