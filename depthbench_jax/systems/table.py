@@ -158,10 +158,11 @@ def _shallowest(curve: Sequence[dict]) -> dict[int, dict[int, float]]:
           for family, key in first.items()}
 
 
-def plot_context_curve(curve: Sequence[dict], path: str) -> str:
+def context_curve_figure(curve: Sequence[dict]):
   """Two panels: prefill TFLOPs per sequence vs T (log-log), and each shape over the shallowest
   of its scale family (a multi-scale suite's 500M 48-layer shape over its 500M 16-layer one, not
-  over another scale's)."""
+  over another scale's). The title names the design(s): a figure read apart from systems.md
+  did not say which design's count it drew."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -183,13 +184,22 @@ def plot_context_curve(curve: Sequence[dict], path: str) -> str:
     ax.grid(alpha=0.3)
   ax1.set_yscale("log")
   ax1.set_ylabel("prefill TFLOPs per sequence (causal)")
-  ax1.set_title("2 N T + 2 L T^2 d: the attention term takes over")
+  designs = ", ".join(dict.fromkeys(s[3] for s in shapes))
+  ax1.set_title(f"{designs}: 2 N T + 2 L T^2 d (+ design terms): the attention term takes over",
+                fontsize=9)
   ax2.set_ylabel(f"prefill FLOPs / {shapes[0][2]}" if len(base) == 1 else
                  "prefill FLOPs / its scale's shallowest shape")
   ax2.set_title("cost of depth at iso-parameters vs context")
   for ax in (ax1, ax2):
     ax.legend(fontsize=8)
   fig.tight_layout()
+  return fig
+
+
+def plot_context_curve(curve: Sequence[dict], path: str) -> str:
+  """``context_curve_figure`` written to ``path`` (PNG); returns ``path``."""
+  import matplotlib.pyplot as plt
+  fig = context_curve_figure(curve)
   fig.savefig(path, dpi=120)
   plt.close(fig)
   return path

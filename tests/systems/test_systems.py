@@ -754,6 +754,19 @@ def test_context_curve_compares_depth_within_each_scale_family(tmp_path):
                                                         "| 16x128 / 4x256 | 1.50 |"]
   assert table._shallowest(curve) == {0: {2048: 1e12}, 1: {2048: 4e12}, 2: {2048: 5e12}}
   assert os.path.exists(table.plot_context_curve(curve, str(tmp_path / "c.png")))
+  # What the figure draws: each shape's TFLOPs at its T, and over its own family's shallowest.
+  import matplotlib.pyplot as plt
+  fig = table.context_curve_figure(curve)
+  left, right = fig.axes[:2]
+  drawn = lambda ax: {l.get_label(): (list(l.get_xdata()), list(l.get_ydata())) for l in ax.lines}
+  assert drawn(left) == {"4x128": ([2048], [1.0]), "16x64": ([2048], [2.0]),
+                         "4x256": ([2048], [4.0]), "16x128": ([2048], [6.0]),
+                         "16x100": ([2048], [5.0])}
+  assert drawn(right) == {"4x128": ([2048], [1.0]), "16x64": ([2048], [2.0]),
+                          "4x256": ([2048], [1.0]), "16x128": ([2048], [1.5]),
+                          "16x100": ([2048], [1.0])}
+  assert left.get_title().startswith("preln: ")   # which design's count, read apart from the md
+  plt.close(fig)
 
 
 def test_curve_table_reads_shallow_to_deep():
