@@ -88,7 +88,10 @@ def _axes(ax, title: str, aspect_ratios: Sequence[float]):
 
 
 def loss_vs_aspect(records: Sequence[dict], groups: dict, out_dir: str) -> list[str]:
-  """Writes ``loss_vs_aspect_<design>.png`` per design and ``loss_vs_aspect_all.png``."""
+  """Writes ``loss_vs_aspect_<design>.png`` per design and ``loss_vs_aspect_all.png``; none
+  without records (every run set aside: an empty axes was embedded)."""
+  if not records:
+    return []
   os.makedirs(out_dir, exist_ok=True)
   designs = []
   for r in records:

@@ -689,16 +689,21 @@ def build_report(records: Sequence[dict], title: str = "DepthBench scorecard",
               if skipped else "")
            + f"{len(unfinished)} without a summary. "
            "Every shape at its design's best LR (lowest final val loss; diverged runs "
-           "excluded)." + code_versions_note(records), "", "## Val loss and depth trend", "",
-           scorecard_markdown(rows, "".join(lr_marks(k, groups, gaps) for k in groups)), "",
-           "Depth trend: the deeper reference depth against the shallower one at each "
-           f"design's best LR (ties within {TREND_TOL}: flat); 'peak in the middle' when an "
-           "in-between depth beats both." + size_spread_note(records)
-           + token_budget_note(records, groups), ""]
+           "excluded)." + code_versions_note(records), ""]
+  if records:
+    parts += ["## Val loss and depth trend", "",
+              scorecard_markdown(rows, "".join(lr_marks(k, groups, gaps) for k in groups)), "",
+              "Depth trend: the deeper reference depth against the shallower one at each "
+              f"design's best LR (ties within {TREND_TOL}: flat); 'peak in the middle' when an "
+              "in-between depth beats both." + size_spread_note(records)
+              + token_budget_note(records, groups), ""]
+  else:   # Every finished run set aside: no empty table under a heading.
+    parts += ["No finished run of this recipe to compare.", ""]
   paper = paper_comparison(rows, records)
   if paper:
     parts += ["## Against the paper (400M)", "", paper, ""]
-  parts += ["## Val loss by LR", "", lr_table(records, groups, gaps), ""]
+  if records:
+    parts += ["## Val loss by LR", "", lr_table(records, groups, gaps), ""]
   if set_aside:
     parts += [f"## Set aside: {len(set_aside)} run{'s' if len(set_aside) > 1 else ''} of "
               f"another recipe", "", set_aside_markdown(set_aside, relative_to), ""]

@@ -182,6 +182,31 @@ def test_off_plan_runs_and_runs_without_a_summary_of_another_recipe_are_set_asid
   assert "lr 1e-2" not in text   # no column for the stopped run's LR
 
 
+def test_a_report_whose_every_run_is_set_aside_draws_no_empty_table_or_plot(tmp_path):
+  """Every finished run of another recipe (two 40-step smoke runs under the 120-step suite):
+  report.md had a trend heading over no table, an LR table of no column, and embedded
+  loss_vs_aspect_all.png, an empty axes."""
+  from configs import smoke
+  config = tmp_path / "half_suite.py"
+  config.write_text(HALF_SUITE)
+  results = tmp_path / "results"
+  for design in ("preln", "hc"):
+    workdir = _run_dir(results, design, 4, 128, 1e-3)
+    workdir.mkdir(parents=True)
+    (workdir / "summary.json").write_text(json.dumps(dict(
+        name=workdir.name, design=design, n_layers=4, d_model=128, aspect_ratio=32.0, lr=1e-3,
+        final_val_loss=2.5, status="ok", params_total=1e6,
+        config=dict(smoke.get_config(f"arch={design},shape=4x128,lr=1e-3").to_dict(),
+                    steps=40))))
+  assert report_main.main([str(results), f"--config={config}"]) == 0
+  text = (results / "report.md").read_text()
+  assert "## Set aside: 2 runs of another recipe" in text
+  assert "No finished run of this recipe to compare." in text
+  for heading in ("## Val loss and depth trend", "## Val loss by LR", "## Loss vs aspect ratio"):
+    assert heading not in text
+  assert not (results / "plots").exists()
+
+
 def test_a_suite_that_plans_none_of_the_folders_runs_is_named_in_a_warning(half, tmp_path,
                                                                           capsys):
   """Another suite's --config (suite_400m over a smoke folder) replaced report.md with its plan,
