@@ -10,16 +10,22 @@ from __future__ import annotations
 
 # Fields a resumed run may change: how it is logged, evaluated, checkpointed, diagnosed, guarded,
 # laid out on devices or in microbatches, what its backward recomputes (model.remat_policy: the
-# same values for less memory), and how many processes read its data
-# (data.worker_count: the same batches, `data/pipeline.TrainIterator`), not what a step
-# computes. Any other field must equal the value the run's checkpoints were trained with
-# (``config_check.check_resume``). A prefix names a whole group.
+# same values for less memory), which kernel runs the same math (``IMPLEMENTATION_FIELDS``), and
+# how many processes read its data (data.worker_count: the same batches,
+# `data/pipeline.TrainIterator`), not what a step computes. Any other field must equal the value
+# the run's checkpoints were trained with (``config_check.check_resume``). A prefix names a whole
+# group.
+# The implementation switches: cuDNN flash or XLA attention, mHC's Pallas or XLA Sinkhorn
+# (every ``Design.implementation_options``; a test checks). A run trained on one and resumed,
+# swept or compared on the other is the same recipe (equal to fp rounding, as another remat
+# policy under bf16): the resume refused them while the sweep's finished runs took them.
+IMPLEMENTATION_FIELDS = ("model.attention_kernel", "model.residual.sinkhorn_kernel")
 RESUMABLE_FIELDS = ("name", "log_every", "tensorboard", "eval_every", "eval_batches",
                     "checkpoint_every", "keep_checkpoints", "async_checkpointing",
                     "peak_flops_per_device", "diagnostics.", "divergence.",
                     "skip_nonfinite_steps", "debug.", "mesh.", "evals.", "data.cache_dir",
                     "data.worker_count", "iso_target_params", "iso_count", "iso_tolerance",
-                    "grad_accum_steps", "model.remat_policy")
+                    "grad_accum_steps", "model.remat_policy", *IMPLEMENTATION_FIELDS)
 
 # Of the resumable fields, those that decide whether a run diverges (its divergence rules,
 # skipping non-finite steps, injected faults): a diverged run resumed under other ones trains on

@@ -399,23 +399,12 @@ def recipe_edits(config_path: str, runs: Sequence[Run]) -> list[tuple[Run, list]
     trained = trained_config(run.workdir)
     if trained is not None:
       config = config_of(module, run.arg)
-      changed = config_check.recipe_changes(trained, config)
+      changed = config_check.recipe_changes(trained, config)   # no implementation switch
       if run_state(run.workdir, config) == "done":   # not one the sweep relaunches
-        # Nor implementation switches, as the report's other_recipe_runs: a suite switching
-        # mHC to Pallas stopped every sweep.
-        switches = implementation_fields(run.design)
-        changed = [c for c in changed if not recipe.is_own_field(c[0]) and c[0] not in switches]
+        changed = [c for c in changed if not recipe.is_own_field(c[0])]
       if changed:
         out.append((run, changed))
   return out
-
-
-def implementation_fields(design: str) -> set[str]:
-  """The ``config.model.residual`` fields that choose how ``design``'s math runs, not what it
-  is (``Design.implementation_options``: mHC's Sinkhorn kernel), as flat field names: no
-  recipe, for the sweep's finished runs and the report's plan. ConfigError for an unknown one."""
-  from depthbench_jax.residual import registry  # Local: pulls in jax/flax.
-  return {f"model.residual.{o}" for o in registry.get(design).implementation_options}
 
 
 def check_recipes(config_path: str, runs: Sequence[Run]) -> None:

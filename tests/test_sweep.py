@@ -309,16 +309,22 @@ def test_a_summary_that_is_no_json_object_reads_as_none(tmp_path, text):
   assert sweep.run_state(str(tmp_path)) == "done"
 
 
-def test_a_finished_runs_implementation_switch_is_no_other_recipe(tmp_path):
-  """mHC's Sinkhorn kernel chooses how the same math runs (Design.implementation_options), as
-  the report's other_recipe_runs reads it: a suite switching it to Pallas after some mHC runs
-  finished on XLA stopped every sweep, dry run included. Another sinkhorn_iters still counts."""
+def test_an_implementation_switch_is_no_other_recipe(tmp_path):
+  """mHC's Sinkhorn kernel and the attention kernel choose how the same math runs
+  (recipe.IMPLEMENTATION_FIELDS), as the report's other_recipe_runs reads it: a suite
+  switching to Pallas after some mHC runs finished on XLA stopped every sweep, dry run
+  included, and one stopped midway still did. Another sinkhorn_iters still counts."""
   smoke = os.path.join(REPO, "configs", "smoke.py")
   run = next(r for r in sweep.list_runs(smoke, str(tmp_path)) if r.design == "mhc")
   trained = sweep.config_of(sweep.load_config_module(smoke), run.arg).to_dict()
   trained["model"]["residual"] = dict(trained["model"]["residual"], sinkhorn_kernel="pallas")
+  trained["model"]["attention_kernel"] = "fused"
   write_summary(run.workdir, config=trained)
   assert sweep.recipe_edits(smoke, [run]) == []
+  os.remove(os.path.join(run.workdir, "summary.json"))   # stopped midway: its config.json
+  with open(os.path.join(run.workdir, "config.json"), "w") as f:
+    json.dump(trained, f)
+  assert sweep.run_state(run.workdir) == "partial" and sweep.recipe_edits(smoke, [run]) == []
   trained["model"]["residual"]["sinkhorn_iters"] = 5
   write_summary(run.workdir, config=trained)
   [(_, changed)] = sweep.recipe_edits(smoke, [run])

@@ -20,9 +20,8 @@ from typing import Sequence
 
 from depthbench_jax import recipe
 from depthbench_jax.errors import ConfigError
-from depthbench_jax.sweep import (config_of, design_name, format_lr, implementation_fields,
-                                  list_runs, load_config_module, read_summary, run_state,
-                                  trained_config)
+from depthbench_jax.sweep import (config_of, design_name, format_lr, list_runs,
+                                  load_config_module, read_summary, run_state, trained_config)
 
 STATES = ("ok", "diverged", "started", "not started", "other recipe")
 
@@ -40,8 +39,8 @@ def other_recipe_runs(config_path: str, items: Sequence[dict],
   only the seeds and data.path are a run's own): a 2-stream HC run in a planned HC folder is
   no run of the suite's. An off-plan run, with the suite's config for its design, shape and
   LR, its design options being its own (``recipe.RUN_FIELDS``: a variant, reported under
-  ``sweep.design_label``). Implementation switches (``Design.implementation_options``) are no
-  recipe either way."""
+  ``sweep.design_label``). Implementation switches (``recipe.IMPLEMENTATION_FIELDS``) are
+  resumable: no recipe either way."""
   from depthbench_jax.train import config_check
   module = load_config_module(config_path)
   planned = planned or {}
@@ -59,11 +58,10 @@ def other_recipe_runs(config_path: str, items: Sequence[dict],
     try:
       suite = config_of(module, arg or
                         f"arch={design},shape={n_layers}x{d_model},lr={format_lr(lr)}")
-      switches = implementation_fields(design)
     except (ConfigError, KeyError):   # a design or shape this suite cannot build
       continue
     changes = {field: (was, now) for field, was, now in config_check.recipe_changes(trained, suite)
-               if not own(field) and field not in switches}
+               if not own(field)}
     if changes:
       out[os.path.abspath(workdir)] = changes
   return out

@@ -368,6 +368,22 @@ def test_resume_compares_design_options_with_their_defaults():
   config_check.check_resume(default, mhc(sinkhorn_iters=20), "w")
   config_check.check_resume(default, helpers.tiny_config(**{
       "model.residual": {"name": "mhc"}, "model.remat_policy": "dots_saveable"}), "w")
+  # Nor may the kernels that run the same math (a run trained on XLA resumed on a GPU's cuDNN
+  # attention and Pallas Sinkhorn was refused, though the sweep took them for finished runs).
+  config_check.check_resume(default, helpers.tiny_config(**{
+      "model.residual": {"name": "mhc", "sinkhorn_kernel": "pallas"},
+      "model.attention_kernel": "fused"}), "w")
+
+
+def test_every_designs_implementation_switch_is_resumable():
+  """``Design.implementation_options`` are how, not what: each is one of
+  ``recipe.IMPLEMENTATION_FIELDS``, which resume, sweep and report read."""
+  from depthbench_jax import recipe
+  from depthbench_jax.residual import registry
+  options = {f"model.residual.{o}" for name in registry.names()
+             for o in registry.get(name).implementation_options}
+  assert options and options <= set(recipe.IMPLEMENTATION_FIELDS)
+  assert all(recipe.is_resumable(f) for f in recipe.IMPLEMENTATION_FIELDS)
 
 
 def test_resume_on_other_train_data_is_refused_naming_both():
