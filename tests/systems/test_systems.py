@@ -8,6 +8,7 @@ import dataclasses
 import functools
 import json
 import os
+import statistics
 import subprocess
 
 import jax
@@ -633,6 +634,10 @@ def test_paired_ratio_band_pairs_rounds():
   hc = [1.1, 2.2, 1.2, 1.0, 1.3]                     # ratios 1.1, 1.1, 1.2, 1.0, 1.3
   band = paired_ratio_band(hc, preln)
   np.testing.assert_allclose([band["q1"], band["median"], band["q3"]], [1.1, 1.1, 1.2])
+  # Times where Pre-LN's slow round is not HC's slowest: paired, 1.1, 1.0, 1.2, 1.0, 2.1 (q1
+  # 1.0); ranks matched (sorted lists zipped), 1.0, 1.1, 1.2, 2.0, 1.05 (q1 1.05).
+  band = paired_ratio_band([1.1, 2.0, 1.2, 1.0, 2.1], preln)
+  np.testing.assert_allclose([band["q1"], band["median"], band["q3"]], [1.0, 1.1, 1.2])
   assert paired_ratio_band([3.0], [2.0]) == {"q1": 1.5, "median": 1.5, "q3": 1.5}
 
 
@@ -905,8 +910,12 @@ def test_step_target_needs_the_time_beyond_preln_the_target_allows():
 
 
 @pytest.mark.slow  # ~4 train-step compiles: 20-40 s on 2 busy cores. CI runs slow tests too.
-def test_bench_quick_mode(tmp_path, capsys):
+def test_bench_quick_mode(tmp_path, capsys, monkeypatch):
   from depthbench_jax import bench
+  timed = []   # each interleaved run's per-round times, as the bench got them
+  real = bench.interleaved
+  monkeypatch.setattr(bench, "interleaved", lambda *a, **k: (
+      timed.append({n: list(t) for n, t in real(*a, **k).items()}) or dict(timed[-1])))
   assert bench.main(["--preset", "quick", "--out", str(tmp_path)]) == 0
   (path,) = list(tmp_path.glob("results-*.json"))  # The partial save is gone once it is whole.
   result = json.loads(path.read_text())
@@ -935,6 +944,25 @@ def test_bench_quick_mode(tmp_path, capsys):
   assert (moved is None) == (pre["mfu"] > 1 or pre["hf_mfu"] > 1) and (moved is None or moved > 0)
   assert result["stream_bandwidth"] > 0
   assert result["machine_balance"] == result["matmul_peak_flops"] / result["stream_bandwidth"]
+  # Each published ratio from the raw per-round times (only signs and self-consistency were
+  # checked: an inverted HC / Pre-LN, a peak without its factor 2, ... passed).
+  (times,) = timed
+  med = {k: statistics.median(v) for k, v in times.items()}
+  assert hc["step_over_preln"] == pytest.approx(med["hc"] / med["preln"])
+  assert hc["step_s_all"] == times["hc"]
+  per_round = sorted(h / p for h, p in zip(times["hc"], times["preln"]))
+  assert [band["q1"], band["median"], band["q3"]] == pytest.approx(
+      statistics.quantiles(per_round, n=4, method="inclusive"))
+  assert result["matmul_peak_flops"] == pytest.approx(
+      2 * quick.matmul_n ** 3 * quick.matmul_reps / med["matmul"])
+  assert result["stream_bandwidth"] == pytest.approx(
+      3 * quick.stream_mib * 2**20 * quick.stream_reps / med["stream"])
+  assert pre["tokens_per_s"] == pytest.approx(quick.batch * quick.seq_len / med["preln"])
+  assert hc["peak_over_preln"] == hc["peak_bytes"] / pre["peak_bytes"]
+  assert pre["ours_over_hf"] == pytest.approx(med["preln"] / med["hf_llama_torch"])
+  compile_ = result["compile"]
+  assert compile_["deep_over_shallow"] == pytest.approx(
+      statistics.median(compile_["deep_s_all"]) / statistics.median(compile_["shallow_s_all"]))
   out = capsys.readouterr().out
   assert "verdict" in out
   # The record names its code and host: a ratio means little without them.
