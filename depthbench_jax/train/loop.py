@@ -32,7 +32,7 @@ from depthbench_jax.data import pipeline
 from depthbench_jax.model.transformer import count_params
 from depthbench_jax.sweep import format_duration
 from depthbench_jax.systems.flops import train_flops_per_token
-from depthbench_jax.train import checkpoint, config_check, sharding, summary
+from depthbench_jax.train import checkpoint, config_check, sharding, summary, workdir_lock
 from depthbench_jax.train import writer as writer_lib
 from depthbench_jax.train.jitted import jitted_steps
 from depthbench_jax.train.step import init_state
@@ -148,7 +148,16 @@ def evaluate(params, val_batches, eval_fn, batch_sharding) -> float | None:
 
 
 def train_and_evaluate(config, workdir: str) -> dict:
-  """Trains (or resumes) the run described by ``config`` in ``workdir``; returns the summary."""
+  """Trains (or resumes) the run described by ``config`` in ``workdir``; returns the summary.
+  One trainer per workdir (``workdir_lock``): a second one is refused before it writes."""
+  lock = workdir_lock.TrainerLock(workdir, jax.process_index())
+  try:
+    return _train_and_evaluate(config, workdir, lock)
+  finally:
+    lock.release()
+
+
+def _train_and_evaluate(config, workdir: str, lock: workdir_lock.TrainerLock) -> dict:
   start_time = time.time()
   model_cfg = config_check.validate(config, jax.device_count())
   process_index, process_count = jax.process_index(), jax.process_count()
@@ -198,6 +207,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   train_iter = pipeline.make_train_iterator(config, process_index, process_count, steps, metas)
   val_batches = pipeline.make_val_batches(config, process_index, process_count, metas)
   os.makedirs(workdir, exist_ok=True)
+  lock.acquire()   # Before the first write: another trainer's files stay as they are.
   if process_index == 0:
     summary.write_config(workdir, config)
     summary.set_aside_earlier(workdir)

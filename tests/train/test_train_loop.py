@@ -591,3 +591,26 @@ def test_a_resume_without_config_json_checks_the_recipe_its_checkpoint_records(
   with pytest.raises(ConfigError, match=r"config.lr=0.5"):
     train_in_process(helpers.tiny_config(lr=0.5, tensorboard=True), workdir)
   assert helpers.snapshot(workdir) == before
+
+
+def test_a_second_trainer_in_a_workdir_is_refused_before_it_writes(train_in_process, tmp_path):
+  """A rerun while a run still trains (a nohup job; a sweep orphaned by a killed run_sweep.sh)
+  trained beside it: each deleted the other's checkpoints and their metrics.jsonl lines
+  interleaved. The second is one error naming --workdir, and writes nothing; once the first
+  lets go, the same command trains."""
+  from depthbench_jax.train import workdir_lock
+  workdir = str(tmp_path / "run")
+  os.makedirs(workdir)
+  first = workdir_lock.TrainerLock(workdir, 0)
+  first.acquire()
+  config = helpers.tiny_config(steps=4, checkpoint_every=4, eval_every=0)
+  with pytest.raises(ConfigError, match=rf"^--workdir={workdir}: another trainer \(process 0\) "
+                                        r"is training in it .*; allowed: one trainer per run"):
+    train_in_process(config, workdir)
+  assert os.listdir(workdir) == [".trainer-0.lock"]
+  first.release()
+  assert train_in_process(config, workdir)["status"] == "ok"
+  # Released when the trainer returns: the lock is free again.
+  again = workdir_lock.TrainerLock(workdir, 0)
+  again.acquire()
+  again.release()

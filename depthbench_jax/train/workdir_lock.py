@@ -1,0 +1,51 @@
+"""One trainer per run folder: an exclusive ``flock`` on ``WORKDIR/.trainer-<process>.lock``.
+
+Two trainers in one workdir (a rerun while a ``nohup`` job goes on; a sweep orphaned by a killed
+``run_sweep.sh`` beside its rerun) deleted each other's checkpoints and interleaved their
+``metrics.jsonl``. The lock is per process index, so the processes of one multi-host run each
+hold their own; it is released when the trainer returns or raises (the kernel drops it when the
+process dies), and the file stays (removing a lock file races). Where the filesystem has no
+``flock`` (some network mounts), training goes on unlocked with one warning.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import sys
+
+from depthbench_jax.errors import ConfigError
+
+
+class TrainerLock:
+  """Held from ``acquire`` (after the workdir exists) until ``release``."""
+
+  def __init__(self, workdir: str, process_index: int):
+    self.path = os.path.join(workdir, f".trainer-{process_index}.lock")
+    self.workdir, self.process_index = workdir, process_index
+    self._file = None
+
+  def acquire(self) -> None:
+    """ConfigError naming ``--workdir`` when another trainer holds it."""
+    f = open(self.path, "a")
+    try:
+      fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      f.close()
+      raise ConfigError(
+          f"--workdir={self.workdir}: another trainer (process {self.process_index}) is "
+          f"training in it ({self.path} is locked); allowed: one trainer per run folder: wait "
+          f"for it or stop it, then rerun to resume, or use a new --workdir") from None
+    except OSError as err:
+      if err.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+        f.close()
+        raise
+      print(f"warning: {self.path}: this filesystem has no flock ({err.strerror}); nothing "
+            f"stops a second trainer in {self.workdir}", file=sys.stderr, flush=True)
+    self._file = f
+
+  def release(self) -> None:
+    if self._file is not None:
+      self._file.close()   # closing the descriptor drops the flock
+      self._file = None
