@@ -270,9 +270,10 @@ def main(argv):
         out, {k: options[k] for k in deciding}, _OVERWRITE.value,
         lambda key: "config.data.seq_len" if key == "score_len" else f"--{key}",
         recorded=recorded, step=step, workdir=workdir)
+    # The run's own tokenizer (its BPE file, from openai-whisper, may be missing on this host).
+    tokenizer = get_tokenizer(config.data.tokenizer)
   except ConfigError as err:
     fail(str(err))
-  tokenizer = get_tokenizer(config.data.tokenizer)
   evals = evaluate(model_cfg, params, tokenizer, sets=sets, data_dir=data_dir,
                    max_examples=_MAX_EXAMPLES.value, generate=_GENERATE.value,
                    max_new_tokens=_MAX_NEW.value, batch_size=_BATCH.value,

@@ -118,6 +118,31 @@ def test_cli_refusal_after_the_config_is_read_is_one_error_line_and_writes_nothi
   assert sorted(os.listdir(workdir)) == before
 
 
+def test_cli_on_a_host_without_the_runs_tokenizer_is_one_error_line(tmp_path):
+  """A gpt2-tokenized run evaluated where openai-whisper has no BPE file (a device image): a
+  traceback after the restore; now one error line naming the tokenizer, nothing written."""
+  workdir = str(tmp_path / "run")
+  helpers.saved_run(workdir)
+  saved = json.loads(open(os.path.join(workdir, "config.json")).read())
+  saved["data"]["tokenizer"] = "gpt2"
+  with open(os.path.join(workdir, "config.json"), "w") as f:
+    json.dump(saved, f)
+  (tmp_path / "shadow" / "whisper").mkdir(parents=True)   # installed, but without its assets
+  (tmp_path / "shadow" / "whisper" / "__init__.py").write_text("")
+  before = sorted(os.listdir(workdir))
+  env = helpers.subprocess_env()
+  env["PYTHONPATH"] = f"{tmp_path / 'shadow'}{os.pathsep}{env['PYTHONPATH']}"
+  proc = subprocess.run([sys.executable, "-m", "depthbench_jax.evaluate", f"--workdir={workdir}",
+                         f"--eval_data_dir={FIXTURES}", "--sets=sciq", "--max_examples=1"],
+                        cwd=helpers.ROOT, env=env, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert "Traceback" not in proc.stderr
+  (line,) = [l for l in proc.stderr.splitlines() if l.startswith("error: ")]
+  assert line.startswith("error: config.data.tokenizer='gpt2': openai-whisper is installed "
+                         "but has no assets/gpt2.tiktoken"), line
+  assert sorted(os.listdir(workdir)) == before
+
+
 # A finished evaluation as the CLI records it (tiny run: score_len = config.data.seq_len = 32).
 FULL = {"sets": ["gsm8k", "sciq"], "eval_data_dir": FIXTURES, "max_examples": None,
         "generate": True, "max_new_tokens": 4, "timeout_s": 10.0, "score_len": 32,
