@@ -2,6 +2,8 @@
 reports it (and keeps library INFO logs off its console)."""
 
 import argparse
+import math
+import numbers
 import os
 import sys
 from typing import Callable, NoReturn
@@ -23,6 +25,12 @@ class HostsDiffer(ConfigError):
 
 
 HOSTS_DIFFER = 4
+
+
+def is_positive_number(x) -> bool:
+  """A finite real > 0, not a bool (True is 1): an LR, a parameter target, a gain. A string
+  ('1e-3') and inf (KEEL's alpha made every logit NaN) are not."""
+  return isinstance(x, numbers.Real) and not isinstance(x, bool) and 0 < x < math.inf
 
 
 def fail(message: str, code: int = 2) -> NoReturn:

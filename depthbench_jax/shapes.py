@@ -29,13 +29,12 @@ import dataclasses
 import functools
 import json
 import math
-import numbers
 import sys
 from typing import Any, Sequence
 
 import ml_collections
 
-from depthbench_jax.errors import ConfigError
+from depthbench_jax.errors import ConfigError, is_positive_number
 
 COUNTS = ("total", "non_embedding")
 
@@ -102,6 +101,14 @@ class ShapeSet:
   def __post_init__(self):
     """One width per depth: a depth listed twice (a duplicate, or a second width) would share
     the report's one cell for that depth, and the shapes table would flag the wrong row."""
+    # The family's own fields: a typo there was a KeyError (count='non-embedding') or
+    # ZeroDivisionError (target=0) traceback in the sweep, which then rewrote report.md.
+    if self.count not in COUNTS:
+      raise ConfigError(f"ShapeSet count={self.count!r}; allowed: {', '.join(COUNTS)}")
+    for field in ("target", "tolerance"):
+      if not is_positive_number(getattr(self, field)):
+        raise ConfigError(f"ShapeSet {field}={getattr(self, field)!r}; allowed: a finite number "
+                          f"> 0")
     if isinstance(self.shapes, str):   # ("4x128") is a string: read as shapes '4', 'x', ...
       raise ConfigError(f"ShapeSet shapes={self.shapes!r}; allowed: a tuple of 'LxD' strings, "
                         f"e.g. ({self.shapes!r},)")
@@ -200,8 +207,7 @@ def iso_param_width(target: float, n_layers: int, model: ml_collections.ConfigDi
     raise ConfigError(f"count={count!r}; allowed: {', '.join(COUNTS)}")
   if not (isinstance(n_layers, int) and n_layers > 0):
     raise ConfigError(f"n_layers={n_layers!r}; allowed: a positive integer")
-  if not (isinstance(target, numbers.Real) and not isinstance(target, bool)
-          and 0 < target < math.inf):   # a string target was a TypeError traceback
+  if not is_positive_number(target):   # a string target was a TypeError traceback
     raise ConfigError(f"target={target!r}; allowed: a positive parameter count")
   g = granularity or default_granularity(model)
   if g % int(model.n_heads):

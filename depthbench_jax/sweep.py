@@ -32,7 +32,6 @@ import functools
 import importlib.util
 import json
 import math
-import numbers
 import os
 import re
 import shlex
@@ -47,7 +46,7 @@ from typing import Any, Iterable, Sequence
 import ml_collections
 
 from depthbench_jax import recipe
-from depthbench_jax.errors import ConfigError, HOSTS_DIFFER, OneLineParser
+from depthbench_jax.errors import ConfigError, HOSTS_DIFFER, OneLineParser, is_positive_number
 from depthbench_jax.shapes import FFNRule, Shape, parse_shape, shaped_model
 from depthbench_jax.train.summary import CONFIG, SUMMARY, check_folder, checkpoint_steps
 
@@ -296,17 +295,12 @@ def list_runs(config_path: str, results_dir: str | None = None) -> list[Run]:
   return runs
 
 
-def _positive_lr(x) -> bool:
-  return (isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
-          and x > 0)
-
-
 def check_lr_grid(grid, where: str) -> None:
   """One ConfigError naming ``where`` unless ``grid`` is a non-empty sequence of positive LRs
   (a numpy array is one): a grid typed as a string was read one character at a time, an error
   about lr='e' (or lr=1.0 from '1e-3', a run)."""
   if not (not isinstance(grid, (str, bytes, dict)) and hasattr(grid, "__len__")
-          and len(grid) > 0 and all(map(_positive_lr, grid))):
+          and len(grid) > 0 and all(map(is_positive_number, grid))):
     raise ConfigError(f"{where}={grid!r}; allowed: a tuple of positive LRs, e.g. (5e-4, 1e-3)")
 
 
@@ -323,7 +317,7 @@ def check_lr_tables(module, config_path: str) -> None:
                           f"{', '.join(registry.names())}")
       if table == "LR_GRID":
         check_lr_grid(value, f"{config_path}: {table}[{key!r}]")
-      elif not _positive_lr(value):
+      elif not is_positive_number(value):
         raise ConfigError(f"{config_path}: {table}[{key!r}]={value!r}; allowed: a positive LR")
 
 

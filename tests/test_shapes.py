@@ -248,6 +248,26 @@ def test_a_shape_set_listing_a_depth_twice_is_one_error_line(tmp_path, capsys, l
   assert "16 layers listed twice" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("written, named", [
+    ('count="non-embedding"', "ShapeSet count='non-embedding'; allowed: total, non_embedding"),
+    ("target=0", "ShapeSet target=0; allowed: a finite number > 0"),
+    ('target="408e6"', "ShapeSet target='408e6'; allowed: a finite number > 0"),
+])
+def test_a_shape_sets_own_bad_field_is_one_error_line(tmp_path, capsys, written, named):
+  """A typo in a suite copy's ShapeSet count or target was a KeyError / ZeroDivisionError /
+  TypeError traceback in the sweep (exit 1, so run_sweep.sh went on to rewrite report.md)."""
+  text = open(os.path.join(REPO, "configs", "suite_400m.py")).read()
+  mine = tmp_path / "my_suite.py"
+  field = written.split("=")[0]
+  mine.write_text(text.replace({"count": 'count="total"', "target": "target=408e6"}[field],
+                               written, 1))
+  assert mine.read_text() != text
+  assert sweep.main([str(mine), "--dry_run"]) == 2
+  assert capsys.readouterr().err.strip().splitlines()[-1].endswith(named)
+  assert shapes.main([str(mine)]) == 2
+  assert capsys.readouterr().err.strip().splitlines()[-1].endswith(named)
+
+
 @pytest.mark.parametrize("flag", ["--help", "-h"])
 def test_cli_help_prints_the_usage(capsys, flag):
   """``python -m depthbench_jax.shapes --help`` said ``error: config file '--help' does not

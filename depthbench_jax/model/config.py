@@ -11,7 +11,7 @@ from typing import Any
 
 import ml_collections
 
-from depthbench_jax.errors import ConfigError
+from depthbench_jax.errors import ConfigError, is_positive_number
 
 REMAT_POLICIES = ("none", "nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable",
                   "everything_saveable")
@@ -107,8 +107,7 @@ def model_config_from(model: ml_collections.ConfigDict) -> ModelConfig:
            f"8/3 d rule rounded up to ffn_multiple_of)")
   for field in ("norm_eps", "rope_theta", "init_std"):
     value = model[field]
-    _require(isinstance(value, (int, float)) and not isinstance(value, bool)
-             and 0 < value < math.inf, f"config.model.{field}={value!r}; allowed: a number > 0")
+    _require(is_positive_number(value), f"config.model.{field}={value!r}; allowed: a number > 0")
   _require(model.remat_policy in REMAT_POLICIES,
            f"config.model.remat_policy={model.remat_policy!r}; allowed: {', '.join(REMAT_POLICIES)}")
   for field in ("dtype", "param_dtype"):

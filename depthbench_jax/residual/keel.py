@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import math
-
 import jax.numpy as jnp
 
+from depthbench_jax.errors import is_positive_number
 from depthbench_jax.residual.base import Design, LayerWiring, StateIO, check_fields
 
 
@@ -74,8 +73,7 @@ class KeelIO(StateIO):
 def _check(residual, n_layers):
   check_fields(residual, {
       # Finite: inf made every logit NaN (inf x / RMS(inf x)) with no error.
-      "alpha": (lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)
-                                        and 0 < v < math.inf),
+      "alpha": (lambda v: v is None or is_positive_number(v),
                 "None (= 2 * n_layers, the number of sublayers) or a finite positive number"),
       "first_layer_plain": (lambda v: isinstance(v, bool), "True or False"),
   })
