@@ -280,7 +280,10 @@ def list_runs(config_path: str, results_dir: str | None = None) -> list[Run]:
     if not (isinstance(entry, dict) and {"arch", "shape", "lr"} <= set(entry)):
       raise ConfigError(f"{config_path}: sweep entry {entry!r}; allowed: a dict with arch, "
                         f"shape and lr, e.g. {example}")   # KeyError/AttributeError once
-    parsed = parse_run_arg(arg_string(entry), {k: None for k in entry})
+    try:   # a list lr or a tuple shape reached the parser as 'config argument 0.002]'
+      parsed = parse_run_arg(arg_string(entry), {k: None for k in entry})
+    except ConfigError as err:
+      raise ConfigError(f"{config_path}: sweep entry {entry!r}: {err}") from None
     name = run_name(parsed["arch"], parsed["shape"], parsed["lr"])
     if name in seen:
       if seen[name][0] != parsed:
@@ -863,6 +866,15 @@ def main(argv: Sequence[str] | None = None) -> int:
       raise ConfigError(f"--local_processes (LOCAL_PROCESSES)={args.local_processes!r}; allowed: "
                         f"a whole number, 0 or 1 for one process per run")
     args.local_processes = int(args.local_processes)
+    try:   # Before any run: an unclosed quote was a traceback after every config was checked,
+      main_cmd = shlex.split(args.main_cmd)   # and an empty one launched '--config=...'.
+    except ValueError as err:
+      main_cmd, why = [], f" ({err})"
+    else:
+      why = ""
+    if not main_cmd:
+      raise ConfigError(f"--main_cmd={args.main_cmd!r}{why}; allowed: a command that trains "
+                        f"one run, e.g. 'python -m depthbench_jax.main'")
     check_device_hours_inputs(args.mfu, args.peak_flops)
     module = load_config_module(args.config)
     # An empty --results_dir= reaches check_folder, which refuses it (as run_sweep.sh does),
@@ -901,7 +913,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                           f"machine, or the JAX_* variables on a pod, not both")
       for run in runs:   # its processes of one device each: once here, not a failure per run
         check_local_processes(configs[run.name], args.local_processes, run)
-    outcome = execute(args.config, runs, shlex.split(args.main_cmd), args.local_processes)
+    outcome = execute(args.config, runs, main_cmd, args.local_processes)
   except ConfigError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2

@@ -1020,6 +1020,22 @@ def test_a_process_groups_second_sigterm_is_not_announced_again(capsys):
   assert capsys.readouterr().out.count("SIGTERM: passing it") == 1 and stop.requested
 
 
+@pytest.mark.parametrize("main_cmd, said", [
+    ('python -m "depthbench_jax.main', "--main_cmd='python -m \"depthbench_jax.main' (No closing "
+     "quotation); allowed: a command that trains one run"),
+    ("", "--main_cmd=''; allowed: a command that trains one run")])
+def test_a_main_cmd_that_is_no_command_is_one_error_line_before_any_run(tmp_path, capsys,
+                                                                        main_cmd, said):
+  """An unclosed quote was a ValueError traceback after every run's config was checked; an
+  empty one launched '--config=...' as the program, every run 'could not start'."""
+  results = tmp_path / "r"
+  assert sweep.main([os.path.join(REPO, "configs", "smoke.py"), f"--results_dir={results}",
+                     f"--main_cmd={main_cmd}"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err == [f"error: {said}, e.g. 'python -m depthbench_jax.main'"], err
+  assert not results.exists()
+
+
 @pytest.mark.parametrize("source, said", [
     ("import nosuchmod\n", "does not load: ModuleNotFoundError: No module named 'nosuchmod'"),
     ("from configs import smoke\nget_config = smoke.get_config\nNAME = 'x'\n"
@@ -1034,7 +1050,12 @@ def test_a_process_groups_second_sigterm_is_not_announced_again(capsys):
      "def sweep():\n  return ['arch=preln,shape=4x128,lr=1e-3']\n", "allowed: a dict with"),
     ("from configs import smoke\nget_config = smoke.get_config\nNAME = 'x'\n"
      "def sweep():\n  return [{'arch': 'preln', 'shape': '4x128', 'lr': float('nan')}]\n",
-     "config argument lr='nan'; allowed: a positive number")])
+     "config argument lr='nan'; allowed: a positive number"),
+    # A list where one value goes: 'config argument 0.002]', a value nobody typed, in no file.
+    ("from configs import smoke\nget_config = smoke.get_config\nNAME = 'x'\n"
+     "def sweep():\n  return [{'arch': 'hc', 'shape': '4x128', 'lr': [1e-3, 2e-3]}]\n",
+     "suite.py: sweep entry {'arch': 'hc', 'shape': '4x128', 'lr': [0.001, 0.002]}: config "
+     "argument")])
 def test_a_suite_that_does_not_load_is_one_error_line(tmp_path, capsys, source, said):
   """A suite with an import or a name error was its traceback from sweep, systems and shapes
   (report already said it in one line)."""
