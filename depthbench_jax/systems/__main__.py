@@ -37,14 +37,20 @@ def suite_shapes(config_path: str, module) -> list[str]:
   """The shapes the suite's sweep trains, in its order (every shape set of a multi-scale suite:
   the report's systems section covers each run); a file without a sweep: all its shape sets."""
   from depthbench_jax import sweep
+  check_is_suite(config_path, module)
   if hasattr(module, "sweep"):
     return list(dict.fromkeys(str(run.shape) for run in sweep.list_runs(config_path)))
-  shape_sets = getattr(module, "SHAPE_SETS", {})
-  if not shape_sets:
-    # (--shapes does not help: the file's get_config takes no shape either.)
+  return list(dict.fromkeys(s for shape_set in module.SHAPE_SETS.values()
+                            for s in shape_set.shapes))
+
+
+def check_is_suite(config_path: str, module) -> None:
+  """One ConfigError unless the file has a sweep or SHAPE_SETS, with --shapes or without: its
+  get_config takes no shape either (base.py refusing a shape argument was blamed on --shapes,
+  with "allowed: the file alone")."""
+  if not hasattr(module, "sweep") and not getattr(module, "SHAPE_SETS", None):
     raise ConfigError(f"--config={config_path} has neither a sweep nor SHAPE_SETS; allowed: a "
                       "suite file, e.g. configs/suite_400m.py")
-  return list(dict.fromkeys(s for shape_set in shape_sets.values() for s in shape_set.shapes))
 
 
 def comma_list(text: str) -> list[str] | None:
@@ -64,6 +70,7 @@ def suite_configs(config_path: str, designs: Sequence[str] | None = None,
     shapes = list(dict.fromkeys(str(parse_shape(s)) for s in shapes or ()))
   except ConfigError as err:
     raise ConfigError(f"--shapes: {err}") from None
+  check_is_suite(config_path, module)
   shapes = shapes or suite_shapes(config_path, module)
   designs = designs or registry.names()
   unknown = [d for d in designs if d not in registry.names()]

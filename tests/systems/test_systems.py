@@ -1743,4 +1743,8 @@ def test_cli_a_shape_the_model_refuses_is_named_as_the_shape(tmp_path, capsys):
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and "has neither a sweep nor SHAPE_SETS; allowed: a suite file" in err[0]
   assert "--shapes" not in err[0]
+  # With --shapes too (its get_config refusing the shape argument was blamed on --shapes).
+  assert cli.main(["--config", os.path.join(ROOT, "configs", "base.py"), "--shapes=4x128",
+                   "--xla", "false", "--out", str(tmp_path / "sys")]) == 2
+  assert capsys.readouterr().err.strip().splitlines() == err
   assert cli.comma_list("4x128, 4x128,8x96,") == ["4x128", "8x96"]   # two identical rows once
