@@ -71,8 +71,16 @@ def main(argv: Sequence[str] | None = None) -> int:
   ap.add_argument("--tol", type=float, default=0.05,
                   help="largest allowed |difference| / max|reference| (bf16 has 8 bits)")
   args = ap.parse_args(argv)
+  # Refused as argparse refuses (exit 2), not as a failed check: gpu_bench.sh reads any
+  # failure as "cuDNN cannot run here" (a typo was a traceback, --rounds=0 an 'error' row).
+  parts = [h.strip() for h in args.head_dims.split(",")]
+  if not all(p.isdigit() and int(p) > 0 for p in parts):
+    ap.error(f"--head_dims={args.head_dims}; allowed: positive integers, comma-separated")
+  for name in ("batch", "seq_len", "heads", "rounds"):
+    if getattr(args, name) < 1:
+      ap.error(f"--{name}={getattr(args, name)}; allowed: an integer >= 1")
   ok = True
-  for hd in (int(h) for h in args.head_dims.split(",")):
+  for hd in map(int, parts):
     try:
       row = compare(hd, args.batch, args.seq_len, args.heads, args.rounds,
                     args.implementation)

@@ -175,6 +175,12 @@ def main(argv: Sequence[str] | None = None) -> int:
   args = ap.parse_args(argv)
   if args.steps < 1:  # 0 once compiled and ran the warm-up, then divided by it.
     ap.error(f"--steps={args.steps}; allowed: an integer >= 1")
+  folder = os.path.dirname(os.path.abspath(args.hlo_out))
+  if args.hlo_out and (os.path.isdir(args.hlo_out) or not os.path.isdir(folder)):
+    # Written after the compile and the profiled steps: a traceback at the end once.
+    ap.error(f"--hlo_out={args.hlo_out}: " + ("a folder" if os.path.isdir(args.hlo_out) else
+                                              f"no folder {folder}")
+             + "; allowed: a file path in an existing folder")
   specs = {"--design": args.design}
   if args.baseline:
     specs["--baseline"] = args.baseline

@@ -1514,6 +1514,37 @@ def test_profile_step_refuses_steps_below_one_before_profiling(monkeypatch, caps
   assert f"--steps={steps}; allowed: an integer >= 1" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("hlo_out, said", [("{tmp}", "a folder"),
+                                             ("{tmp}/none/step.hlo", "no folder {tmp}/none")])
+def test_profile_step_refuses_an_hlo_out_it_cannot_write_before_profiling(
+    monkeypatch, capsys, tmp_path, hlo_out, said):
+  """Written after the compile and the profiled steps: a FileNotFoundError / IsADirectoryError
+  traceback at the end of the work."""
+  from depthbench_jax.systems import profile_step
+  monkeypatch.setattr(profile_step, "profile", lambda *a, **k: pytest.fail("profiled"))
+  hlo_out, said = hlo_out.format(tmp=tmp_path), said.format(tmp=tmp_path)
+  with pytest.raises(SystemExit):
+    profile_step.main(["--preset=quick", f"--hlo_out={hlo_out}"])
+  assert (f"error: --hlo_out={hlo_out}: {said}; allowed: a file path in an existing folder"
+          in capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("flag, allowed", [
+    ("--head_dims=76,x", "positive integers, comma-separated"),
+    ("--head_dims=76,56,", "positive integers, comma-separated"),
+    ("--rounds=0", "an integer >= 1")])
+def test_cudnn_check_refuses_a_bad_flag_as_a_usage_error_not_a_failed_check(
+    monkeypatch, capsys, flag, allowed):
+  """gpu_bench.sh reads any failure as 'cuDNN cannot run here': a typo was a traceback, and
+  --rounds=0 an 'error' row and exit 1, a failed check."""
+  from depthbench_jax.systems import cudnn_check
+  monkeypatch.setattr(cudnn_check, "compare", lambda *a, **k: pytest.fail("compared"))
+  with pytest.raises(SystemExit) as exit_:
+    cudnn_check.main([flag])
+  assert exit_.value.code == 2
+  assert f"error: {flag}; allowed: {allowed}" in capsys.readouterr().err
+
+
 def test_hf_baseline_is_our_shape_and_builds_no_kv_cache_in_training():
   # The ours/HF comparison: same parameter count, and HF's training forward carries no KV cache
   # (LlamaConfig's default use_cache=True copied K and V in every layer, favouring us).
