@@ -101,15 +101,17 @@ def check_sets(sets: Sequence[str]) -> None:
                       f"{', '.join(datasets.SETS)}")
 
 
-def check_found(sets: Sequence[str], data_dir: str | None, strict: bool) -> list[str]:
+def check_found(sets: Sequence[str], data_dir: str | None, strict: bool,
+                max_examples: int | None = None) -> list[str]:
   """The requested sets whose files are found; one ``ConfigError`` when none is, or
   (``strict``) any one is not; it says where each missing file goes. A found file with no
-  example, or one lacking the published fields, is one too (its first example is read): it was
-  a ValueError traceback after every set before it had been scored, and no evals.json."""
+  example, or a record lacking the published fields, is one too (the records ``evaluate`` will
+  read, ``max_examples`` as it is given: only the first was once, so record 1 was a ValueError
+  traceback after the sets before it had been scored, and no evals.json)."""
   missing = {}
   for name in sets:
     try:
-      datasets.load_set(name, data_dir, max_examples=1)
+      datasets.load_set(name, data_dir, max_examples=max_examples)
     except datasets.MissingEvalSet as e:
       missing[name] = str(e)
     except ValueError as e:
@@ -237,7 +239,7 @@ def main(argv):
       where = "--eval_data_dir" if _DATA_DIR.value else "config.evals.data_dir (the run's)"
       raise ConfigError(f"{where}={data_dir}: no such directory; allowed: the folder holding "
                         f"the eval sets (README: Data and eval sets), or --eval_data_dir")
-    found = check_found(sets, data_dir, _STRICT.value)
+    found = check_found(sets, data_dir, _STRICT.value, _MAX_EXAMPLES.value)
     can_generate = any(datasets.SETS[n].kind != "mc" for n in found)
     generates = _GENERATE.value and can_generate
     if generates and _MAX_NEW.value >= model_cfg.max_seq_len:   # else a traceback after a set

@@ -143,6 +143,25 @@ def test_cli_on_a_host_without_the_runs_tokenizer_is_one_error_line(tmp_path):
   assert sorted(os.listdir(workdir)) == before
 
 
+def test_cli_a_later_record_lacking_its_fields_is_one_error_line_before_any_set_is_scored(
+    tmp_path):
+  """Only each file's first record was checked before scoring: a second gsm8k record without
+  its answer was a ValueError traceback after sciq had been scored, and no evals.json."""
+  workdir = str(tmp_path / "run")
+  helpers.saved_run(workdir)
+  data = tmp_path / "evals"
+  (data / "gsm8k").mkdir(parents=True)
+  (data / "gsm8k" / "test.jsonl").write_text('{"question": "1+1?", "answer": "#### 2"}\n'
+                                             '{"question": "2+2?"}\n')
+  before = sorted(os.listdir(workdir))
+  proc = _evaluate(workdir, f"--eval_data_dir={data}", "--sets=gsm8k", "--generate=false")
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert "Traceback" not in proc.stderr
+  (line,) = [l for l in proc.stderr.splitlines() if l.startswith("error: ")]
+  assert "test.jsonl: record 1 lacks the published field(s) ['answer']" in line, line
+  assert sorted(os.listdir(workdir)) == before
+
+
 # A finished evaluation as the CLI records it (tiny run: score_len = config.data.seq_len = 32).
 FULL = {"sets": ["gsm8k", "sciq"], "eval_data_dir": FIXTURES, "max_examples": None,
         "generate": True, "max_new_tokens": 4, "timeout_s": 10.0, "score_len": 32,
