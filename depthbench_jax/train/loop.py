@@ -382,13 +382,22 @@ def _diverged_summary(workdir: str, config) -> dict | None:
   debug faults), else None. Run again, it retrained from its last checkpoint (from step 1
   without one, logging the same steps twice) to the same divergence, adding the time to
   ``wall_time_s`` and device-hours; the sweep counts it as done by the same rule
-  (``sweep.run_state``)."""
+  (``sweep.run_state``). Without a summary, the one a session under other rules set aside
+  (``summary.set_aside_earlier``) and did not replace, stopped midway, counts, and is put back:
+  the same command then trained on through the divergence its rules call one, to 'ok'."""
   done = _saved_summary(workdir)
+  earlier = done is None
+  if earlier:
+    done = _saved_summary(workdir, summary.SUMMARY[:-len(".json")] + ".previous.json")
   if not (done and done.get("status") == "diverged" and isinstance(done.get("config"), dict)):
     return None
   if recipe.guard_changes(done["config"], config_check.as_json(config)):
     return None
-  return None if config_check.recipe_changes(done["config"], config) else done
+  if config_check.recipe_changes(done["config"], config):
+    return None
+  if earlier and jax.process_index() == 0:
+    summary.restore_earlier(workdir)
+  return done
 
 
 def _finished_summary(workdir: str, steps: int) -> dict | None:
@@ -399,11 +408,11 @@ def _finished_summary(workdir: str, steps: int) -> dict | None:
   return done if done and done.get("status") == "ok" and done.get("steps") == steps else None
 
 
-def _saved_summary(workdir: str) -> dict | None:
-  """``summary.json`` as a dict; None when there is none yet, or it is torn (the final
-  evaluation writes it again)."""
+def _saved_summary(workdir: str, name: str = summary.SUMMARY) -> dict | None:
+  """``summary.json`` (or ``name``) as a dict; None when there is none yet, or it is torn (the
+  final evaluation writes it again)."""
   try:
-    done = summary.read_json(os.path.join(workdir, summary.SUMMARY))
+    done = summary.read_json(os.path.join(workdir, name))
   except (OSError, ValueError):
     return None
   return done if isinstance(done, dict) else None

@@ -231,6 +231,16 @@ def set_aside_earlier(workdir: str) -> None:
       os.replace(path, path[:-len(".json")] + ".previous.json")
 
 
+def restore_earlier(workdir: str) -> None:
+  """``set_aside_earlier`` undone: ``*.previous.json`` back to ``summary.json`` and
+  ``status.json`` (a run diverged under the rules it is run with again, after a session under
+  other rules set them aside and stopped before writing its own)."""
+  for name in (SUMMARY, STATUS):
+    earlier = os.path.join(workdir, name[:-len(".json")] + ".previous.json")
+    if os.path.exists(earlier):
+      os.replace(earlier, os.path.join(workdir, name))
+
+
 def write_status(workdir: str, status: str, step: int, reason: str) -> None:
   """Records a divergence as it happens (the final summary repeats it)."""
   atomic_write_json(os.path.join(workdir, STATUS),

@@ -92,6 +92,15 @@ def test_a_diverged_run_resumed_and_interrupted_is_not_left_done(train_in_proces
   assert sweep.run_state(workdir) == "partial"
   assert summary.read_json(os.path.join(workdir, "summary.previous.json")) == diverged
   assert os.path.exists(os.path.join(workdir, "status.previous.json"))
+  # The first command again (its rules call step 7 a divergence): it trained on from step 9
+  # through no divergence to 'ok' with a skipped step; it is the run's verdict, put back.
+  config.skip_nonfinite_steps = False
+  assert train_in_process(config, workdir) == diverged
+  assert "diverged at step 7 (non-finite loss" in capsys.readouterr().out
+  assert helpers.summary(workdir) == diverged and sweep.run_state(workdir) == "done"
+  assert not os.path.exists(os.path.join(workdir, "summary.previous.json"))
+  assert os.path.exists(os.path.join(workdir, "status.json"))
+  config.skip_nonfinite_steps = True
   assert train_in_process(config, workdir)["status"] == "ok"
   assert helpers.session_first_step(capsys.readouterr().out) == 10
   assert sweep.run_state(workdir) == "done"
