@@ -121,8 +121,8 @@ def test_rows_are_ratios_of_medians_with_round_paired_bands():
                                     token=None, prefill=None, compile_s=1.0, params=10,
                                     bytes_per_step=n)
               for c, n in ((a, 1000), (b, 500))]
-  times = {f"{a.name}/token": [1.0, 2.0, 3.0], f"{a.name}/prefill": [4.0, 4.0, 4.0],
-           f"{b.name}/token": [3.0, 2.0, 9.0], f"{b.name}/prefill": [2.0, 2.0, 2.0]}
+  times = {f"{a.name}/token": [1.0, 2.0, 3.0], f"{a.name}/prefill": [4.0, 2.0, 4.0],
+           f"{b.name}/token": [3.0, 2.0, 9.0], f"{b.name}/prefill": [2.0, 2.0, 4.0]}
   first, deep = decode_bench.rows_from_times(prepared, times, batch=2)
   assert first["token_over_anchor"] == 1.0 and first["anchor"] == a.name
   assert deep["token_ms"] == 3000.0 and deep["tokens_per_s"] == pytest.approx(2 / 3)
@@ -130,6 +130,9 @@ def test_rows_are_ratios_of_medians_with_round_paired_bands():
   # Per-round ratios 3, 1, 3: quartiles (inclusive) 2, 3, 3.
   assert deep["token_over_anchor_rounds"] == pytest.approx({"q1": 2.0, "median": 3.0, "q3": 3.0})
   assert deep["prefill_over_anchor"] == 0.5
+  # Prefill's own per-round ratios 0.5, 1, 1 (the token band, or one upside down, differs).
+  assert deep["prefill_over_anchor_rounds"] == pytest.approx(
+      {"q1": 0.75, "median": 1.0, "q3": 1.0})
   assert deep["read_gb_per_s"] == pytest.approx(500 / 3.0 / 1e9)
   assert deep["prefill_tokens_per_s"] == pytest.approx(2 * 8 / 2.0)
   assert deep["anchor_bytes_ratio"] == 0.5 and (deep["n_layers"], deep["d_model"]) == (4, 16)
@@ -193,6 +196,26 @@ def test_a_design_without_a_cached_decode_step_is_refused(tmp_path, capsys, monk
     decode_bench.main(["--preset=quick", "--designs", "preln,moda", "--out", str(tmp_path)])
   assert "'moda': moda decodes by full recompute" in capsys.readouterr().err
   assert not list(tmp_path.iterdir())
+
+
+def test_run_times_each_cases_step_and_prefill_under_their_own_names(monkeypatch):
+  """The quick run checks only the row keys and the time counts: a token step timed under the
+  prefill's name (and the reverse) passed."""
+  case = _case("preln", "2x32")
+  monkeypatch.setattr(decode_bench, "prepare", lambda p, c, batch: decode_bench.Prepared(
+      case=c, cfg=decode_bench.decode_config(QUICK, c), token=lambda: "token",
+      prefill=lambda: "prefill", compile_s=1.0, params=10, bytes_per_step=100))
+  ran = {}
+
+  def interleaved(candidates, rounds, **kwargs):
+    ran.update({name: run() for name, run in candidates.items()})
+    return {name: [0.001 if run() == "token" else 0.005] * rounds
+            for name, run in candidates.items()}
+  monkeypatch.setattr(bench, "interleaved", interleaved)
+  result = decode_bench.run(QUICK, [case], batch=1, rounds=2, log=lambda line: None)
+  assert ran == {f"{case.name}/token": "token", f"{case.name}/prefill": "prefill"}
+  (row,) = result["rows"]
+  assert (row["token_ms"], row["prefill_ms"]) == pytest.approx((1.0, 5.0))
 
 
 def test_quick_run_writes_the_result_its_picture_and_a_table(tmp_path, capsys):
@@ -282,3 +305,27 @@ def test_the_plot_draws_eleven_designs_in_eleven_colours(tmp_path, monkeypatch):
   lines = saved[0].lines
   assert len(lines) == 11
   assert len({matplotlib.colors.to_hex(l.get_color()) for l in lines}) == 11
+
+
+def test_the_plot_draws_each_measure_against_depth_in_its_own_panel(tmp_path, monkeypatch):
+  """Panels: decode ms, GB/s, prefill ms, each against n_layers in order, scan dashed, shapes as
+  the ticks. The test above checks only colours, with every value 1.0 and rows in order."""
+  import matplotlib.figure
+  rows = [{"design": "preln", "context": 8, "loop": loop, "n_layers": L, "shape": f"{L}x32",
+           "token_ms": L + (0.5 if loop == "scan" else 0), "read_gb_per_s": 10.0 * L,
+           "prefill_ms": 100.0 * L} for loop in ("unrolled", "scan") for L in (8, 2, 4)]
+  result = {"rows": rows, "device": "cpu", "host_cpu": "x", "preset": {"dtype": "float32"},
+            "batch": 1}
+  saved = []
+  monkeypatch.setattr(matplotlib.figure.Figure, "savefig",
+                      lambda fig, path, **kw: saved.append(fig))
+  decode_bench.plot(result, str(tmp_path / "decode.png"))
+  token, read, prefill = saved[0].axes[:3]
+  drawn = lambda ax: {l.get_label(): (list(l.get_xdata()), list(l.get_ydata()))
+                      for l in ax.lines}
+  assert drawn(token) == {"preln unrolled": ([2, 4, 8], [2, 4, 8]),
+                         "preln scan": ([2, 4, 8], [2.5, 4.5, 8.5])}
+  assert drawn(read)["preln unrolled"] == ([2, 4, 8], [20.0, 40.0, 80.0])
+  assert drawn(prefill)["preln unrolled"] == ([2, 4, 8], [200.0, 400.0, 800.0])
+  assert [l.get_linestyle() for l in token.lines] == ["-", "--"]
+  assert [t.get_text() for t in token.get_xticklabels()] == ["2x32", "4x32", "8x32"]
