@@ -1181,7 +1181,8 @@ def test_bench_plot_draws_each_ratio_its_round_median_and_the_target_at_the_firs
   from depthbench_jax import bench_plot
   saved = []
   monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, path, **kw: saved.append(fig))
-  band = lambda m: {"q1": m - 0.1, "median": m, "q3": m + 0.1}
+  # Asymmetric bands: whiskers with q1 and q3 swapped read alike around a symmetric one.
+  band = lambda m: {"q1": m - 0.1, "median": m, "q3": m + 0.3}
   rows = []
   for shape, step, peak, first in (("4x64", 1.3, 1.5, 1.0), ("8x32", 1.4, 1.6, 1.1)):
     rows += [{"design": "preln", "shape": shape, "step_over_preln": 1.0, "peak_over_preln": 1.0,
@@ -1198,6 +1199,10 @@ def test_bench_plot_draws_each_ratio_its_round_median_and_the_target_at_the_firs
   assert heights(peak_ax) == [1.0, 1.5, 1.0, 1.6]
   assert heights(depth_ax) == [1.0, 1.3, 1.1, 1.54]
   assert list(step_ax.lines[0].get_ydata()) == [1.0, pytest.approx(1.25)]  # 4x64's medians
+  # The whiskers span q1..q3 at each bar: 4x64's Pre-LN (no rounds: its bar) and HC.
+  (whiskers,) = [c for c in step_ax.collections if c.get_label() == "_nolegend_"][:1]
+  spans = [np.asarray(seg)[:, 1].tolist() for seg in whiskers.get_segments()]
+  assert spans == [[1.0, 1.0], [pytest.approx(1.15), pytest.approx(1.55)]]
   ticks = [c.get_segments()[0] for c in step_ax.collections if c.get_label() != "_nolegend_"]
   assert len(ticks) == 1 and ticks[0].tolist() == [[pytest.approx(0.6), 1.2], [1.0, 1.2]]
   assert "target" in [t.get_text() for t in step_ax.get_legend().get_texts()]
