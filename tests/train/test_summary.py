@@ -151,3 +151,16 @@ def test_a_named_commit_records_the_dirty_flag_it_is_given(monkeypatch, dirty, r
   else:
     monkeypatch.setenv("DEPTHBENCH_DIRTY", dirty)
   assert revision.code_revision() == {"commit": "a" * 40, "dirty": recorded}
+
+
+@pytest.mark.parametrize("porcelain, dirty", [(" M depthbench_jax/bench.py\n", True), ("", False)])
+def test_the_checkouts_dirty_flag_is_whether_git_lists_changes(monkeypatch, porcelain, dirty):
+  """The git path was only compared with itself (a run's record against code_revision()), so a
+  flag read upside down passed; here git's answers are given and the record read."""
+  import subprocess
+  from depthbench_jax import revision
+  monkeypatch.delenv("DEPTHBENCH_COMMIT", raising=False)
+  answers = {"rev-parse": "c" * 40 + "\n", "status": porcelain}
+  monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(
+      cmd, 0, stdout=answers[cmd[3]], stderr=""))
+  assert revision.code_revision() == {"commit": "c" * 40, "dirty": dirty}
