@@ -93,28 +93,37 @@ def test_lr_schedule_by_hand(warmup):
 
 
 def test_two_adamw_steps_by_hand_with_clipping():
-  """Step 1 (lr 0 in warmup) sees a gradient of global norm 50, clipped to norm 1; step 2 sees
+  """Step 1 (lr 0 in warmup) sees a gradient of global norm 100, clipped to norm 2; step 2 sees
   one of norm 0.5, left alone. The second update is Adam's bias-corrected m / (sqrt(v) + eps)
-  with (b1, b2) = (0.9, 0.99), plus weight decay on the kernel only, times -lr."""
+  with (b1, b2) = (0.8, 0.99), plus weight decay on the kernel only, times -lr. b1 = 0.9 and a
+  clip at 1 are optax's default and the usual one: a config value ignored there passed."""
   import ml_collections
   config = ml_collections.ConfigDict({
-      "lr": 0.1, "warmup_steps": 1, "min_lr_ratio": 1.0, "b1": 0.9, "b2": 0.99,
-      "weight_decay": 0.5, "grad_clip": 1.0, "model": {"residual": {"name": "preln"}}})
+      "lr": 0.1, "warmup_steps": 1, "min_lr_ratio": 1.0, "b1": 0.8, "b2": 0.99,
+      "weight_decay": 0.5, "grad_clip": 2.0, "model": {"residual": {"name": "preln"}}})
   params = {"dense": {"kernel": jnp.array([1.0, -2.0])}, "norm": {"scale": jnp.array([0.5, 3.0])}}
-  g1 = {"dense": {"kernel": jnp.array([30.0, 40.0])}, "norm": {"scale": jnp.zeros(2)}}
+  g1 = {"dense": {"kernel": jnp.array([60.0, 80.0])}, "norm": {"scale": jnp.zeros(2)}}
   g2 = {"dense": {"kernel": jnp.array([0.3, 0.0])}, "norm": {"scale": jnp.array([0.0, 0.4])}}
   opt = optimizer.make_optimizer(config, total_steps=10)
   u1, state = opt.update(g1, opt.init(params), params)
   assert all(float(jnp.abs(u).max()) == 0.0 for u in jax.tree.leaves(u1))   # lr(0) = 0
   u2, _ = opt.update(g2, state, params)
   for group, name, decay in (("dense", "kernel", 0.5), ("norm", "scale", 0.0)):
-    c1 = np.asarray(g1[group][name]) / 50.0          # clipped to global norm 1
-    c2 = np.asarray(g2[group][name])                 # norm 0.5 < 1: untouched
-    m = 0.9 * 0.1 * c1 + 0.1 * c2
+    c1 = np.asarray(g1[group][name]) / 50.0          # clipped to global norm 2
+    c2 = np.asarray(g2[group][name])                 # norm 0.5 < 2: untouched
+    m = 0.8 * 0.2 * c1 + 0.2 * c2
     v = 0.99 * 0.01 * c1**2 + 0.01 * c2**2
-    adam = (m / (1 - 0.9**2)) / (np.sqrt(v / (1 - 0.99**2)) + 1e-8)
+    adam = (m / (1 - 0.8**2)) / (np.sqrt(v / (1 - 0.99**2)) + 1e-8)
     want = -0.1 * (adam + decay * np.asarray(params[group][name]))
     np.testing.assert_allclose(np.asarray(u2[group][name]), want, rtol=1e-5, err_msg=name)
+
+
+def test_a_fractional_warmup_rounds_to_the_nearest_step():
+  """0.026 of 100 steps is 2.6: 3 warmup steps, not 2 (0.1 of 100, the other tests' fraction,
+  is 10 under rounding and truncation alike)."""
+  import ml_collections
+  config = ml_collections.ConfigDict({"warmup_steps": 0.026})
+  assert optimizer.warmup_steps_of(config, 100) == 3
 
 
 def test_warmup_of_zero_or_one_is_one_step_and_a_float_one_is_not_a_fraction():
