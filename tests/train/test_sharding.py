@@ -29,11 +29,17 @@ def test_logical_rules_place_weights_fsdp_on_embed_and_tensor_on_heads_mlp_vocab
           "q6": _boxed((64, 6, 16), ("embed", "heads", "head_dim")),
           "scales": _boxed((3, 64), ("layers", "embed")),
           "odd": _boxed((63, 256), ("embed", "mlp")),
-          "plain": np.zeros((64, 64), np.float32)}
+          "plain": np.zeros((64, 64), np.float32),
+          # Rule-less axes alone, sizes every mesh axis divides (beside embed/heads, or of 3
+          # layers, a rule giving them a mesh axis did not show).
+          "gains": _boxed((4, 64), ("layers", "norm")),
+          "qk": _boxed((4, 16), ("layers", "head_dim")),
+          "mix": _boxed((4, 4), ("layers", "streams"))}
   specs = {k: s.spec for k, s in sharding.logical_shardings(tree, MESH).items()}
   assert specs == {"mlp_in": P("fsdp", "tensor"), "unembed": P("fsdp", "tensor"),
                    "q": P("fsdp", "tensor", None), "q6": P("fsdp", None, None),
-                   "scales": P(None, "fsdp"), "odd": P(None, "tensor"), "plain": P()}
+                   "scales": P(None, "fsdp"), "odd": P(None, "tensor"), "plain": P(),
+                   "gains": P(None, None), "qk": P(None, None), "mix": P(None, None)}
 
 
 def test_batch_rows_split_over_data_and_fsdp_only():
