@@ -60,16 +60,28 @@ for design in sys.argv[1].split(","):
       grads1, grads8))
   out[design] = {"loss1": float(loss1), "loss8": float(loss8), "max_grad_rel": max(diffs),
                  "devices": jax.device_count(), "sharded_params": int(n_sharded)}
-# mHC's phi [n*d, 2n + n^2], its largest own parameter, shards with the width like HC's
-# projections (it was once replicated, a full copy per device): from the rules, no compile.
-c = tiny_config(**{"model.residual.name": "mhc", "mesh.data": 2, "mesh.fsdp": 2,
-                   "mesh.tensor": 2})
-boxed = jax.eval_shape(lambda: Transformer(model_config_from(c.model)).init(
-    jax.random.PRNGKey(0), jnp.zeros((8, 32), jnp.int32)))["params"]
-phi = [list(s.spec) for path, s in jax.tree_util.tree_flatten_with_path(
-    sharding.logical_shardings(boxed, sharding.make_mesh(c.mesh)))[0]
-       if getattr(path[-1], "key", None) == "phi"]
-print(json.dumps({"designs": out, "mhc_phi": phi}))
+# From the rules alone, no compile: mHC's phi [n*d, 2n + n^2], its largest own parameter,
+# shards with the width like HC's projections (it was once replicated, a full copy per
+# device); and in every design each weight AdamW decays (the matrices: the backbone's, HC's
+# dynamic projections, MoDA's depth K/V) is split over fsdp. The equal losses above cannot see
+# a replicated weight, and the backbone's alone made sharded_params > 0.
+from depthbench_jax.residual import registry
+from depthbench_jax.train import optimizer
+phi, whole = [], {}
+for design in registry.names():
+  c = tiny_config(**{"model.residual.name": design, "mesh.data": 2, "mesh.fsdp": 2,
+                     "mesh.tensor": 2})
+  boxed = jax.eval_shape(lambda: Transformer(model_config_from(c.model)).init(
+      jax.random.PRNGKey(0), jnp.zeros((8, 32), jnp.int32)))["params"]
+  specs = sharding.logical_shardings(boxed, sharding.make_mesh(c.mesh))
+  decayed = optimizer.weight_decay_mask(nn.unbox(boxed), registry.get(design).decayed)
+  for (path, s), d in zip(jax.tree_util.tree_flatten_with_path(specs)[0],
+                          jax.tree.leaves(decayed), strict=True):
+    if design == "mhc" and getattr(path[-1], "key", None) == "phi":
+      phi.append(list(s.spec))
+    if d and "fsdp" not in s.spec:
+      whole.setdefault(design, []).append(jax.tree_util.keystr(path))
+print(json.dumps({"designs": out, "mhc_phi": phi, "decayed_not_fsdp": whole}))
 """
 
 
@@ -82,6 +94,7 @@ def test_state_carrying_designs_match_one_device_on_a_2x2x2_mesh():
   result = json.loads(proc.stdout.strip().splitlines()[-1])
   phi = result["mhc_phi"]
   assert phi and all(spec[-2] is not None for spec in phi), phi
+  assert result["decayed_not_fsdp"] == {}, result["decayed_not_fsdp"]
   for design in DESIGNS:
     r = result["designs"][design]
     assert r["devices"] == 8 and r["sharded_params"] > 0, (design, r)
