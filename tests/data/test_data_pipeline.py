@@ -171,6 +171,11 @@ def test_val_batches_fixed_sharded_and_held_out(make_config):
   # Held-out windows come from the val stream, not the train stream.
   val_stream = pipeline.token_stream(config, "val")
   assert np.array_equal(val[0]["tokens"][0], val_stream[0:65])
+  # All of them: the first 3 x 8 windows of 64 + 1 tokens in order, each once (only row 0 of
+  # batch 0 was read: batches overlapping by 7 windows passed).
+  n = (len(val_stream) - 1) // 64
+  want = np.stack([val_stream[(i % n) * 64:(i % n) * 64 + 65] for i in range(3 * 8)])
+  assert np.array_equal(np.concatenate([v["tokens"] for v in val]), want)
   assert pipeline.make_val_batches(make_config(val_batches=0), 0, 1) == []
 
 

@@ -55,6 +55,15 @@ def test_parquet_cache_key_follows_content(parquet_dir):
   pq.write_table(fineweb_like(151, 0), parquet_dir / "000_00000.parquet")
   after = [s.key for s in sources.parquet_shards(str(parquet_dir))]
   assert before[0] != after[0] and before[1] == after[1]
+  # Other text of the same byte size (the rewrite above changed the size too: a key of the
+  # size alone passed, and the cache would have served the old tokens).
+  keys = []
+  for text in ("x" * 500, "y" * 500):
+    pq.write_table(pa.table({"text": [text]}), parquet_dir / "000_00000.parquet",
+                   compression="none")
+    keys.append((os.path.getsize(parquet_dir / "000_00000.parquet"),
+                 sources.parquet_shards(str(parquet_dir))[0].key))
+  assert keys[0][0] == keys[1][0] and keys[0][1] != keys[1][1]
 
 
 def test_train_fingerprint_follows_the_shards_not_the_directory(make_config, parquet_dir,
@@ -207,24 +216,29 @@ def test_a_cached_shard_split_by_another_rule_is_tokenized_again(tmp_path):
   assert meta["val_every"] == 3
 
 
+@pytest.mark.parametrize("split", ["train", "val"])
 @pytest.mark.parametrize("damage", ["truncate", "delete"])
-def test_a_cached_shard_whose_token_file_is_cut_short_is_tokenized_again(tmp_path, damage):
-  """A meta file whose token file is shorter than it says (a `cp -r` of the cache cut short
-  copies the .json before the .bin) or gone is not a cache hit: the shard is read again and the
-  run gets every token, where it once died in np.memmap ('mmap length is greater than file
-  size') at its first batch."""
-  shard, reads = _counting_shard(["alpha", "beta"], val_every=100)
+def test_a_cached_shard_whose_token_file_is_cut_short_is_tokenized_again(tmp_path, damage,
+                                                                        split):
+  """A meta file whose token file (train's or val's) is shorter than it says (a `cp -r` of the
+  cache cut short copies the .json before the .bin) or gone is not a cache hit: the shard is
+  read again and the run gets every token, where it once died in np.memmap ('mmap length is
+  greater than file size') at its first batch."""
+  shard, reads = _counting_shard(["alpha", "beta", "gamma"], val_every=3)
   tok = tokenizer_lib.get_tokenizer("byte")
   first = token_cache.tokenize_shard(shard, tok, str(tmp_path))
-  train = first["paths"]["train"]
+  assert first["n_docs"] == {"train": 2, "val": 1}
+  damaged = first["paths"][split]
   if damage == "truncate":
-    os.truncate(train, 4)
+    os.truncate(damaged, 4)
   else:
-    os.remove(train)
+    os.remove(damaged)
   again = token_cache.tokenize_shard(shard, tok, str(tmp_path))
   assert len(reads) == 2 and again == first
-  stream = token_cache.TokenStream.from_metas([again], "train")
-  assert tok.decode(stream[0:len(stream)]) == "alpha<|endoftext|>beta<|endoftext|>"
+  for name, want in (("train", "alpha<|endoftext|>beta<|endoftext|>"),
+                     ("val", "gamma<|endoftext|>")):
+    stream = token_cache.TokenStream.from_metas([again], name)
+    assert tok.decode(stream[0:len(stream)]) == want
 
 
 def test_a_killed_writers_temporary_files_are_removed_and_live_or_remote_ones_kept(tmp_path):
@@ -359,6 +373,13 @@ def test_tfds_pipeline_end_to_end(make_config, tfds_data_dir, monkeypatch):
   assert tokens.shape == (4, 17)
   val = pipeline.token_stream(config, "val")
   assert val[0:len(val)].tolist().count(256) == 2  # documents 99 and 199 held out
+  # Every document once, in train or held out: shards overlapping by a document kept the
+  # held-out count and tokenized documents 100 and 200 twice.
+  byte = tokenizer_lib.get_tokenizer("byte")
+  train = pipeline.token_stream(config, "train")
+  docs = (byte.decode(train[0:len(train)]) + byte.decode(val[0:len(val)])).split(
+      "<|endoftext|>")[:-1]
+  assert sorted(docs) == [f"tfds document {i:03d} says hello." for i in range(250)]
 
 
 def test_tfds_unknown_dataset_names_the_field(make_config, tmp_path):
