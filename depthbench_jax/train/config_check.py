@@ -306,8 +306,8 @@ def validate_without_devices(config) -> ModelConfig:
   model_cfg = model_config_from(config.model)
   validate_name(config)
   validate_recipe(config)
+  validate_data_fields(config.data, config.model)   # before the guards, which read val_batches
   validate_guards(config)
-  validate_data_fields(config.data, config.model)
   return model_cfg
 
 

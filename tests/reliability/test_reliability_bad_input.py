@@ -53,6 +53,9 @@ CASES = [
      "config.data.global_batch_size"),
     ("tensor_axis_across_processes", {"mesh.data": 1, "mesh.tensor": -1}, 4, 2, "config.mesh"),
     ("zero_batch", {"data.global_batch_size": 0}, 1, 1, "config.data.global_batch_size"),
+    # Read by the diagnostics' check before its own: a TypeError (None > 0) once.
+    ("no_val_batches_under_diagnostics", {"data.val_batches": None, "diagnostics.every": 5}, 1,
+     1, "config.data.val_batches"),
     ("zero_grad_accum_steps", {"grad_accum_steps": 0}, 1, 1, "config.grad_accum_steps"),
     # 8 rows over 2 shards: 4 each, not 8 slices (8 divides the global batch: only the
     # per-shard check can refuse it; 3 slices passed a check of the global batch too).
