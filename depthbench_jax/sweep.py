@@ -502,10 +502,13 @@ def plan_rows(config_path: str, runs: Sequence[Run], mfu: float = DEFAULT_MFU,
 
 
 def off_target_shapes(config_path: str, module) -> list[str]:
-  """One warning per shape a suite's ``SHAPE_SETS`` lists whose Pre-LN count (``solver_model(key)``
-  at the shape, FFN by ``ffn_rule(key)``, ``jax.eval_shape``) is off the set's target:
-  ``|count / target - 1| > tolerance``. A typed-in width nothing else checks would otherwise
-  train the whole grid at the wrong size; a file without the three names: none."""
+  """One warning per shape a suite's ``SHAPE_SETS`` lists whose Pre-LN count is off the set's
+  target: ``|count / target - 1| > tolerance``. Counted on the model the sweep trains
+  (``get_config('arch=preln,shape=..')``, ``jax.eval_shape``), and said when that is not the
+  model ``solver_model(key)`` (FFN by ``ffn_rule(key)``) solved the widths on: a field
+  ``get_config`` set apart from it (tied embeddings, a GPT-2 vocab) trained a suite 7-15% off
+  its target without a word. A typed-in width nothing else checks would otherwise train the
+  whole grid at the wrong size; a file without the three names: none."""
   from depthbench_jax.shapes import SOLVER_NAMES, Solution, param_counts
   if not all(hasattr(module, n) for n in SOLVER_NAMES):
     return []
@@ -513,12 +516,19 @@ def off_target_shapes(config_path: str, module) -> list[str]:
   for key, shape_set in module.SHAPE_SETS.items():
     model, ffn = module.solver_model(key), module.ffn_rule(key)
     for shape in shape_set.parsed():
-      shaped = shaped_model(model, shape, ffn)
-      listed = Solution(shape, shape_set.target, shape_set.count, param_counts(shaped),
-                        shaped.ffn_dim)
+      try:   # a width the heads do not divide said only 'does not divide d_model=950'
+        solved = param_counts(shaped_model(model, shape, ffn))
+        built = param_counts(config_of(module, f"arch=preln,shape={shape.name}").model)
+      except ConfigError as err:
+        raise ConfigError(f"{config_path}: SHAPE_SETS[{key!r}] shape {shape.name}: {err}"
+                          ) from None
+      listed = Solution(shape, shape_set.target, shape_set.count, built, None)
       if abs(listed.rel_error) > shape_set.tolerance:
+        apart = (f" as get_config builds it (solver_model({key!r}) counts "
+                 f"{human(solved[shape_set.count], 4)}: a model field get_config sets apart "
+                 f"from it)" if built != solved else "")
         out.append(f"warning: SHAPE_SETS[{key!r}] shape {shape.name} has "
-                   f"{human(listed.achieved, 4)} {shape_set.count} Pre-LN parameters, "
+                   f"{human(listed.achieved, 4)} {shape_set.count} Pre-LN parameters{apart}, "
                    f"{listed.rel_error:+.2%} off its target {human(shape_set.target, 4)} "
                    f"(tolerance {shape_set.tolerance:.2%}); the solver's widths: "
                    f"python -m depthbench_jax.shapes {config_path}")

@@ -1011,6 +1011,32 @@ def test_dry_run_warns_of_a_listed_shape_off_its_target(tmp_path, capsys):
   assert "tolerance 2.00%" in warnings[0] and str(config) in warnings[0]
 
 
+def test_dry_run_counts_the_model_get_config_builds_not_the_solvers(tmp_path, capsys):
+  """A suite copy whose get_config ties the embeddings (README: a field set after apply_run):
+  its runs hold 886.0K, not the 918.9K solver_model counts, -3.58% off the target (tied:
+  918,912 - 257 x 128), and the dry run said nothing. A width the heads do not divide is named
+  with its shape set (it said only 'does not divide d_model=130')."""
+  config = tmp_path / "tied_suite.py"
+  config.write_text(OFF_TARGET_SUITE.replace('shapes=("4x128", "8x160")', 'shapes=("4x128",)')
+                    + textwrap.dedent("""
+    def get_config(arg=None):
+      c = smoke.get_config(arg)
+      c.model.tie_embeddings = True
+      return c
+  """))
+  assert sweep.main([str(config), "--results_dir", str(tmp_path / "r"), "--dry_run"]) == 0
+  warnings = [l for l in capsys.readouterr().out.splitlines() if l.startswith("warning:")]
+  assert warnings == [
+      "warning: SHAPE_SETS['smoke'] shape 4x128 has 886K total Pre-LN parameters as get_config "
+      "builds it (solver_model('smoke') counts 918.9K: a model field get_config sets apart from "
+      "it), -3.58% off its target 918.9K (tolerance 2.00%); the solver's widths: python -m "
+      f"depthbench_jax.shapes {config}"], warnings
+  config.write_text(OFF_TARGET_SUITE.replace('"8x160"', '"8x130"'))
+  assert sweep.main([str(config), "--results_dir", str(tmp_path / "r"), "--dry_run"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err[-1].startswith(f"error: {config}: SHAPE_SETS['smoke'] shape 8x130: "), err
+
+
 def test_a_process_groups_second_sigterm_is_not_announced_again(capsys):
   """SIGTERM to run_sweep.sh's process group reaches the sweep twice (directly and forwarded by
   the script's trap): the notice printed twice."""
