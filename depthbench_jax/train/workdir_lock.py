@@ -45,6 +45,23 @@ class TrainerLock:
             f"stops a second trainer in {self.workdir}", file=sys.stderr, flush=True)
     self._file = f
 
+  def acquire_agreed(self, process_count: int) -> None:
+    """``acquire`` on every process of a run, agreed over JAX's collectives: one refused refuses
+    all, each with the same line. A 2-process rerun over a 1-process job got process 1's lock
+    (nobody held it) and waited on process 0, which had exited, in orbax's first barrier: 5
+    minutes, then an abort."""
+    try:
+      self.acquire()
+      refused = ""
+    except ConfigError as err:
+      refused = str(err)
+    if process_count > 1:
+      from depthbench_jax.hosts import gather_text  # pylint: disable=g-import-not-at-top
+      refused = next((line for line in gather_text(refused) if line), "")
+    if refused:
+      self.release()
+      raise ConfigError(refused)
+
   def release(self) -> None:
     if self._file is not None:
       self._file.close()   # closing the descriptor drops the flock

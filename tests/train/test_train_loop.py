@@ -284,6 +284,26 @@ def start_two_processes(workdir, flags, devices=1, flags_of_1=None, cwds=(helper
       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
 
 
+def test_two_processes_over_a_live_trainers_lock_both_refuse_at_once(tmp_path):
+  """A 2-process rerun of a run a 1-process job still trains: process 0 was refused, process 1
+  got its own lock and waited on process 0 in orbax's first barrier (5 minutes, then an abort).
+  Both refuse now, with the live trainer's line, and its files stay as they are."""
+  from depthbench_jax.train import workdir_lock
+  workdir = str(tmp_path / "live")
+  os.makedirs(workdir)
+  live = workdir_lock.TrainerLock(workdir, 0)   # the 1-process job's lock
+  live.acquire()
+  try:
+    procs = start_two_processes(workdir, helpers.tiny_flags(steps=4))
+    errors = [p.communicate(timeout=120)[1] for p in procs]
+  finally:
+    live.release()
+  assert [p.returncode for p in procs] == [2, 2], errors
+  for err in errors:
+    assert f"error: --workdir={workdir}: another trainer (process 0) is training in it" in err
+  assert sorted(os.listdir(workdir)) == [".trainer-0.lock", ".trainer-1.lock"]
+
+
 def test_two_processes_given_other_configs_both_refuse_before_writing(tmp_path):
   """Two real gloo processes, one with another warmup: each gathers the other's run over JAX's
   collectives (main.check_same_run) and exits HOSTS_DIFFER naming the field, nothing written."""
