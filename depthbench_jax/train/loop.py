@@ -76,8 +76,9 @@ class _Preemption:
   background job of ``run_sweep.sh``) stays ignored. Several processes (JAX's multi-host
   runtime): JAX's preemption service (``multihost_utils.reached_preemption_sync_point``) hears
   the SIGTERM of any process, and all processes reach the same sync step, so none is left
-  waiting in the next step's collective while the others save; no Python handler then (it
-  would replace the service's).
+  waiting in the next step's collective while the others save; no Python SIGTERM handler then
+  (it would replace the service's), and a first Ctrl-C sends the process a SIGTERM for the
+  service to hear (it was a KeyboardInterrupt traceback on every process, and no save).
   """
 
   def __init__(self):
@@ -85,9 +86,11 @@ class _Preemption:
     # JAX starts the service in jax.distributed.initialize unless its config turns it off.
     self._multihost = (jax.process_count() > 1 and jax.distributed.is_initialized()
                        and jax.config.jax_enable_preemption_service)
-    if self._multihost:
-      return
     try:
+      if self._multihost:
+        if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+          self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._to_sigterm)
+        return
       self._previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._handle)
       if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
         self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._handle)
@@ -106,6 +109,14 @@ class _Preemption:
 
   def __exit__(self, *exc) -> None:
     self.restore()   # Also when a step raises: the caller's first Ctrl-C only set a flag.
+
+  def _to_sigterm(self, signum, frame):
+    """A first Ctrl-C under several processes: a SIGTERM to this process, which JAX's
+    preemption service hears; a second interrupts at once."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    logging.warning("Ctrl-C: every process saves a checkpoint and exits (Ctrl-C again to stop "
+                    "at once).")
+    os.kill(os.getpid(), signal.SIGTERM)
 
   def _handle(self, signum, frame):
     if signum == signal.SIGINT:

@@ -397,6 +397,22 @@ def test_two_processes_gloo_survive_a_sigterm_to_one_and_match_one(reference_run
   assert_losses_match(workdir, reference_run, rtol=2e-4)
 
 
+def test_two_processes_save_at_one_step_on_a_ctrl_c_to_one(tmp_path):
+  """README: a first Ctrl-C saves and exits cleanly. Under several processes it was Python's
+  KeyboardInterrupt on each (a traceback, exit -2, the steps since the last checkpoint lost):
+  now it is a SIGTERM the preemption service hears, and both save at one step."""
+  workdir = str(tmp_path / "two_int")
+  procs = start_two_processes(workdir, helpers.tiny_flags(steps=200, checkpoint_every=1000))
+  helpers.wait_for_step(workdir, 4, procs[0])
+  procs[1].send_signal(signal.SIGINT)
+  for p in procs:
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err[-3000:]
+    assert "Traceback" not in err
+  ckpts = [int(d) for d in os.listdir(os.path.join(workdir, "checkpoints")) if d.isdigit()]
+  assert ckpts and 4 <= max(ckpts) < 200
+
+
 @pytest.mark.slow
 def test_resume_on_two_processes_continues_a_one_process_runs_data_and_diagnoses(reference_run,
                                                                                  tmp_path):
