@@ -143,8 +143,10 @@ def check_not_overwritten(before: dict, config: ml_collections.ConfigDict) -> No
       raise ConfigError(
           f"config.{field}={before.get(field)!r} is set before sweep.apply_run, which sets the "
           f"run's design (with its defaults), shape, FFN and LR and made it "
-          f"{after.get(field)!r}; allowed: set it after apply_run (c = sweep_lib.apply_run(c, "
-          f"run, ...); c.{field} = ...), or --config.{field}=... on the command line")
+          f"{after.get(field)!r}; allowed: "
+          + ("the suite's LR grid (sweep()'s lr=, which names the run)" if field == "lr" else
+             f"set it after apply_run (c = sweep_lib.apply_run(c, run, ...); c.{field} = ...), "
+             f"or --config.{field}=... on the command line"))
 
 
 def apply_run(config: ml_collections.ConfigDict, run: dict[str, Any],
@@ -447,6 +449,11 @@ def checked_config(module, run: Run) -> ml_collections.ConfigDict:
   from depthbench_jax.train import config_check  # Local: pulls in jax.
   with _naming(run):
     config = config_of(module, run.arg)
+    if config.name != run.name:   # validate_name reads the name: a renamed run passed it
+      raise ConfigError(
+          f"config.name={config.name!r}: get_config renamed the run the sweep trains in "
+          f"{run.workdir} (two LRs of the grid trained its 1e-3 under their names); allowed: "
+          f"the name apply_run gives, with the LR in the suite's LR grid (sweep()'s lr=)")
     config_check.validate_without_devices(config)
     config_check.validate_iso(config)
     if config.steps > 0:

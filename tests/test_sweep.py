@@ -636,7 +636,16 @@ def get_config(arg=None):
     # Set before apply_run, which sets the design with its defaults: a 4-stream HC trained.
     (SMOKE_BODY.format(line="c.model.residual.n_streams = 2"),
      "config.model.residual.n_streams=2 is set before sweep.apply_run"),
-    (SMOKE_BODY.format(line="c.lr = 5e-4"), "config.lr=0.0005 is set before sweep.apply_run"),
+    (SMOKE_BODY.format(line="c.lr = 5e-4"), "config.lr=0.0005 is set before sweep.apply_run, "
+     "which sets the run's design (with its defaults), shape, FFN and LR and made it 0.001; "
+     "allowed: the suite's LR grid"),
+    # An LR set after apply_run with the name to match (README's wording once): every LR of
+    # the grid trained 1e-3 in a folder named for its own LR, the report's grid one LR twice.
+    ("def get_config(arg=None, _get=get_config):\n  c = _get(arg)\n  c.lr = 1e-3\n"
+     "  c.name = c.name.split('_lr')[0] + '_lr1e-3'\n  return c\n",
+     "config.name='preln_4x128_lr1e-3': get_config renamed the run the sweep trains in"),
+    ("def get_config(arg=None, _get=get_config):\n  c = _get(arg)\n  c.name = 'mine'\n"
+     "  return c\n", "config.name='mine': get_config renamed the run"),
     (SMOKE_BODY.format(line="c.model.ffn_dim = 512"),
      "config.model.ffn_dim=512 is set before sweep.apply_run, which sets the run's design (with "
      "its defaults), shape, FFN and LR and made it None"),
