@@ -313,6 +313,16 @@ def check_lr_tables(module, config_path: str) -> None:
   """A suite's LR tables (``LR_GRID``, ``LR_BY_ARCH``: design -> its LRs; ``DEFAULT_LRS``,
   each by ``check_lr_grid``): a misspelt design key fell back to the default grid silently."""
   from depthbench_jax.residual import registry  # Local: pulls in jax/flax.
+  lrs_for = getattr(module, "lrs_for", None)
+  own = [t for t in ("DEFAULT_LRS", "LR_GRID") if hasattr(module, t)]
+  if own and callable(lrs_for) and getattr(lrs_for, "__globals__", None) is not vars(module):
+    # A control suite's copy borrows suite_400m's lrs_for: its own tables were checked and
+    # then never read (its dry run planned the 400M grid).
+    raise ConfigError(
+        f"{config_path}: {' and '.join(own)} are read by no lrs_for: this file's lrs_for is "
+        f"{lrs_for.__module__}.{lrs_for.__name__}, which reads its own; allowed: a lrs_for of "
+        f"this file's (def lrs_for(design): return LR_GRID.get(design, DEFAULT_LRS)), or no "
+        f"table here")
   if hasattr(module, "DEFAULT_LRS"):
     check_lr_grid(module.DEFAULT_LRS, f"{config_path}: DEFAULT_LRS")
   for table in ("LR_GRID", "LR_BY_ARCH"):

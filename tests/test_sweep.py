@@ -684,6 +684,25 @@ def test_a_control_suite_copys_lr_grid_typed_as_a_string_is_named(tmp_path, caps
       "error: lrs_for('preln')='1e-3'; allowed: a tuple of positive LRs, e.g. (5e-4, 1e-3)"]
 
 
+def test_a_control_suite_copys_own_lr_table_under_a_borrowed_lrs_for_is_refused(tmp_path,
+                                                                                capsys):
+  """A copy of suite_multiscale.py given its own DEFAULT_LRS/LR_GRID, with the borrowed
+  ``lrs_for = suite_400m.lrs_for`` left: the tables were checked (a typo refused), then never
+  read; the dry run planned suite_400m's grid for every design."""
+  text = open(os.path.join(REPO, "configs", "suite_multiscale.py")).read()
+  suite = tmp_path / "my_suite.py"
+  suite.write_text(text + "\nDEFAULT_LRS = (1e-3, 2e-3)\nLR_GRID = {'hc': (5e-4,)}\n")
+  assert sweep.main([str(suite), "--results_dir", str(tmp_path / "r"), "--dry_run"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err == [f"error: {suite}: DEFAULT_LRS and LR_GRID are read by no lrs_for: this file's "
+                 "lrs_for is configs.suite_400m.lrs_for, which reads its own; allowed: a "
+                 "lrs_for of this file's (def lrs_for(design): return LR_GRID.get(design, "
+                 "DEFAULT_LRS)), or no table here"], err
+  suite.write_text(text + "\nDEFAULT_LRS = (1e-3, 2e-3)\nLR_GRID = {'hc': (5e-4,)}\n"
+                   "def lrs_for(design):\n  return LR_GRID.get(design, DEFAULT_LRS)\n")
+  assert sweep.main([str(suite), "--results_dir", str(tmp_path / "r"), "--dry_run"]) == 0
+
+
 def test_an_lr_grid_may_be_a_numpy_array(tiny, capsys):
   with open(tiny["config"], "a") as f:
     f.write("import numpy as np\nDEFAULT_LRS = 5e-4 * 2.0 ** np.arange(4)\n"
