@@ -105,10 +105,11 @@ class ShapeSet:
     # ZeroDivisionError (target=0) traceback in the sweep, which then rewrote report.md.
     if self.count not in COUNTS:
       raise ConfigError(f"ShapeSet count={self.count!r}; allowed: {', '.join(COUNTS)}")
-    for field in ("target", "tolerance"):
-      if not is_positive_number(getattr(self, field)):
-        raise ConfigError(f"ShapeSet {field}={getattr(self, field)!r}; allowed: a finite number "
-                          f"> 0")
+    if not is_positive_number(self.target):
+      raise ConfigError(f"ShapeSet target={self.target!r}; allowed: a finite number > 0")
+    if not (is_positive_number(self.tolerance) and self.tolerance < 1):   # 2 meant 2%: 200%
+      raise ConfigError(f"ShapeSet tolerance={self.tolerance!r}; allowed: a fraction in (0, 1), "
+                        f"e.g. 0.02 for 2%")
     if isinstance(self.shapes, str):   # ("4x128") is a string: read as shapes '4', 'x', ...
       raise ConfigError(f"ShapeSet shapes={self.shapes!r}; allowed: a tuple of 'LxD' strings, "
                         f"e.g. ({self.shapes!r},)")

@@ -252,6 +252,8 @@ def test_a_shape_set_listing_a_depth_twice_is_one_error_line(tmp_path, capsys, l
     ('count="non-embedding"', "ShapeSet count='non-embedding'; allowed: total, non_embedding"),
     ("target=0", "ShapeSet target=0; allowed: a finite number > 0"),
     ('target="408e6"', "ShapeSet target='408e6'; allowed: a finite number > 0"),
+    # 2 meaning 2% allowed 200%: the off-target warning never fired.
+    ("tolerance=2", "ShapeSet tolerance=2; allowed: a fraction in (0, 1), e.g. 0.02 for 2%"),
 ])
 def test_a_shape_sets_own_bad_field_is_one_error_line(tmp_path, capsys, written, named):
   """A typo in a suite copy's ShapeSet count or target was a KeyError / ZeroDivisionError /
@@ -259,8 +261,10 @@ def test_a_shape_sets_own_bad_field_is_one_error_line(tmp_path, capsys, written,
   text = open(os.path.join(REPO, "configs", "suite_400m.py")).read()
   mine = tmp_path / "my_suite.py"
   field = written.split("=")[0]
-  mine.write_text(text.replace({"count": 'count="total"', "target": "target=408e6"}[field],
-                               written, 1))
+  where = {"count": 'count="total"', "target": "target=408e6",
+           "tolerance": 'count="total"'}[field]
+  mine.write_text(text.replace(where, written if field != "tolerance" else
+                               f'count="total", {written}', 1))
   assert mine.read_text() != text
   assert sweep.main([str(mine), "--dry_run"]) == 2
   assert capsys.readouterr().err.strip().splitlines()[-1].endswith(named)
