@@ -230,8 +230,11 @@ def main(argv):
     check_sets(sets)  # Before the checkpoint loads.
     config, params, step = checkpoint.restore_run(workdir, _STEP.value)
     model_cfg = model_config_from(config.model)
-    if _EXPORT.value:
-      hf.check_exportable(model_cfg)  # Before any compute: a clear error for non-Pre-LN designs.
+    if _EXPORT.value:  # Before any compute, naming the flag (the run's design is no choice).
+      try:
+        hf.check_exportable(model_cfg)
+      except ConfigError as err:
+        raise ConfigError(f"--export_hf: the run's {err}, or no --export_hf") from None
     # --eval_data_dir, else the run's config.evals.data_dir (when set), else the default.
     # A leading '~' is the home dir, as in config.data.path (the shell leaves '--x=~/e' alone).
     data_dir = os.path.expanduser(_DATA_DIR.value or config.evals.data_dir or "") or None

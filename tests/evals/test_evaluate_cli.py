@@ -82,7 +82,8 @@ def test_cli_bad_flag_is_one_error_line_before_the_checkpoint_loads(tmp_path, fl
 
 @pytest.mark.parametrize("flags, named", [
     # Once a ConfigError traceback, exit 1.
-    (["--export_hf", "--sets=humaneval"], "config.model.residual.name='hc'"),
+    (["--export_hf", "--sets=humaneval"], "--export_hf: the run's config.model.residual.name="
+     "'hc' has no Hugging Face LLaMA/Qwen3 equivalent; allowed: preln, or no --export_hf"),
     # Once a MissingEvalSet traceback, exit 1, after the sets before it were scored.
     (["--strict", "--sets=humaneval,gsm8k"], "--strict"),
     # Once a FileNotFoundError traceback, exit 1.
