@@ -19,10 +19,19 @@ source "$(dirname "$0")/device_env.sh"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv || true
 # cuDNN flash attention vs the blocked XLA attention (values, grads, time); the bench runs
 # attention_kernel='fused' (cuDNN) only if that check passes, else 'xla'.
+# A usage error of the check (exit 2: a typo in CUDNN_CHECK_ARGS) stops here, not as a failed
+# check that spends the device lease on the xla bench.
 KERNEL=fused
+set +e
 # shellcheck disable=SC2086
-if ! "$PY" -m depthbench_jax.systems.cudnn_check ${CUDNN_CHECK_ARGS:-} \
-    | tee "$OUT_DIR/cudnn_check.jsonl"; then
+"$PY" -m depthbench_jax.systems.cudnn_check ${CUDNN_CHECK_ARGS:-} \
+  | tee "$OUT_DIR/cudnn_check.jsonl"
+CHECK_RC=${PIPESTATUS[0]}
+set -e
+if [ "$CHECK_RC" -eq 2 ]; then
+  echo "cudnn_check refused its arguments (CUDNN_CHECK_ARGS='${CUDNN_CHECK_ARGS:-}'); nothing benched" >&2
+  exit 2
+elif [ "$CHECK_RC" -ne 0 ]; then
   KERNEL=xla
   echo "cuDNN check failed: benching attention_kernel=xla"
 fi

@@ -71,6 +71,19 @@ def test_gpu_bench_script_checks_cudnn_then_benches_in_miniature(tmp_path):
   assert "| verdict | value | target |" in (tmp_path / "bench.log").read_text()
 
 
+def test_gpu_bench_stops_on_a_usage_error_of_the_cudnn_check(tmp_path):
+  """A typo in CUDNN_CHECK_ARGS (cudnn_check's exit 2) read as 'cuDNN cannot run here' and
+  spent the lease benching the XLA attention; it stops the script now, nothing benched."""
+  env = subprocess_env(OUT=str(tmp_path), PYTHON=sys.executable, BENCH_PRESET="quick",
+                       CUDNN_CHECK_ARGS="--rounds=0")
+  run = subprocess.run(["bash", "benchmarks/gpu_bench.sh"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=300)
+  assert run.returncode == 2, run.stdout[-2000:] + run.stderr[-2000:]
+  assert "cudnn_check refused its arguments (CUDNN_CHECK_ARGS='--rounds=0')" in run.stderr
+  assert "benching attention_kernel=xla" not in run.stdout
+  assert sorted(os.listdir(tmp_path)) == ["cudnn_check.jsonl"]
+
+
 @pytest.mark.parametrize("script", ["gpu_profile.sh", "gpu_remat_profile.sh"])
 def test_a_device_script_whose_bench_fails_exits_nonzero(tmp_path, script):
   """They run every section whatever an earlier one did, and exited with the last one's status
