@@ -172,6 +172,8 @@ def _train_and_evaluate(config, workdir: str, lock: workdir_lock.TrainerLock) ->
   start_time = time.time()
   model_cfg = config_check.validate(config, jax.device_count())
   process_index, process_count = jax.process_index(), jax.process_count()
+  if os.path.isdir(workdir):   # Before its files are read: a diverged summary a live session
+    lock.acquire_agreed(process_count)   # set aside was put back under it (_diverged_summary).
   saved_config = os.path.join(workdir, summary.CONFIG)
   resumed_step = (summary.checkpoint_steps(workdir) or [None])[-1]
   if resumed_step is not None:
@@ -218,7 +220,8 @@ def _train_and_evaluate(config, workdir: str, lock: workdir_lock.TrainerLock) ->
   train_iter = pipeline.make_train_iterator(config, process_index, process_count, steps, metas)
   val_batches = pipeline.make_val_batches(config, process_index, process_count, metas)
   os.makedirs(workdir, exist_ok=True)
-  lock.acquire_agreed(process_count)   # Before the first write: another trainer's files stay.
+  if not lock.held:   # A new workdir: before the first write, as another trainer may make it.
+    lock.acquire_agreed(process_count)
   if process_index == 0:
     summary.write_config(workdir, config)
     summary.set_aside_earlier(workdir)
@@ -399,7 +402,9 @@ def _diverged_summary(workdir: str, config) -> dict | None:
   done = _saved_summary(workdir)
   earlier = done is None
   if earlier:
-    done = _saved_summary(workdir, summary.SUMMARY[:-len(".json")] + ".previous.json")
+    done = _saved_summary(workdir, summary.previous_name(summary.SUMMARY))
+    if done is None:   # another process of the run put it back between the two reads
+      done, earlier = _saved_summary(workdir), False
   if not (done and done.get("status") == "diverged" and isinstance(done.get("config"), dict)):
     return None
   if recipe.guard_changes(done["config"], config_check.as_json(config)):

@@ -220,6 +220,11 @@ def write(workdir: str, result: dict) -> None:
   atomic_write_json(os.path.join(workdir, SUMMARY), result)
 
 
+def previous_name(name: str) -> str:
+  """``summary.json`` -> ``summary.previous.json``: where ``set_aside_earlier`` moves it."""
+  return name[:-len(".json")] + ".previous.json"
+
+
 def set_aside_earlier(workdir: str) -> None:
   """Moves an earlier session's ``summary.json`` and ``status.json`` to ``*.previous.json``
   before a session trains on (a diverged run resumed under other divergence rules): the sweep
@@ -228,7 +233,7 @@ def set_aside_earlier(workdir: str) -> None:
   for name in (SUMMARY, STATUS):
     path = os.path.join(workdir, name)
     if os.path.exists(path):
-      os.replace(path, path[:-len(".json")] + ".previous.json")
+      os.replace(path, os.path.join(workdir, previous_name(name)))
 
 
 def restore_earlier(workdir: str) -> None:
@@ -236,7 +241,7 @@ def restore_earlier(workdir: str) -> None:
   ``status.json`` (a run diverged under the rules it is run with again, after a session under
   other rules set them aside and stopped before writing its own)."""
   for name in (SUMMARY, STATUS):
-    earlier = os.path.join(workdir, name[:-len(".json")] + ".previous.json")
+    earlier = os.path.join(workdir, previous_name(name))
     if os.path.exists(earlier):
       os.replace(earlier, os.path.join(workdir, name))
 

@@ -26,6 +26,10 @@ class TrainerLock:
     self.workdir, self.process_index = workdir, process_index
     self._file = None
 
+  @property
+  def held(self) -> bool:
+    return self._file is not None
+
   def acquire(self) -> None:
     """ConfigError naming ``--workdir`` when another trainer holds it."""
     f = open(self.path, "a")
@@ -55,6 +59,9 @@ class TrainerLock:
       refused = ""
     except ConfigError as err:
       refused = str(err)
+    except OSError as err:   # a read-only or unreachable workdir: refused on every process too
+      refused = (f"--workdir={self.workdir}: cannot lock {self.path} ({err.strerror}); "
+                 f"allowed: a folder this process can write")
     if process_count > 1:
       from depthbench_jax.hosts import gather_text  # pylint: disable=g-import-not-at-top
       refused = next((line for line in gather_text(refused) if line), "")

@@ -93,8 +93,16 @@ def test_a_diverged_run_resumed_and_interrupted_is_not_left_done(train_in_proces
   assert summary.read_json(os.path.join(workdir, "summary.previous.json")) == diverged
   assert os.path.exists(os.path.join(workdir, "status.previous.json"))
   # The first command again (its rules call step 7 a divergence): it trained on from step 9
-  # through no divergence to 'ok' with a skipped step; it is the run's verdict, put back.
+  # through no divergence to 'ok' with a skipped step; it is the run's verdict, put back. Not
+  # while a session trains there (it wrote the diverged summary under the live one).
   config.skip_nonfinite_steps = False
+  from depthbench_jax.train import workdir_lock
+  live = workdir_lock.TrainerLock(workdir, 0)
+  live.acquire()
+  with pytest.raises(ConfigError, match="another trainer"):
+    train_in_process(config, workdir)
+  live.release()
+  assert not os.path.exists(os.path.join(workdir, "summary.json"))
   assert train_in_process(config, workdir) == diverged
   assert "diverged at step 7 (non-finite loss" in capsys.readouterr().out
   assert helpers.summary(workdir) == diverged and sweep.run_state(workdir) == "done"
