@@ -30,6 +30,7 @@ import contextlib
 import dataclasses
 import functools
 import importlib.util
+import inspect
 import json
 import math
 import os
@@ -314,15 +315,17 @@ def check_lr_tables(module, config_path: str) -> None:
   each by ``check_lr_grid``): a misspelt design key fell back to the default grid silently."""
   from depthbench_jax.residual import registry  # Local: pulls in jax/flax.
   lrs_for = getattr(module, "lrs_for", None)
-  own = [t for t in ("DEFAULT_LRS", "LR_GRID") if hasattr(module, t)]
-  if own and callable(lrs_for) and getattr(lrs_for, "__globals__", None) is not vars(module):
+  read = getattr(inspect.unwrap(lrs_for), "__globals__", None) if callable(lrs_for) else None
+  unread = [t for t in ("DEFAULT_LRS", "LR_GRID")
+            if read is not None and hasattr(module, t) and read.get(t) is not getattr(module, t)]
+  if unread:
     # A control suite's copy borrows suite_400m's lrs_for: its own tables were checked and
-    # then never read (its dry run planned the 400M grid).
+    # then never read (its dry run planned the 400M grid). Tables imported with it are its own.
     raise ConfigError(
-        f"{config_path}: {' and '.join(own)} are read by no lrs_for: this file's lrs_for is "
-        f"{lrs_for.__module__}.{lrs_for.__name__}, which reads its own; allowed: a lrs_for of "
-        f"this file's (def lrs_for(design): return LR_GRID.get(design, DEFAULT_LRS)), or no "
-        f"table here")
+        f"{config_path}: {' and '.join(unread)} are read by no lrs_for: this file's lrs_for is "
+        f"{getattr(lrs_for, '__module__', '?')}.{getattr(lrs_for, '__qualname__', 'lrs_for')}, "
+        f"which reads its own; allowed: a lrs_for of this file's (def lrs_for(design): return "
+        f"LR_GRID.get(design, DEFAULT_LRS)), or no table here")
   if hasattr(module, "DEFAULT_LRS"):
     check_lr_grid(module.DEFAULT_LRS, f"{config_path}: DEFAULT_LRS")
   for table in ("LR_GRID", "LR_BY_ARCH"):
@@ -462,8 +465,9 @@ def checked_config(module, run: Run) -> ml_collections.ConfigDict:
     if config.name != run.name:   # validate_name reads the name: a renamed run passed it
       raise ConfigError(
           f"config.name={config.name!r}: get_config renamed the run the sweep trains in "
-          f"{run.workdir} (two LRs of the grid trained its 1e-3 under their names); allowed: "
-          f"the name apply_run gives, with the LR in the suite's LR grid (sweep()'s lr=)")
+          f"{run.workdir} (with an LR set beside it, every LR of the grid trained that one under "
+          f"its own name); allowed: the name apply_run gives, with the LR in the suite's LR "
+          f"grid (sweep()'s lr=)")
     config_check.validate_without_devices(config)
     config_check.validate_iso(config)
     if config.steps > 0:
@@ -535,20 +539,27 @@ def off_target_shapes(config_path: str, module) -> list[str]:
     for shape in shape_set.parsed():
       try:   # a width the heads do not divide said only 'does not divide d_model=950'
         solved = param_counts(shaped_model(model, shape, ffn))
-        built = param_counts(config_of(module, f"arch=preln,shape={shape.name}").model)
       except ConfigError as err:
         raise ConfigError(f"{config_path}: SHAPE_SETS[{key!r}] shape {shape.name}: {err}"
                           ) from None
+      try:
+        built = param_counts(config_of(module, f"arch=preln,shape={shape.name}").model)
+      except ConfigError:   # a get_config that needs an lr= or builds no Pre-LN: the solver's
+        built = solved
       listed = Solution(shape, shape_set.target, shape_set.count, built, None)
       if abs(listed.rel_error) > shape_set.tolerance:
-        apart = (f" as get_config builds it (solver_model({key!r}) counts "
-                 f"{human(solved[shape_set.count], 4)}: a model field get_config sets apart "
-                 f"from it)" if built != solved else "")
+        apart = built != solved
+        # The shapes tool solves on solver_model: where get_config builds another model, its
+        # widths are the listed ones again; the fix is solver_model's.
         out.append(f"warning: SHAPE_SETS[{key!r}] shape {shape.name} has "
-                   f"{human(listed.achieved, 4)} {shape_set.count} Pre-LN parameters{apart}, "
-                   f"{listed.rel_error:+.2%} off its target {human(shape_set.target, 4)} "
-                   f"(tolerance {shape_set.tolerance:.2%}); the solver's widths: "
-                   f"python -m depthbench_jax.shapes {config_path}")
+                   f"{human(listed.achieved, 4)} {shape_set.count} Pre-LN parameters"
+                   + (f" as get_config builds it (solver_model({key!r}) counts "
+                      f"{human(solved[shape_set.count], 4)})" if apart else "")
+                   + f", {listed.rel_error:+.2%} off its target {human(shape_set.target, 4)} "
+                   f"(tolerance {shape_set.tolerance:.2%}); "
+                   + (f"give solver_model({key!r}) the model fields get_config sets, then "
+                      if apart else "")
+                   + f"the solver's widths: python -m depthbench_jax.shapes {config_path}")
   return out
 
 

@@ -322,8 +322,10 @@ def test_an_implementation_switch_is_no_other_recipe(tmp_path):
   write_summary(run.workdir, config=trained)
   assert sweep.recipe_edits(smoke, [run]) == []
   os.remove(os.path.join(run.workdir, "summary.json"))   # stopped midway: its config.json
+  os.makedirs(os.path.join(run.workdir, "checkpoints", "5"))   # (no checkpoint: not started)
   with open(os.path.join(run.workdir, "config.json"), "w") as f:
     json.dump(trained, f)
+  assert sweep.trained_config(run.workdir) == json.loads(json.dumps(trained))
   assert sweep.run_state(run.workdir) == "partial" and sweep.recipe_edits(smoke, [run]) == []
   trained["model"]["residual"]["sinkhorn_iters"] = 5
   write_summary(run.workdir, config=trained)
@@ -701,6 +703,9 @@ def test_a_control_suite_copys_own_lr_table_under_a_borrowed_lrs_for_is_refused(
   suite.write_text(text + "\nDEFAULT_LRS = (1e-3, 2e-3)\nLR_GRID = {'hc': (5e-4,)}\n"
                    "def lrs_for(design):\n  return LR_GRID.get(design, DEFAULT_LRS)\n")
   assert sweep.main([str(suite), "--results_dir", str(tmp_path / "r"), "--dry_run"]) == 0
+  # The tables imported with the borrowed lrs_for are the ones it reads: no complaint.
+  suite.write_text(text + "\nfrom configs.suite_400m import DEFAULT_LRS, LR_GRID\n")
+  assert sweep.main([str(suite), "--results_dir", str(tmp_path / "r"), "--dry_run"]) == 0
 
 
 def test_an_lr_grid_may_be_a_numpy_array(tiny, capsys):
@@ -1056,9 +1061,9 @@ def test_dry_run_counts_the_model_get_config_builds_not_the_solvers(tmp_path, ca
   warnings = [l for l in capsys.readouterr().out.splitlines() if l.startswith("warning:")]
   assert warnings == [
       "warning: SHAPE_SETS['smoke'] shape 4x128 has 886K total Pre-LN parameters as get_config "
-      "builds it (solver_model('smoke') counts 918.9K: a model field get_config sets apart from "
-      "it), -3.58% off its target 918.9K (tolerance 2.00%); the solver's widths: python -m "
-      f"depthbench_jax.shapes {config}"], warnings
+      "builds it (solver_model('smoke') counts 918.9K), -3.58% off its target 918.9K (tolerance "
+      "2.00%); give solver_model('smoke') the model fields get_config sets, then the solver's "
+      f"widths: python -m depthbench_jax.shapes {config}"], warnings
   config.write_text(OFF_TARGET_SUITE.replace('"8x160"', '"8x130"'))
   assert sweep.main([str(config), "--results_dir", str(tmp_path / "r"), "--dry_run"]) == 2
   err = capsys.readouterr().err.strip().splitlines()
