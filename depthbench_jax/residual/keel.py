@@ -73,7 +73,8 @@ class KeelIO(StateIO):
 def _check(residual, n_layers):
   check_fields(residual, {
       # Finite: inf made every logit NaN (inf x / RMS(inf x)) with no error.
-      "alpha": (lambda v: v is None or is_positive_number(v),
+      # A builtin number: config.json is plain JSON (a numpy scalar failed the first save).
+      "alpha": (lambda v: v is None or (isinstance(v, (int, float)) and is_positive_number(v)),
                 "None (= 2 * n_layers, the number of sublayers) or a finite positive number"),
       "first_layer_plain": (lambda v: isinstance(v, bool), "True or False"),
   })

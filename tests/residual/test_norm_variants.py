@@ -164,8 +164,9 @@ def test_keel_without_plain_first_layer_scales_every_sublayer_by_alpha():
 
 def test_keel_alpha_must_be_a_positive_number():
   """alpha = 0 (the skip dropped), a bool and inf (NaN logits from layer 1 on) are refused,
-  naming the field; 0.5 is allowed."""
-  for bad in (0, 0.0, True, float("inf"), float("nan")):
+  naming the field, and so is a numpy scalar (config.json is plain JSON: it failed the first
+  checkpoint's save); 0.5 is allowed."""
+  for bad in (0, 0.0, True, float("inf"), float("nan"), np.float32(2.0)):
     with pytest.raises(ConfigError, match=r"config\.model\.residual\.alpha=.*allowed"):
       tiny_cfg("keel", residual={"alpha": bad})
   assert tiny_cfg("keel", residual={"alpha": 0.5}).residual["alpha"] == 0.5
