@@ -70,7 +70,8 @@ def suite_configs(config_path: str, designs: Sequence[str] | None = None,
     shapes = list(dict.fromkeys(str(parse_shape(s)) for s in shapes or ()))
   except ConfigError as err:
     raise ConfigError(f"--shapes: {err}") from None
-  check_is_suite(config_path, module)
+  if shapes:   # (without --shapes, suite_shapes checks it)
+    check_is_suite(config_path, module)
   shapes = shapes or suite_shapes(config_path, module)
   designs = designs or registry.names()
   unknown = [d for d in designs if d not in registry.names()]

@@ -293,11 +293,15 @@ def test_two_processes_over_a_live_trainers_lock_both_refuse_at_once(tmp_path):
   os.makedirs(workdir)
   live = workdir_lock.TrainerLock(workdir, 0)   # the 1-process job's lock
   live.acquire()
+  procs = []
   try:
     procs = start_two_processes(workdir, helpers.tiny_flags(steps=4))
     errors = [p.communicate(timeout=120)[1] for p in procs]
   finally:
     live.release()
+    for p in procs:   # a failure leaves no process waiting in a collective for minutes
+      if p.poll() is None:
+        p.kill()
   assert [p.returncode for p in procs] == [2, 2], errors
   for err in errors:
     assert f"error: --workdir={workdir}: another trainer (process 0) is training in it" in err
@@ -403,12 +407,17 @@ def test_two_processes_save_at_one_step_on_a_ctrl_c_to_one(tmp_path):
   now it is a SIGTERM the preemption service hears, and both save at one step."""
   workdir = str(tmp_path / "two_int")
   procs = start_two_processes(workdir, helpers.tiny_flags(steps=200, checkpoint_every=1000))
-  helpers.wait_for_step(workdir, 4, procs[0])
-  procs[1].send_signal(signal.SIGINT)
-  for p in procs:
-    _, err = p.communicate(timeout=120)
-    assert p.returncode == 0, err[-3000:]
-    assert "Traceback" not in err
+  try:
+    helpers.wait_for_step(workdir, 4, procs[0])
+    procs[1].send_signal(signal.SIGINT)
+    for p in procs:
+      _, err = p.communicate(timeout=120)
+      assert p.returncode == 0, err[-3000:]
+      assert "Traceback" not in err
+  finally:
+    for p in procs:   # a failure leaves no process waiting in a collective for minutes
+      if p.poll() is None:
+        p.kill()
   ckpts = [int(d) for d in os.listdir(os.path.join(workdir, "checkpoints")) if d.isdigit()]
   assert ckpts and 4 <= max(ckpts) < 200
 
