@@ -326,6 +326,23 @@ def test_exact_match_and_pass_at_1_by_hand(monkeypatch):
   _generating(monkeypatch, ["    while True:\n        pass\n"])
   out = tasks.generation_metrics("humaneval", None, None, None, code, timeout_s=1.0)
   assert (out["pass@1"], out["timeouts"]) == (0.0, 1)   # a timeout is no pass
+  # Nor a program that runs and fails (no completion went through here but a pass and a loop).
+  _generating(monkeypatch, ["    return None\n"])
+  out = tasks.generation_metrics("humaneval", None, None, None, code, timeout_s=10.0)
+  assert (out["pass@1"], out["timeouts"]) == (0.0, 0)
+
+
+def test_math500_exact_match_reads_the_boxed_answer_against_the_normalised_reference(
+    monkeypatch):
+  """The MATH branch never ran with a known answer: GSM8K's extraction or an unnormalised
+  reference there passed (the fixture's references are already normal). Boxed \\dfrac34 is
+  \\frac{3}{4}; a reference of \\$18.90 is 18.9; 42 is no 0.5."""
+  E = lambda i, target: datasets.Example(id=i, prompt="q", answer="", target=target)
+  math = [E("a", r"\frac{3}{4}"), E("b", "0.5"), E("c", r"\$18.90")]
+  _generating(monkeypatch, [r"so $\boxed{\dfrac34}$", r"\boxed{42} and 7",
+                            r"it costs \boxed{18.9} #### 3"])
+  got = tasks.generation_metrics("math500", None, None, None, math)["exact_match"]
+  assert got == pytest.approx(2 / 3)
 
 
 def test_domain_means_average_the_sets_found():
@@ -540,6 +557,23 @@ def test_greedy_completions_keep_the_prompt_tail_and_cut_at_eos_and_the_earliest
   assert calls[1] == ([[256] + list(b"zz"), [256]], 4, 1)
   assert scoring.greedy_completions(cfg, None, tok, ["q"], max_new_tokens=4, max_len=8,
                                     stops=["\n", "|"]) == ["A"]
+  # The earliest stop, not the first listed (in that order both were "\n").
+  assert scoring.greedy_completions(cfg, None, tok, ["q"], max_new_tokens=4, max_len=8,
+                                    stops=["|", "\n"]) == ["A"]
+  # A completion that ran out of tokens ends with no eos: its last token is text, kept.
+  monkeypatch.setattr(scoring, "greedy_generate", lambda *a, **k: [list(b"A\nB|C")])
+  assert scoring.greedy_completions(cfg, None, tok, ["q"], max_new_tokens=4,
+                                    max_len=8) == ["A\nB|C"]
+
+
+def test_the_examples_fingerprint_follows_the_answers():
+  """Two files of one set whose answers differ (a corrected copy) scored under one fingerprint
+  when only the ids and prompts counted; the test beside it changed the ids too."""
+  import dataclasses
+  ex = datasets.load_set("gsm8k", FIXTURES)
+  changed = [dataclasses.replace(ex[0], answer=ex[0].answer + " (corrected)"), *ex[1:]]
+  assert datasets.examples_fingerprint(ex) != datasets.examples_fingerprint(changed)
+  assert datasets.examples_fingerprint(ex) == datasets.examples_fingerprint(list(ex))
 
 
 def test_score_rows_pad_to_a_power_of_two_within_the_window():
