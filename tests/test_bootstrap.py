@@ -54,7 +54,10 @@ def test_a_venv_left_without_pip_is_made_again(tmp_path):
   assert out.returncode == 0, out.stderr
   calls = log.read_text().splitlines()
   assert calls[0] == f"python3 -m venv {root / '.venv'}"
-  assert any("-e" in c and "[test]" in c for c in calls)          # installed with pip
+  # Installed with pip, pinned, from the checkout's own folder wherever it is run from (the
+  # pins or the absolute path dropped passed "'-e' and '[test]' in a call").
+  assert any(c.endswith(f" -c {root}/launch/constraints.txt -e {root}[test]") for c in calls), \
+      calls
   assert (root / ".venv" / ".depthbench-installed").exists()
   log.write_text("")
   assert run().returncode == 0 and log.read_text() == ""          # stamp current: nothing runs
@@ -77,6 +80,12 @@ def test_a_changed_constraints_file_reinstalls_with_the_no_deps_packages(tmp_pat
   assert run().returncode == 0
   calls = log.read_text().splitlines()
   assert any(" -e " in c for c in calls) and any("--no-deps" in c for c in calls), calls
+  # And so does setup.py (a new install_requires entry): the stamp hashes it too.
+  log.write_text("")
+  with open(root / "setup.py", "a") as f:
+    f.write("\n# a new requirement\n")
+  assert run().returncode == 0
+  assert any(" -e " in c for c in log.read_text().splitlines()), log.read_text()
 
 
 def test_a_venv_with_the_cuda_plugin_keeps_it_across_reinstalls(tmp_path):
@@ -124,6 +133,7 @@ def test_uv_is_given_pips_find_links_from_config_and_environment(tmp_path):
   assert out.returncode == 0, out.stderr
   uv = [c for c in log.read_text().splitlines() if c.startswith("uv ") and " -e " in c]
   assert len(uv) == 1 and "uv failed" not in out.stderr
+  assert uv[0].endswith(f" -c {root}/launch/constraints.txt -e {root}[test]"), uv[0]
   for flag in ("--find-links /wheels", "--find-links /etc/wheels", "--constraints /caps.txt"):
     assert flag in uv[0], uv[0]
 
