@@ -350,6 +350,29 @@ def test_run_sweep_sh_passes_the_suite_to_the_report(tmp_path):
   assert calls[-1] == f"-m depthbench_jax.report {results} --config={config}", calls
 
 
+def test_run_sweep_sh_without_arguments_sweeps_and_reports_the_smoke_suite(tmp_path):
+  """README's first command: no argument at all. Its default suite was never checked (every
+  call named a suite), so another CONFIG= in the script passed."""
+  script = _fake_repo(tmp_path)
+  calls = _calls_of(script, [], tmp_path)
+  results = tmp_path / "results"
+  assert "-m depthbench_jax.sweep configs/smoke.py --print_results_dir" in calls, calls
+  assert calls[-1] == f"-m depthbench_jax.report {results} --config=configs/smoke.py", calls
+
+
+def test_the_smoke_suite_plans_every_design_at_its_two_shapes(tmp_path, capsys):
+  """What run_sweep.sh runs by default, checked as the sweep checks it (every run's config, the
+  shape sets, the LR tables): the tests swept copies with shapes of their own, so a width in
+  configs/smoke.py the heads do not divide passed them and stopped README's first command."""
+  from depthbench_jax import sweep
+  from depthbench_jax.residual import registry
+  smoke = os.path.join(helpers.ROOT, "configs", "smoke.py")
+  assert sweep.main([smoke, "--results_dir", str(tmp_path / "r"), "--dry_run"]) == 0
+  out = capsys.readouterr().out
+  assert f"{2 * len(registry.names())} runs (0 done, {2 * len(registry.names())} to run)" in out
+  assert "warning" not in out
+
+
 @pytest.mark.parametrize("spelling", [["--config=half_suite.py"], ["--config", "half_suite.py"]])
 def test_run_sweep_sh_takes_the_suite_as_config_flag(tmp_path, spelling):
   # `--config=FILE`, as the sweep, systems and report spell it: that suite is swept and
