@@ -173,7 +173,9 @@ def _train_and_evaluate(config, workdir: str, lock: workdir_lock.TrainerLock) ->
   model_cfg = config_check.validate(config, jax.device_count())
   process_index, process_count = jax.process_index(), jax.process_count()
   if os.path.isdir(workdir):   # Before its files are read: a diverged summary a live session
-    lock.acquire_agreed(process_count)   # set aside was put back under it (_diverged_summary).
+    # set aside was put back under it (_diverged_summary). No lock file made here: a run refused
+    # for its input leaves the folder as it was.
+    lock.acquire_agreed(process_count, create=False)
   saved_config = os.path.join(workdir, summary.CONFIG)
   resumed_step = (summary.checkpoint_steps(workdir) or [None])[-1]
   if resumed_step is not None:
@@ -220,8 +222,7 @@ def _train_and_evaluate(config, workdir: str, lock: workdir_lock.TrainerLock) ->
   train_iter = pipeline.make_train_iterator(config, process_index, process_count, steps, metas)
   val_batches = pipeline.make_val_batches(config, process_index, process_count, metas)
   os.makedirs(workdir, exist_ok=True)
-  if not lock.held:   # A new workdir: before the first write, as another trainer may make it.
-    lock.acquire_agreed(process_count)
+  lock.acquire_agreed(process_count)   # Before the first write (held already: agreed only).
   if process_index == 0:
     summary.write_config(workdir, config)
     summary.set_aside_earlier(workdir)

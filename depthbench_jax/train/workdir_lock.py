@@ -30,8 +30,12 @@ class TrainerLock:
   def held(self) -> bool:
     return self._file is not None
 
-  def acquire(self) -> None:
-    """ConfigError naming ``--workdir`` when another trainer holds it."""
+  def acquire(self, create: bool = True) -> None:
+    """ConfigError naming ``--workdir`` when another trainer holds it. Held already: nothing.
+    ``create=False``: only a lock file that exists is locked (a run refused for its input then
+    leaves its folder as it was)."""
+    if self.held or not (create or os.path.exists(self.path)):
+      return
     f = open(self.path, "a")
     try:
       fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -49,13 +53,13 @@ class TrainerLock:
             f"stops a second trainer in {self.workdir}", file=sys.stderr, flush=True)
     self._file = f
 
-  def acquire_agreed(self, process_count: int) -> None:
+  def acquire_agreed(self, process_count: int, create: bool = True) -> None:
     """``acquire`` on every process of a run, agreed over JAX's collectives: one refused refuses
     all, each with the same line. A 2-process rerun over a 1-process job got process 1's lock
     (nobody held it) and waited on process 0, which had exited, in orbax's first barrier: 5
-    minutes, then an abort."""
+    minutes, then an abort. Every process calls it (a collective), held or not."""
     try:
-      self.acquire()
+      self.acquire(create)
       refused = ""
     except ConfigError as err:
       refused = str(err)

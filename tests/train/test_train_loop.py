@@ -305,7 +305,7 @@ def test_two_processes_over_a_live_trainers_lock_both_refuse_at_once(tmp_path):
   assert [p.returncode for p in procs] == [2, 2], errors
   for err in errors:
     assert f"error: --workdir={workdir}: another trainer (process 0) is training in it" in err
-  assert sorted(os.listdir(workdir)) == [".trainer-0.lock", ".trainer-1.lock"]
+  assert os.listdir(workdir) == [".trainer-0.lock"]   # the live one's: nothing written
 
 
 def test_two_processes_given_other_configs_both_refuse_before_writing(tmp_path):
@@ -406,7 +406,7 @@ def test_two_processes_save_at_one_step_on_a_ctrl_c_to_one(tmp_path):
   KeyboardInterrupt on each (a traceback, exit -2, the steps since the last checkpoint lost):
   now it is a SIGTERM the preemption service hears, and both save at one step."""
   workdir = str(tmp_path / "two_int")
-  procs = start_two_processes(workdir, helpers.tiny_flags(steps=200, checkpoint_every=1000))
+  procs = start_two_processes(workdir, helpers.tiny_flags(steps=100000, checkpoint_every=100000))
   try:
     helpers.wait_for_step(workdir, 4, procs[0])
     procs[1].send_signal(signal.SIGINT)
@@ -419,7 +419,7 @@ def test_two_processes_save_at_one_step_on_a_ctrl_c_to_one(tmp_path):
       if p.poll() is None:
         p.kill()
   ckpts = [int(d) for d in os.listdir(os.path.join(workdir, "checkpoints")) if d.isdigit()]
-  assert ckpts and 4 <= max(ckpts) < 200
+  assert ckpts and 4 <= max(ckpts) < 100000   # (200 steps could all train before the save)
 
 
 @pytest.mark.slow
