@@ -269,7 +269,8 @@ def tensorboard_points(workdir, tag="train/loss"):
           for e in events.Tensors(tag)]
 
 
-def start_two_processes(workdir, flags, devices=1, flags_of_1=None, cwds=(helpers.ROOT,) * 2):
+def start_two_processes(workdir, flags, devices=1, flags_of_1=None, cwds=(helpers.ROOT,) * 2,
+                        preexec_fn=None):
   """Two local gloo processes of ``main.py`` with ``devices`` CPU devices each (a pair: each
   process its own), process 1 with ``flags_of_1`` where given, process i started in ``cwds[i]``
   (two hosts' views of a path)."""
@@ -281,7 +282,8 @@ def start_two_processes(workdir, flags, devices=1, flags_of_1=None, cwds=(helper
       cwd=cwds[i],
       env=helpers.subprocess_env(devices[i], JAX_COORDINATOR_ADDRESS=f"localhost:{port}",
                                  JAX_NUM_PROCESSES=2, JAX_PROCESS_ID=i),
-      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=preexec_fn)
+      for i in range(2)]
 
 
 def test_two_processes_over_a_live_trainers_lock_both_refuse_at_once(tmp_path):
@@ -406,7 +408,12 @@ def test_two_processes_save_at_one_step_on_a_ctrl_c_to_one(tmp_path):
   KeyboardInterrupt on each (a traceback, exit -2, the steps since the last checkpoint lost):
   now it is a SIGTERM the preemption service hears, and both save at one step."""
   workdir = str(tmp_path / "two_int")
-  procs = start_two_processes(workdir, helpers.tiny_flags(steps=100000, checkpoint_every=100000))
+  # As in a terminal: a suite started as a background job of a non-interactive shell
+  # (`./launch/test.sh &`, as CI may) ignores SIGINT, its children inherit that, and the trainer
+  # leaves an ignored SIGINT ignored (run_sweep.sh's background jobs): the run went on. (Under
+  # `timeout`, which resets it, the test passed.)
+  procs = start_two_processes(workdir, helpers.tiny_flags(steps=100000, checkpoint_every=100000),
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
   try:
     helpers.wait_for_step(workdir, 4, procs[0])
     procs[1].send_signal(signal.SIGINT)
