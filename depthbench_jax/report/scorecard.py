@@ -697,13 +697,12 @@ def build_report(records: Sequence[dict], title: str = "DepthBench scorecard",
               f"design's best LR (ties within {TREND_TOL}: flat); 'peak in the middle' when an "
               "in-between depth beats both." + size_spread_note(records)
               + token_budget_note(records, groups), ""]
+    paper = paper_comparison(rows, records)
+    if paper:
+      parts += ["## Against the paper (400M)", "", paper, ""]
+    parts += ["## Val loss by LR", "", lr_table(records, groups, gaps), ""]
   else:   # Every finished run set aside: no empty table under a heading.
     parts += ["No finished run of this recipe to compare.", ""]
-  paper = paper_comparison(rows, records)
-  if paper:
-    parts += ["## Against the paper (400M)", "", paper, ""]
-  if records:
-    parts += ["## Val loss by LR", "", lr_table(records, groups, gaps), ""]
   if set_aside:
     parts += [f"## Set aside: {len(set_aside)} run{'s' if len(set_aside) > 1 else ''} of "
               f"another recipe", "", set_aside_markdown(set_aside, relative_to), ""]
