@@ -42,7 +42,6 @@ def plot_bench(rows: Sequence[dict], path: str, targets: dict[str, float], title
   fig, axes = plt.subplots(1, panels, figsize=(max(9.0, 1.1 * len(designs) + 3) * panels / 2,
                                                4.4))
   ax_t, ax_m = axes[0], axes[1]
-  drew_target = False
   for s, shape in enumerate(shapes):
     by_design = {r["design"]: r for r in rows if r["shape"] == shape}
     xs = [d + (s - (len(shapes) - 1) / 2) * width for d in range(len(designs))]
@@ -59,7 +58,6 @@ def plot_bench(rows: Sequence[dict], path: str, targets: dict[str, float], title
              alpha=0.8)
     for x, r in present:
       if s == 0 and r["design"] in targets:
-        drew_target = True
         ax_t.hlines(targets[r["design"]], x - width / 2, x + width / 2, colors="red",
                     linestyles="dashed", lw=1.5)
   titles = [(ax_t, "train step / Pre-LN (bar: median ratio; whisker: per-round IQR)"),
@@ -75,7 +73,8 @@ def plot_bench(rows: Sequence[dict], path: str, targets: dict[str, float], title
     ax.set_ylim(bottom=max(0.0, low - 0.05))
     if len(shapes) > 1:
       ax.legend(fontsize=8)
-  if drew_target:   # a legend entry with no dashed line behind it otherwise (--designs=mhc)
+  # A legend entry only where a dashed line is drawn (none with --designs=mhc).
+  if any(r["design"] in targets for r in rows if r["shape"] == shapes[0]):
     ax_t.plot([], [], "r--", label="target")
   if ax_t.get_legend_handles_labels()[0]:
     ax_t.legend(fontsize=8)
