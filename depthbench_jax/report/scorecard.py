@@ -815,8 +815,8 @@ def write_report(results_dir: str, out_dir: str | None = None, plots: bool = Tru
       planned={os.path.abspath(p["workdir"]): p["arg"] for p in plan or ()})
            if config_path is not None else {})
   for p in plan or ():
-    if os.path.abspath(p["workdir"]) in other:
-      p["state"] = "other recipe"
+    if os.path.abspath(p["workdir"]) in other:   # refused by the sweep: not retrained either
+      p["state"], p["retrain"] = "other recipe", False
   progress = None
   if plan is not None:
     on_disk = [r["workdir"] for r in records + unfinished]

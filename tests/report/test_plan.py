@@ -123,6 +123,27 @@ def test_a_run_diverged_under_other_divergence_rules_counts_as_started(half):
   assert "| preln | 8x96 | 12.0 | **2.950** †§ | diverged @50 |" in table, table
 
 
+def test_a_diverged_run_of_another_recipe_is_set_aside_not_also_retrained(half):
+  """A diverged run under other divergence rules *and* another step count: the sweep refuses it
+  (another recipe), it does not retrain it. The report set it aside and still counted it among
+  the retrained runs: the started runs read one fewer ('-1 started' with no other started run)
+  and the header promised a retrain the sweep refuses."""
+  from configs import smoke
+  workdir = _run_dir(half["results"], "preln", 8, 96, 3e-3)
+  summary = json.loads((workdir / "summary.json").read_text())
+  summary["config"] = dict(smoke.get_config("arch=preln,shape=8x96,lr=3e-3").to_dict(),
+                           skip_nonfinite_steps=True, steps=40)
+  (workdir / "summary.json").write_text(json.dumps(summary))
+  assert report_main.main([str(half["results"]), "--no_plots",
+                           f"--config={half['config']}"]) == 0
+  text = (half["results"] / "report.md").read_text()
+  # Hand counts: 4 ok, the live hc run started, the diverged one set aside, 6 not started.
+  assert ("**4 of 12 planned runs finished** (4 ok, 0 diverged); 1 started without a summary "
+          "(training, interrupted or crashed); 6 not started. 1 trained with another recipe "
+          "than the suite's now") in text
+  assert "retrain" not in text
+
+
 def test_a_planned_run_of_another_recipe_is_set_aside_not_counted_finished(half):
   """A results dir whose hc 4x128 run trained 40 steps where the suite now gives 120: the report
   counted it among the suite's finished runs and compared its loss (the sweep refuses it)."""
