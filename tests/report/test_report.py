@@ -53,6 +53,8 @@ def test_report_renders(tmp_path):
   assert "## Against the paper (400M)" in text
   # The sections the packages hook in (report.scorecard.HOOKS), as they render on real runs.
   assert "## Systems" in text and "failed:" not in text
+  # The best-LR runs all trained 8.15B tokens; the diverged HC runs' 1.26B are no budget.
+  assert "trained different token counts" not in text
   assert "diverged @1200" in text and "hc_32x896_lr2e-3 | diverged | 1200" in text
   for design in ("preln", "hc", "attnres_block", "all"):
     png = out / "plots" / f"loss_vs_aspect_{design}.png"
@@ -411,8 +413,12 @@ def test_loss_vs_aspect_draws_the_best_lr_curve_other_lrs_and_diverged_runs(tmp_
          if r["design"] == "hc" and r.get("status") == "diverged"}
   assert sorted(t.get_text() for t in hc.texts if t.get_text().startswith("lr ")) == sorted(
       f"lr {sweep.format_lr(lr)}" for lr in lrs.values())
-  assert [l.get_label() for l in saved["loss_vs_aspect_all.png"].lines] == [
-      "attnres_block", "hc", "preln"]
+  every = saved["loss_vs_aspect_all.png"]
+  assert [l.get_label() for l in every.lines] == ["attnres_block", "hc", "preln"]
+  # Its x is the aspect ratio too (not n_layers), and every axis runs shallow-wide on the left
+  # to deep-narrow on the right on a log scale, as the captions say.
+  assert [list(l.get_xdata()) for l in every.lines] == [ar] * 3
+  assert all(ax.xaxis_inverted() and ax.get_xscale() == "log" for ax in saved.values())
   # A run finished (status ok) with a NaN val loss is a cross too; it was drawn nowhere.
   next(r for r in records if (r["design"], r["n_layers"], r["final_val_loss"]) == (
       "hc", 24, 2.72))["final_val_loss"] = float("nan")
@@ -714,7 +720,8 @@ def test_paper_comparison_rows_set_the_papers_numbers_beside_ours():
     ({"data": {"tokenizer": "byte"}}, "data.tokenizer='byte'"),
     ({"steps": 2000}, "steps=2000"), ({"data": {"source": "embedded"}}, "data.source='embedded'"),
     ({"data": {"global_batch_size": 128}}, "data.global_batch_size=128"),
-    ({"budget_design": ""}, "budget_design=''")])
+    ({"budget_design": ""}, "budget_design=''"),
+    ({"tokens_per_param": 5.0}, "tokens_per_param=5.0")])
 def test_paper_comparison_only_for_runs_of_the_paper_recipe(change, differ):
   """A long-context copy of the 400M suite (seq 8192) had its losses put beside the paper's
   seq-2048 ones as if one quantity; so did a 2000-step pilot (``steps`` overrides the
@@ -726,7 +733,8 @@ def test_paper_comparison_only_for_runs_of_the_paper_recipe(change, differ):
     data = {"seq_len": 2048, "tokenizer": "gpt2", "source": "parquet", "global_batch_size": 512,
             **change.get("data", {})}
     r["config"] = dict(r.get("config") or {}, data=data, steps=change.get("steps", -1),
-                       budget_design=change.get("budget_design", "preln"))
+                       budget_design=change.get("budget_design", "preln"),
+                       tokens_per_param=change.get("tokens_per_param", 20.0))
   text = scorecard.build_report(records)
   assert "## Against the paper (400M)" in text
   compared = "| architecture | paper 16L | ours 16L |" in text
