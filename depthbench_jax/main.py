@@ -4,7 +4,7 @@ Multi-host: every host runs the same command. The coordinator comes from the fla
 ``JAX_COORDINATOR_ADDRESS`` / ``JAX_NUM_PROCESSES`` / ``JAX_PROCESS_ID``; with none of them set,
 inside a SLURM ``srun`` step of several tasks, ``jax.distributed.initialize()`` auto-detects it.
 Other launchers (``mpirun``, ...) must set the three variables: each rank would otherwise train
-alone.
+alone. One process per node drives every GPU of its node (``local_device_ids``).
 On CPU the processes exchange collectives over gloo.
 
 Failures. Bad input (a flag that does not parse, an unknown config field, a bad value, a
@@ -154,19 +154,26 @@ def slurm_tasks() -> int:
   return int(os.environ.get("SLURM_NTASKS") or 1)
 
 
-def slurm_local_device_ids() -> list[int] | None:
-  """``local_device_ids`` for ``jax.distributed.initialize``: ``[]`` in a SLURM step of one task
-  per node, else None (JAX's own choice).
+def local_device_ids() -> list[int] | None:
+  """``local_device_ids`` for ``jax.distributed.initialize``: ``[]`` for one process per node
+  under SLURM (an ``srun`` step) or Open MPI (``mpirun``), else None (JAX's own choice).
 
-  JAX's SLURM detection assumes one process per GPU and, given None, shows each process only GPU
-  ``SLURM_LOCALID`` (jax/_src/clusters/cluster.py, ``auto_detect_unset_distributed_params``): at
-  README's ``--ntasks-per-node=1 --gpus-per-node=8`` every host trained on GPU 0 alone (4 of
-  32). Given ``[]`` it keeps ``[]`` and restricts nothing, so the one task per node drives every
-  GPU the step gives it. Several tasks on a node keep JAX's one GPU each."""
-  if not in_slurm_step():
+  JAX's cluster detection runs whenever an argument is None, and under SLURM or Open MPI it
+  assumes one process per GPU: given None it shows each process only GPU ``SLURM_LOCALID`` /
+  ``OMPI_COMM_WORLD_LOCAL_RANK`` (jax/_src/clusters/cluster.py,
+  ``auto_detect_unset_distributed_params``). At README's ``--ntasks-per-node=1
+  --gpus-per-node=8`` every host trained on GPU 0 alone (4 of 32), and so did one ``mpirun``
+  rank per node with the three ``JAX_*`` variables set. Given ``[]`` JAX keeps ``[]`` and
+  restricts nothing, so the one process per node drives every GPU it has. Several processes on a
+  node keep JAX's one GPU each; ``JAX_LOCAL_DEVICE_IDS``, JAX's own override, is left to JAX."""
+  if os.environ.get("JAX_LOCAL_DEVICE_IDS"):
     return None
-  nodes = os.environ.get("SLURM_STEP_NUM_NODES") or os.environ.get("SLURM_NNODES")
-  return [] if nodes and int(nodes) == slurm_tasks() else None
+  if in_slurm_step():
+    nodes = os.environ.get("SLURM_STEP_NUM_NODES") or os.environ.get("SLURM_NNODES")
+    return [] if nodes and int(nodes) == slurm_tasks() else None
+  if "OMPI_MCA_orte_hnp_uri" in os.environ:   # JAX's test for an Open MPI launch
+    return [] if os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE") == "1" else None
+  return None
 
 
 def hosts_expected() -> int:
@@ -228,7 +235,7 @@ def initialize_distributed(coordinator: str | None, num_processes: int | None,
     # before the backend starts, so it cannot depend on jax.default_backend().
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
-                               process_id=process_id, local_device_ids=slurm_local_device_ids(),
+                               process_id=process_id, local_device_ids=local_device_ids(),
                                **_timeouts())
 
 

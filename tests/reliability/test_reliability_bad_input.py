@@ -476,6 +476,44 @@ def test_one_slurm_task_per_node_drives_every_gpu_of_its_node(monkeypatch):
   assert calls[-1]["local_device_ids"] == [] and calls[-1]["num_processes"] == 4
 
 
+def test_one_mpirun_rank_per_node_drives_every_gpu_of_its_node(monkeypatch):
+  """``mpirun -npernode 1`` with the three JAX variables (main.py's advice for other launchers):
+  JAX's Open MPI detection still ran (``local_device_ids`` was None) and showed each rank GPU
+  ``OMPI_COMM_WORLD_LOCAL_RANK`` alone, 1 of 8 per host, with nothing refusing it. One rank per
+  node now passes ``[]``; eight keep JAX's one GPU each; ``JAX_LOCAL_DEVICE_IDS`` (JAX's own
+  override) is left to JAX, under SLURM too."""
+  import jax
+  from jax._src import clusters
+  from depthbench_jax import main
+  calls = []
+  monkeypatch.setattr(jax.distributed, "initialize", lambda **kw: calls.append(kw))
+  monkeypatch.setattr(jax.config, "update", lambda *a: None)
+  for name in ("SLURM_NNODES", "JAX_LOCAL_DEVICE_IDS", *SLURM_STEP_VARIABLES):
+    monkeypatch.delenv(name, raising=False)
+  for name, value in (("OMPI_MCA_orte_hnp_uri", "4096.0;tcp://10.0.0.1:1"),
+                      ("OMPI_COMM_WORLD_SIZE", "2"), ("OMPI_COMM_WORLD_RANK", "1"),
+                      ("OMPI_COMM_WORLD_LOCAL_RANK", "0"), ("OMPI_COMM_WORLD_LOCAL_SIZE", "1"),
+                      ("JAX_COORDINATOR_ADDRESS", "node0:12345"), ("JAX_NUM_PROCESSES", "2"),
+                      ("JAX_PROCESS_ID", "1")):
+    monkeypatch.setenv(name, value)
+  main.initialize_distributed(None, None, None)
+  assert calls[-1]["local_device_ids"] == [] and calls[-1]["process_id"] == 1
+  detect = clusters.ClusterEnv.auto_detect_unset_distributed_params
+  assert detect("node0:12345", 2, 1, [], None, 300)[3] == []
+  assert detect("node0:12345", 2, 1, None, None, 300)[3] == [0]   # what None gave: GPU 0 alone
+  monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "8")           # one rank per GPU
+  main.initialize_distributed(None, None, None)
+  assert calls[-1]["local_device_ids"] is None
+  monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "1")
+  monkeypatch.setenv("JAX_LOCAL_DEVICE_IDS", "0,1,2,3")
+  main.initialize_distributed(None, None, None)
+  assert calls[-1]["local_device_ids"] is None
+  slurm_step(monkeypatch, ntasks=2, procid=1)
+  monkeypatch.setenv("SLURM_STEP_NUM_NODES", "2")
+  main.initialize_distributed(None, None, None)
+  assert calls[-1]["local_device_ids"] is None
+
+
 def test_distributed_start_only_for_several_processes_and_an_explicit_process_id_wins(
     monkeypatch):
   """jax.distributed starts for a coordinator with more than one process, or a SLURM job of more
