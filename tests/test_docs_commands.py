@@ -1,5 +1,6 @@
 """Every `--flag` the docs give a `python -m depthbench_jax.X` (or `launch/run_sweep.sh`)
-command is one that X defines: users copy these commands, so a renamed flag breaks them.
+command is one that X defines, and every environment variable README names is one the code reads:
+users copy these commands, so a renamed flag or variable breaks them.
 
 Static: flags are read from each CLI's source (argparse `add_argument("--name"`, absl
 `DEFINE_*("name"`), nothing is imported or run.
@@ -14,7 +15,7 @@ ROOT = os.path.join(os.path.dirname(__file__), "..")
 DOCS = ("README.md", "DEVELOPERS.md", "benchmarks/README.md")
 # `python -m depthbench_jax.X ...` or `launch/run_sweep.sh ...` (the sweep's flags) up to the end
 # of the command: a backtick, a `#` comment, `&&`, `;` or the end of the (joined) line.
-_COMMAND = re.compile(r"(?:python -m (depthbench_jax(?:\.\w+)*)|launch/run_sweep\.sh)"
+_COMMAND = re.compile(r"(?:python -m (depthbench_jax(?:\.\w+)*)|(?<![\w.-])(?:launch/)?run_sweep\.sh)"
                       r"([^`#;\n]*?)(?=`|#|&&|;|$)", re.M)
 _FLAG = re.compile(r"(?<![\w-])--([a-z][a-z0-9_]*)(?![\w.])")   # `--config.x=` is an override.
 _ARGPARSE = re.compile(r"add_argument\(\s*\"--(\w+)\"")
@@ -75,3 +76,31 @@ def test_flag_extraction_sees_a_stale_flag():
 def test_documented_flag_exists(doc, module, flag):
   assert flag in defined_flags(module), (
       f"{doc} gives `python -m {module} --{flag}`, which {module} does not define")
+
+
+# A shell-style variable name: `JAX_NUM_PROCESSES`, `DEPTHBENCH_VERBOSE`, `SLURM_LOCALID`.
+_VARIABLE = re.compile(r"(?<![\w-])([A-Z][A-Z0-9]*_[A-Z0-9_]*[A-Z0-9])(?![\w-])")
+_READERS = ("depthbench_jax", "launch", "configs", ".ci", "benchmarks")
+
+
+def code_words() -> set[str]:
+  """Every identifier-like word in the code that launches and runs (Python and shell)."""
+  words = set()
+  for top in _READERS:
+    for folder, _, files in os.walk(os.path.join(ROOT, top)):
+      for name in files:
+        if name.endswith((".py", ".sh", ".txt")) or name == "run":
+          with open(os.path.join(folder, name), errors="replace") as f:
+            words |= set(re.findall(r"[A-Za-z0-9_]+", f.read()))
+  return words
+
+
+def test_every_variable_readme_names_is_one_the_code_reads():
+  """README's pod and run commands name environment variables (`JAX_NUM_PROCESSES=4`): a typo
+  there (`JAX_NUM_PROCESS`) passed every test, as only flags were checked."""
+  with open(os.path.join(ROOT, "README.md")) as f:
+    named = set(_VARIABLE.findall(f.read()))
+  assert {"JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "DEPTHBENCH_VERBOSE"} <= named, sorted(named)
+  words = code_words()
+  assert "JAX_NUM_PROCESS" not in words      # the check is by whole word
+  assert sorted(named - words) == []
