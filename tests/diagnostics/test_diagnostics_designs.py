@@ -44,6 +44,28 @@ def test_hc_mixing_is_identity_at_init_so_erank_is_n():
   assert "dead_prefix" not in r
 
 
+def test_the_probe_multiplies_attention_then_mlp_mixing_in_each_layer():
+  """Static HC whose last layer mixes with A_r = P at attention and R at the MLP (every other
+  sublayer I): the late map is M_mlp M_attn = R^T P^T, whose gains the probe must give. Every
+  other end-to-end case had one matrix at every sublayer, so the probe passing the sown pair as
+  (mlp, attn) to interleave_sublayers gave P^T R^T unseen."""
+  n = 4
+  big_p, big_r = np.eye(n), np.eye(n)
+  big_p[0, 1], big_r[1, 2] = 2.0, 3.0
+
+  def edit(params):
+    res = params["layers"]["residual"]
+    for name, a_r in (("hc_attn", big_p), ("hc_mlp", big_r)):
+      res[name]["static_alpha"] = res[name]["static_alpha"].at[-1, :, 1:].set(a_r)
+    return params
+
+  gains = lambda q: (np.abs(q).sum(axis=1).max(), np.abs(q).sum(axis=0).max())
+  right, swapped = gains(big_r.T @ big_p.T), gains(big_p.T @ big_r.T)
+  assert right != swapped                     # the case tells the two orders apart
+  r = _run("hc", dynamic=False, edit=edit)
+  assert (r["mixing"]["amax_forward"], r["mixing"]["amax_backward"]) == pytest.approx(right)
+
+
 def _sinkhorn(logits, iterations=20):
   """exp, then ``iterations`` x (columns, rows): numpy, independent of the code under test."""
   m = np.exp(logits - logits.max())

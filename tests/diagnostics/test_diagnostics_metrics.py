@@ -202,13 +202,19 @@ def test_mixing_rank_is_each_tokens_erank_then_the_mean():
 
 
 def test_amax_gains_are_max_row_and_column_sums():
-  # Q_late = [[1, -2], [3, 4]]: rows sum to 3 and 7 in absolute value, columns to 4 and 6.
+  """Token A's late product is [[1, 2], [3, -4]]: absolute rows sum to 3 and 7, columns to 4 and
+  6 (signed: 3 and 4, so the abs is pinned both ways). Token B's is I: 1 and 1. The gains are the
+  token means, 4 and 3.5 (the gains of the mean matrix [[1, 1], [1.5, -1.5]] are 3 and 2.5).
+  Layer 0's diag(2, 1) is before the late span (s0 = 2 at L = 8): Q_0 would give 10 forward.
+  Before, one token and a matrix whose signed row sums agreed left the abs, the span and the
+  token mean unchecked."""
   n, layers = 2, 8
-  mix = np.tile(np.eye(n, dtype=np.float32), (2 * layers, 1, 1))
-  mix[-1] = np.array([[1.0, -2.0], [3.0, 4.0]], np.float32)
-  stats = metrics.mixing_rank_stats(jnp.asarray(mix)[:, None, None], layers)
-  assert float(stats["amax_forward"]) == pytest.approx(7.0)
-  assert float(stats["amax_backward"]) == pytest.approx(6.0)
+  mix = np.tile(np.eye(n, dtype=np.float32), (2 * layers, 1, 2, 1, 1))   # [2L, B=1, T=2, n, n]
+  mix[0] = np.diag([2.0, 1.0])
+  mix[-1, 0, 0] = np.array([[1.0, 2.0], [3.0, -4.0]], np.float32)
+  stats = metrics.mixing_rank_stats(jnp.asarray(mix), layers)
+  assert float(stats["amax_forward"]) == pytest.approx((7.0 + 1.0) / 2)
+  assert float(stats["amax_backward"]) == pytest.approx((6.0 + 1.0) / 2)
 
 
 def test_suffix_products_order():
