@@ -7,10 +7,12 @@ sequence, the forward pass costs
 
     2 * N_matmul  +  2 * L * T * (H * hd)  +  design extras
 
-where N_matmul is every parameter that takes part in a matmul (all but the embedding table and
-the norm gains) and the middle term is QK^T and AV counted *causally*: query t sees t keys, so
-on average T/2, i.e. half of the ``4 * L * T * H * hd`` that a full (unmasked) T x T attention
-computes. ``causal=False`` counts the attention as this implementation computes it, which is
+where N_matmul is the backbone's kernels (attention, SwiGLU, LM head) plus a design's
+``extra_matmul_params`` (MoDA's depth K/V projections; the connection weights of HC, mHC and
+AttnRes are counted in their design terms instead) and the middle term is QK^T and AV counted
+*causally*: query t sees t keys (t = 1..T, so (T+1)/2 on average), taken as T/2, half of the
+``4 * L * T * H * hd`` that a full (unmasked) T x T attention computes, as the paper's
+``2 L T^2 d`` does. ``causal=False`` counts the attention as this implementation computes it, which is
 what XLA's ``cost_analysis`` sees: ``causal_fraction(T) = (n + 1) / 2n`` of the full T x T for
 the blocked XLA attention (``model/layers.py``, n query blocks), which every kernel setting runs
 off-GPU. On a GPU ``attention_kernel='fused'`` is cuDNN flash attention: a custom call that
@@ -43,7 +45,8 @@ def backbone_matmul_params(model_cfg: Any) -> int:
 
 
 def matmul_params(model_cfg: Any) -> int:
-  """Parameters that take part in a matmul: everything but the input table and norm gains."""
+  """N_matmul: the backbone's kernels plus a design's ``extra_matmul_params`` (the connection
+  weights of HC, mHC and AttnRes are FLOPs of their design terms, not here)."""
   return backbone_matmul_params(model_cfg) + _design_matmul_params(model_cfg)
 
 
