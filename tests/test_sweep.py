@@ -14,6 +14,7 @@ from depthbench_jax import shapes, sweep
 from depthbench_jax.errors import ConfigError
 from depthbench_jax.residual import registry
 from depthbench_jax.main import SLURM_STEP_VARIABLES
+from tests import helpers
 from tests.helpers import slurm_step
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -40,6 +41,8 @@ FAKE_MAIN = textwrap.dedent("""
                           "coord": os.environ.get("JAX_COORDINATOR_ADDRESS"),
                           "xla": os.environ.get("XLA_FLAGS", ""),
                           "platforms": os.environ.get("JAX_PLATFORMS")}) + "\\n")
+    if os.environ.get("JAX_PROCESS_ID") == os.environ.get("FAKE_CRASH_PID", "-"):
+      sys.exit(5)
     if os.environ.get("JAX_PROCESS_ID", "0") != "0":
       sys.exit(0)
     if os.path.basename(workdir) in os.environ.get("FAKE_CRASH", "").split(","):
@@ -61,6 +64,8 @@ FAKE_MAIN = textwrap.dedent("""
       json.dump({"name": os.path.basename(workdir), "status": "ok", "final_val_loss": 3.0,
                  "design": design, "n_layers": n_layers, "d_model": d_model,
                  "lr": float(lr[2:])}, f)
+    if os.path.basename(workdir) == os.environ.get("FAKE_FAIL_AFTER_SUMMARY"):
+      sys.exit(3)  # e.g. a step after training failed, or the process exit itself
 """)
 
 
@@ -203,12 +208,13 @@ def test_smoke_gives_deepnorm_its_own_lr():
   assert ("keel", "3e-3") in lrs
 
 
-def test_dry_run_plan(tiny, capsys):
+def test_dry_run_plan(tiny, capsys, monkeypatch):
   from depthbench_jax.model.config import model_config_from
   from depthbench_jax.systems.flops import train_flops_per_token
+  monkeypatch.setenv("FAKE_LOG", tiny["log"])   # a launched run would log its call
   write_summary(os.path.join(tiny["results"], "preln_4x128_lr1e-3"))
   assert sweep.main([tiny["config"], "--results_dir", tiny["results"], "--dry_run",
-                     "--main_cmd", "false"]) == 0
+                     "--main_cmd", " ".join(tiny["main_cmd"])]) == 0
   out = capsys.readouterr().out
   assert "4 runs (1 done, 3 to run)" in out and "device-hours" in out
   assert "preln_8x96_lr3e-3" in out and " done " in out
@@ -255,10 +261,12 @@ def test_a_run_diverged_under_other_divergence_rules_is_relaunched(tiny, monkeyp
   res = tiny["results"]
   runs = sweep.list_runs(tiny["config"], res)
   module = sweep.load_config_module(tiny["config"])
-  for run, skip in zip(runs[:2], (False, True)):
+  # runs[0] differs from the suite in a resumable field that is no divergence rule (log_every):
+  # it stays done. A check of every resumable field relaunched it, past its divergence.
+  for run, skip, log_every in zip(runs[:2], (False, True), (7, None)):
     config = sweep.config_of(module, run.arg)
-    write_summary(run.workdir, status="diverged", config=dict(config.to_dict(),
-                                                              skip_nonfinite_steps=skip))
+    write_summary(run.workdir, status="diverged", config=dict(
+        config.to_dict(), skip_nonfinite_steps=skip, log_every=log_every or config.log_every))
   assert not sweep.config_of(module, runs[0].arg).skip_nonfinite_steps
   assert [sweep.run_state(r.workdir) for r in runs[:2]] == ["done", "done"]
   assert [sweep.run_state(r.workdir, sweep.config_of(module, r.arg))
@@ -506,6 +514,20 @@ def test_local_processes_env(tiny, monkeypatch):
   open(tiny["log"], "w").close()
   sweep.launch(run, tiny["config"], tiny["main_cmd"], local_processes=2)
   assert {c["platforms"] for c in calls(tiny["log"])} == {"cuda"}
+  # Process 1 fails while process 0 writes an ok summary and exits 0: the launch fails.
+  monkeypatch.setenv("FAKE_CRASH_PID", "1")
+  assert sweep.launch(run, tiny["config"], tiny["main_cmd"], local_processes=2) == 5
+
+
+def test_a_run_whose_trainer_fails_after_its_ok_summary_counts_as_failed(tiny, monkeypatch):
+  """A summary says 'ok' but the trainer exited 3 after writing it: the run is failed and the
+  sweep exits 1 (no test had a trainer that wrote its summary and then failed)."""
+  monkeypatch.setenv("FAKE_LOG", tiny["log"])
+  runs = sweep.list_runs(tiny["config"], tiny["results"])
+  monkeypatch.setenv("FAKE_FAIL_AFTER_SUMMARY", runs[0].name)
+  outcome = sweep.execute(tiny["config"], runs, tiny["main_cmd"])
+  assert outcome["failed"] == [runs[0].name] and runs[0].name not in outcome["ok"]
+  assert outcome["ok"] == [r.name for r in runs[1:]]
 
 
 @pytest.mark.parametrize("env, named", [
@@ -804,12 +826,16 @@ def test_best_lr_ignores_diverged_runs():
 
 
 def test_run_sweep_sh_dry_run(tiny):
+  """A dry run launches nothing and writes no report, also where a results dir exists (a report
+  run there would rewrite report.md)."""
+  write_summary(os.path.join(tiny["results"], "preln_4x128_lr1e-3"))
+  before = helpers.snapshot(tiny["results"])
   out = subprocess.run([os.path.join(REPO, "launch", "run_sweep.sh"), tiny["config"],
                         "--dry_run", "--results_dir", tiny["results"]], cwd=REPO,
                        capture_output=True, text=True, timeout=300)
   assert out.returncode == 0, out.stderr[-2000:]
-  assert "suite tiny" in out.stdout and "4 runs (0 done, 4 to run)" in out.stdout
-  assert not os.path.exists(tiny["results"])  # Nothing ran, no report.
+  assert "suite tiny" in out.stdout and "4 runs (1 done, 3 to run)" in out.stdout
+  assert helpers.snapshot(tiny["results"]) == before   # nothing ran, no report
 
 
 # A trainer that runs until SIGTERM, then "saves" (a marker) and exits 0 without a summary.
