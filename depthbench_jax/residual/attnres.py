@@ -264,11 +264,13 @@ class BlockAttnRes(_DepthQueries):
   Block size: ``block_schedule`` (config ``n_blocks``, default 8, and ``block_unit``, default
   'sublayer': the paper's S, 8 blocks at every depth; 'layer' sizes blocks in whole layers).
 
-  State: ``values`` [n_blocks+1, B, T, d] (slot 0 = ``b_0``, slot ``n`` = block ``n``'s summary;
+  State, with ``N = block_schedule_of(cfg)[1]`` the blocks the schedule gives (``<= n_blocks``:
+  7 at L = 20 in layer units, 5 at L = 5 in sublayers): ``values`` [N+1, B, T, d] (slot 0 =
+  ``b_0``, slot ``n`` = block ``n``'s summary;
   the running partial sum ``b_n^i`` lives in its own slot ``n`` until the block completes, so no
-  separate partial-sum array is needed), ``presence`` [n_blocks+1] (a block's slot turns present
+  separate partial-sum array is needed), ``presence`` [N+1] (a block's slot turns present
   with its first written sublayer, which makes Eq. 6's "no partial sum for i = 1" automatic), and
-  ``slot`` = the last slot written. Memory O(n_blocks d) per token. Reverse-mode through
+  ``slot`` = the last slot written. Memory O(N d) per token. Reverse-mode through
   ``nn.scan`` would save every layer's copy of the whole buffer; trained with remat, the
   Transformer runs ``model/running_stack.py`` instead, which saves one slot per layer
   (``Design.running_buffer``).
