@@ -131,6 +131,11 @@ def test_a_resumed_sessions_progress_lines_show_the_last_eval_before_it(train_in
   val4 = summary.read_metrics(workdir, "val/loss")[4]
   assert f"| val {val4:.4f} (step 4) |" in lines["6/10"], lines["6/10"]
   assert "(step" not in lines["8/10"].split("| val ")[1].split("|")[0]   # its own eval
+  # The session's own clock: step 6 is its compile (no rate, no ETA yet), step 7 its first rate
+  # and ETA. Counted from 0 after the resume, step 6 read 5 steps in no time, and ETA stayed '?'.
+  assert lines["6/10"].endswith("| steps/s from the next line | ETA ?"), lines["6/10"]
+  assert "steps/s" in lines["7/10"] and not lines["7/10"].endswith("ETA ?"), lines["7/10"]
+  assert 6 not in summary.read_metrics(workdir, "perf/steps_per_s")
 
 
 def test_skip_nonfinite_steps_rides_over_one_bad_step(train_in_process, tmp_path):

@@ -466,6 +466,11 @@ def test_resume_on_two_processes_continues_a_one_process_runs_data_and_diagnoses
   assert sorted(mfu) and sorted(mfu) == sorted(s for s in steps_per_s if s > 10)
   for step, value in mfu.items():
     assert value == pytest.approx(steps_per_s[step] * flops_per_step / (1e9 * 4), rel=1e-6)
+  # tok/s is the global batch's (8 x 32 tokens a step), not a host's nor a micro-batch's.
+  tokens_per_s = summary.read_metrics(workdir, "perf/tokens_per_s")
+  assert sorted(tokens_per_s) == sorted(steps_per_s) and set(mfu) <= set(tokens_per_s)
+  for step, value in tokens_per_s.items():
+    assert value == pytest.approx(steps_per_s[step] * 8 * 32, rel=1e-6)
   events = event_accumulator.EventAccumulator(os.path.join(workdir, "tensorboard"),
                                               size_guidance={"tensors": 0})
   events.Reload()
