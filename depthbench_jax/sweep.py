@@ -50,6 +50,7 @@ from depthbench_jax import recipe
 from depthbench_jax.errors import ConfigError, HOSTS_DIFFER, OneLineParser, is_positive_number
 from depthbench_jax.shapes import FFNRule, Shape, parse_shape, shaped_model
 from depthbench_jax.train.summary import CONFIG, SUMMARY, check_folder, checkpoint_steps
+from depthbench_jax.train.workdir_lock import is_lock_file
 
 FINAL_STATUSES = ("ok", "diverged")
 DEFAULT_MFU = 0.4
@@ -362,8 +363,9 @@ def read_summary(workdir: str) -> dict | None:
 
 def run_state(workdir: str, config: ml_collections.ConfigDict | None = None) -> str:
   """'done' (summary with a final status), 'partial' (started, e.g. checkpoints) or 'new' (no
-  folder, or one holding only the sweep's own ``process_<i>.log``: a run refused at its start
-  under LOCAL_PROCESSES read as 'started without a summary (training...)' in the report).
+  folder, or one holding only the sweep's own ``process_<i>.log`` or a trainer's lock file: a run
+  refused at its start under LOCAL_PROCESSES, or a folder emptied by ``rm -rf RUN/*`` (which
+  leaves the dot-file lock), read as 'started without a summary (training...)' in the report).
 
   Given the suite's ``config`` for the run, a run that diverged under other divergence rules
   (``recipe.guard_changes``: a suite edited to skip non-finite steps) is 'partial': the trainer
@@ -376,7 +378,8 @@ def run_state(workdir: str, config: ml_collections.ConfigDict | None = None) -> 
       return "partial"
     return "done"
   started = os.path.isdir(workdir) and any(
-      not re.fullmatch(r"process_\d+\.log", name) for name in os.listdir(workdir))
+      not (re.fullmatch(r"process_\d+\.log", name) or is_lock_file(name))
+      for name in os.listdir(workdir))
   return "partial" if started else "new"
 
 
@@ -760,16 +763,17 @@ def _execute(config_path, runs, main_cmd, local_processes) -> dict[str, list[str
             f"JAX_INIT_TIMEOUT_S / JAX_HEARTBEAT_TIMEOUT_S; stopping, as every later run would "
             f"wait as long. Start run_sweep.sh on every host", flush=True)
       break
-    if status == "ok" and code == 0:
-      outcome["ok"].append(run.name)
-    elif status == "diverged":
-      outcome["diverged"].append(run.name)
+    # A failed exit is a failed run whatever summary.json holds: one written before the failure,
+    # or another trainer's (a second sweep, refused by the workdir lock, read the summary the
+    # first wrote meanwhile and printed the run both 'ok' and failed).
+    if code == 0 and status in ("ok", "diverged"):
+      outcome[status].append(run.name)
+      result = status
     else:
       outcome["failed"].append(run.name)
-      print(f"[sweep] {run.name}: exit {code}, status {status!r}; continuing", flush=True)
-    print(f"[sweep] {run.name}: {status or 'no summary'} in "
-          f"{format_duration(time.time() - start)}",
-          flush=True)
+      result = f"failed (exit {code}" + (f", status {status!r})" if code == 0 else ")")
+      print(f"[sweep] {run.name}: {result}; continuing", flush=True)
+    print(f"[sweep] {run.name}: {result} in {format_duration(time.time() - start)}", flush=True)
     if _STOP.requested:
       break
   if _STOP.requested:  # The job cut short and those never started: the next sweep runs them.

@@ -458,13 +458,19 @@ def test_a_run_preempted_on_another_host_stops_this_hosts_sweep(tiny, monkeypatc
 def test_a_folder_holding_only_the_sweeps_process_logs_is_no_started_run(tmp_path):
   """A run refused at its start under LOCAL_PROCESSES leaves process_<i>.log alone: the report
   counted it 'started without a summary (training, interrupted or crashed)' and its plan line
-  contradicted the table under it."""
+  contradicted the table under it. So did a folder cleared with ``rm -rf RUN/*``, which leaves
+  the trainers' dot-file locks."""
   workdir = tmp_path / "preln_4x128_lr1e-3"
   assert sweep.run_state(str(workdir)) == "new"
   workdir.mkdir()
   (workdir / "process_0.log").write_text("error: config.data.global_batch_size=7 ...\n")
   (workdir / "process_1.log").write_text("")
+  (workdir / ".trainer-0.lock").write_text("")
+  (workdir / ".trainer-1.lock").write_text("")
   assert sweep.run_state(str(workdir)) == "new"
+  (workdir / ".trainer-0.lock.bak").write_text("")   # any other file is a trace of a run
+  assert sweep.run_state(str(workdir)) == "partial"
+  (workdir / ".trainer-0.lock.bak").unlink()
   (workdir / "config.json").write_text("{}")
   assert sweep.run_state(str(workdir)) == "partial"
 
@@ -519,7 +525,8 @@ def test_local_processes_env(tiny, monkeypatch):
   assert sweep.launch(run, tiny["config"], tiny["main_cmd"], local_processes=2) == 5
 
 
-def test_a_run_whose_trainer_fails_after_its_ok_summary_counts_as_failed(tiny, monkeypatch):
+def test_a_run_whose_trainer_fails_after_its_ok_summary_counts_as_failed(tiny, monkeypatch,
+                                                                         capsys):
   """A summary says 'ok' but the trainer exited 3 after writing it: the run is failed and the
   sweep exits 1 (no test had a trainer that wrote its summary and then failed)."""
   monkeypatch.setenv("FAKE_LOG", tiny["log"])
@@ -528,6 +535,11 @@ def test_a_run_whose_trainer_fails_after_its_ok_summary_counts_as_failed(tiny, m
   outcome = sweep.execute(tiny["config"], runs, tiny["main_cmd"])
   assert outcome["failed"] == [runs[0].name] and runs[0].name not in outcome["ok"]
   assert outcome["ok"] == [r.name for r in runs[1:]]
+  # Its lines say failed, not the summary's 'ok' (read from another trainer, it printed a
+  # run refused by the workdir lock as both 'ok in 6s' and failed).
+  lines = [l for l in capsys.readouterr().out.splitlines()
+           if l.startswith(f"[sweep] {runs[0].name}:")]
+  assert lines and all("failed (exit 3)" in l and "ok" not in l for l in lines), lines
 
 
 @pytest.mark.parametrize("env, named", [

@@ -13,9 +13,15 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import re
 import sys
 
 from depthbench_jax.errors import ConfigError
+
+
+def is_lock_file(name: str) -> bool:
+  """A trainer's lock file's name (``.trainer-<process>.lock``): no sign that a run trained."""
+  return re.fullmatch(r"\.trainer-\d+\.lock", name) is not None
 
 
 class TrainerLock:
