@@ -7,8 +7,10 @@
 # compiler (XLA:GPU with cuDNN attention against XLA:CPU with the blocked attention and fp32
 # copies of bf16 dot operands), which is what the README's figures cannot yet say.
 # Compile only: about 15-30 s per design on the device's host CPU.
-# For the device tool (alone, or after gpu_decode.sh while the machine is warm):
-#   run(command="bash benchmarks/gpu_train_memory.sh", carry=[".whl"], timeout_s=240)
+# For the device tool (alone, or after gpu_decode.sh while the machine is warm; the device copy
+# has no .git, so DEPTHBENCH_COMMIT names the code in the log's header):
+#   run(command="DEPTHBENCH_COMMIT=<sha> bash benchmarks/gpu_train_memory.sh", carry=[".whl"],
+#       timeout_s=240)
 # Test it locally first (~7 s on 2 CPU cores):
 #   OUT=/tmp/gm PYTHON=.venv/bin/python MEMORY_CONFIG=configs/smoke.py MEMORY_SHAPES=4x128 \
 #   MEMORY_DESIGNS=preln MEMORY_GRAD_ACCUM=2 bash benchmarks/gpu_train_memory.sh

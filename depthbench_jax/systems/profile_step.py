@@ -27,7 +27,8 @@ from typing import Sequence
 # XLA:CPU records one event per fusion only with traceme on. XLA:GPU replays runs of kernels
 # as command buffers (CUDA graphs), which the trace shows as one ``command_buffer_N`` event
 # each (the first H200 profile: five events per step, nothing mapped to the model); with
-# command buffers off each kernel is its own event. Not yet re-run on a GPU.
+# command buffers off each kernel is its own event (the eighth session's H200 profiles,
+# benchmarks/logs-nvidia-h200/profile-*.txt).
 _FLAGS = ("--xla_cpu_enable_xprof_traceme=true", "--xla_gpu_enable_command_buffer=")
 for _flag in _FLAGS:  # before jax initialises its backends
   if _flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):

@@ -29,6 +29,29 @@ def run_script(script: str, out, **env: str) -> None:
   assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
 
 
+def test_device_env_stops_the_script_without_a_gpu_or_its_wheels(tmp_path):
+  """A device script whose JAX fell back to the CPU (the CUDA plugin did not start) went on to
+  time 400M models on the host CPU until the lease ran out, and one whose .whl did not install
+  went on with every process failing on its import. Each now stops at once with one line."""
+  script = f"source {ROOT}/benchmarks/device_env.sh; echo reached"
+  env = subprocess_env(OUT=str(tmp_path / "out"), PYTHON=sys.executable)
+  env.pop("JAX_PLATFORMS")                                    # as on the device: jax chooses
+  run = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=120)
+  assert run.returncode == 1 and "reached" not in run.stdout, run.stdout + run.stderr
+  assert "device_env: JAX's backend is 'cpu', not gpu; stopping" in run.stderr, run.stderr
+  (tmp_path / ".whl").mkdir()
+  (tmp_path / ".whl" / "broken-1.0-py3-none-any.whl").write_text("not a zip")
+  run = subprocess.run(["bash", "-c", script], cwd=tmp_path, env={**env, "JAX_PLATFORMS": "cpu"},
+                       capture_output=True, text=True, timeout=120)
+  assert run.returncode == 1 and "reached" not in run.stdout, run.stdout + run.stderr
+  assert "device_env: installing .whl/*.whl failed; stopping" in run.stderr, run.stderr
+  (tmp_path / ".whl" / "broken-1.0-py3-none-any.whl").unlink()
+  run = subprocess.run(["bash", "-c", script], cwd=tmp_path, env={**env, "JAX_PLATFORMS": "cpu"},
+                       capture_output=True, text=True, timeout=120)
+  assert run.returncode == 0 and "reached" in run.stdout, run.stderr   # the CPU on purpose
+
+
 @pytest.mark.slow
 def test_gpu_profile_script_benches_and_profiles_in_miniature(tmp_path):
   # One profile, against Pre-LN, of a design spec whose ':' and '=' the file name must drop.
