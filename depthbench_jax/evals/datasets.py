@@ -177,19 +177,31 @@ def _mbpp_keep(path: str) -> Callable[[dict], bool]:
 # ---------------------------------------------------------------------------------------------
 
 def read_records(path: str) -> list[dict]:
-  """JSONL (optionally .gz), a JSON list, CSV (with header) or parquet -> list of dicts."""
+  """JSONL (optionally .gz), a JSON list, CSV (with header) or parquet -> list of dicts. A line
+  that is no JSON, or a file that is no UTF-8, is a ``ValueError`` naming the file (and the line:
+  JSON's own error counts from the line it was given, always 'line 1')."""
   if path.endswith(".parquet"):
     import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
     return pq.read_table(path).to_pylist()
   opener = gzip.open if path.endswith(".gz") else open
-  with opener(path, "rt", encoding="utf-8") as f:
-    text = f.read()
+  try:
+    with opener(path, "rt", encoding="utf-8") as f:
+      text = f.read()
+  except UnicodeDecodeError as e:
+    raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
   base = path[:-3] if path.endswith(".gz") else path
   if base.endswith(".csv"):
     return list(csv.DictReader(io.StringIO(text)))
   if base.endswith(".json") and text.lstrip().startswith("["):
     return json.loads(text)
-  return [json.loads(line) for line in text.splitlines() if line.strip()]
+  records = []
+  for number, line in enumerate(text.splitlines(), start=1):
+    if line.strip():
+      try:
+        records.append(json.loads(line))
+      except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: line {number} is no JSON ({e.msg})") from None
+  return records
 
 
 def _package_humaneval() -> str | None:

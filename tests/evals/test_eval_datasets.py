@@ -131,3 +131,17 @@ def test_a_set_file_without_examples_is_refused(tmp_path, name, file, text):
   (tmp_path / name / file).write_text(text)
   with pytest.raises(ValueError, match=rf"{file}: no '{name}' examples in it \(0 records\)"):
     datasets.load_set(name, str(tmp_path))
+
+
+def test_a_line_that_is_no_json_is_named_by_file_and_line(tmp_path):
+  """evaluate said '--sets: Expecting value: line 1 column 1 (char 0)' for a bad line 2 of a
+  set's file: neither the file nor the line (each line is parsed alone). Bytes that are no
+  UTF-8 said neither either."""
+  path = tmp_path / "test.jsonl"
+  path.write_text('{"question": "q", "answer": "a"}\n\nnot json\n')
+  with pytest.raises(ValueError, match=rf"^{path}: line 3 is no JSON \(Expecting value\)$"):
+    datasets.read_records(str(path))
+  path.write_bytes(b'{"question": "\xff"}\n')
+  with pytest.raises(ValueError, match=rf"^{path}: not UTF-8 text \(invalid start byte at byte "
+                                       rf"14\)$"):
+    datasets.read_records(str(path))
