@@ -159,7 +159,7 @@ def main(argv):
     summary.check_replaceable(  # Before the probes run: a finished result is never lost.
         out, result_settings(diagnostics_options(config, overrides)), _OVERWRITE.value,
         lambda key: "--batch_size" if key == "batch_size" else f"--set={key}", step=step,
-        workdir=workdir)
+        workdir=workdir, kind=("diagnostics", "angular"))
     # The run's own data (config.data.path may name shards this host does not have).
     val = pipeline.make_val_batches(config, process_index=0, process_count=1)
   except ConfigError as err:

@@ -274,7 +274,7 @@ def main(argv):
     summary.check_replaceable(  # Before the tokenizer and model: a finished result is never lost.
         out, {k: options[k] for k in deciding}, _OVERWRITE.value,
         lambda key: "config.data.seq_len" if key == "score_len" else f"--{key}",
-        recorded=recorded, step=step, workdir=workdir)
+        recorded=recorded, step=step, workdir=workdir, kind=("evals", "domains"))
     # The run's own tokenizer (its BPE file, from openai-whisper, may be missing on this host).
     tokenizer = get_tokenizer(config.data.tokenizer)
   except ConfigError as err:

@@ -86,7 +86,8 @@ def check_replaceable(path: str, settings: dict, overwrite: bool,
                       flag: Callable[[str], str] = "--{}".format,
                       recorded: Callable[[dict], dict] = recorded_options,
                       step: int | None = None, workdir: str | None = None,
-                      rounds: tuple[int, Callable[[dict], Any]] | None = None) -> None:
+                      rounds: tuple[int, Callable[[dict], Any]] | None = None,
+                      kind: tuple[str, str] | None = None) -> None:
   """Raises one ``ConfigError`` when ``path`` holds a result whose ``recorded(result)`` settings
   differ from ``settings`` (the values that decide its numbers; ``flag(key)`` is how the user
   sets one): a debug rerun (fewer examples, other designs, other thresholds) would silently
@@ -98,8 +99,10 @@ def check_replaceable(path: str, settings: dict, overwrite: bool,
   a second run replaced the first's without a word) is refused too; one that records none is
   not. With ``rounds`` ``(asked, read)``, a timing of fewer rounds than ``read(result)`` is
   refused too (``--rounds=1`` over the committed 7-round bench: a noisier result, and an IQR of
-  one round). One check for every tool that writes a result: evaluate, diagnose, systems,
-  bench and decode_bench."""
+  one round). With ``kind`` ``(what, key)``, a JSON object without ``key`` is another tool's
+  result (``diagnose --out=RUN/evals.json``: the refusal named ten ``--set=`` flags the user
+  never gave, against evaluate's settings). One check for every tool that writes a result:
+  evaluate, diagnose, systems, bench and decode_bench."""
   if os.path.isdir(path):
     raise ConfigError(f"{path} is a directory; allowed: a file path for the result (--out)")
   check_folder(os.path.dirname(os.path.abspath(path)), f"--out={path}")
@@ -110,6 +113,10 @@ def check_replaceable(path: str, settings: dict, overwrite: bool,
     before = recorded(result)
   except (ValueError, AttributeError, KeyError, TypeError, IndexError):  # Not such a result.
     result, before = {}, {}
+  if kind is not None and isinstance(result, dict) and result and kind[1] not in result:
+    raise ConfigError(
+        f"--out={path} holds no {kind[0]} result ({kind[1]!r} not in it: another tool's?), "
+        f"which this run would replace; allowed: another --out, or --overwrite")
   made_at = result.get("step") if isinstance(result, dict) else None
   made_of = result.get("workdir") if isinstance(result, dict) else None
   # A file in the run's own folder is its own result, wherever the folder was first trained

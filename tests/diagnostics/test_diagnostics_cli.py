@@ -139,7 +139,7 @@ def _run_with_diagnostics(tmp_path, options):
   saved_run(workdir)
   path = os.path.join(workdir, "diagnostics.json")
   with open(path, "w") as f:
-    json.dump({"step": 1, "design": "preln", "options": options, "plots": {}}, f)
+    json.dump({"step": 1, "design": "preln", "options": options, "plots": {}, "angular": {}}, f)
   return workdir, open(path, "rb").read()
 
 
@@ -163,6 +163,18 @@ def test_cli_rerun_with_other_settings_is_refused_and_leaves_the_diagnostics(
   proc = _diagnose(workdir, flag)
   assert_refused_untouched(proc, named, os.path.join(workdir, "diagnostics.json"), before,
                            files)  # No plots/ either.
+
+
+def test_cli_out_at_the_runs_evals_is_refused_as_another_tools_result(tmp_path):
+  """``diagnose --out=RUN/evals.json`` was refused naming ten ``--set=`` flags the user never
+  gave, against evaluate's batch_size; now the file is named as no diagnostics result."""
+  workdir, _ = _run_with_diagnostics(tmp_path, DEFAULT)
+  evals = os.path.join(workdir, "evals.json")
+  with open(evals, "w") as f:
+    json.dump({"step": 1, "domains": {}, "sets": {}, "options": {"batch_size": 8}}, f)
+  before, files = open(evals, "rb").read(), sorted(os.listdir(workdir))
+  assert_refused_untouched(_diagnose(workdir, f"--out={evals}"), f"--out={evals} holds no "
+                           "diagnostics result ('angular' not in it", evals, before, files)
 
 
 def test_cli_rerun_with_the_same_settings_replaces_diagnostics_and_records_them(tmp_path):

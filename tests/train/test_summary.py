@@ -164,3 +164,18 @@ def test_the_checkouts_dirty_flag_is_whether_git_lists_changes(monkeypatch, porc
   monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(
       cmd, 0, stdout=answers[cmd[3]], stderr=""))
   assert revision.code_revision() == {"commit": "c" * 40, "dirty": dirty}
+
+
+def test_a_result_of_another_tool_is_refused_as_such(tmp_path):
+  """evaluate --out at a diagnostics.json (and diagnose at an evals.json) was refused naming
+  every setting as changed, against the other tool's; ``kind`` names the file for what it is.
+  An empty or unreadable file keeps the settings check; ``--overwrite`` replaces either."""
+  from depthbench_jax.errors import ConfigError
+  path = str(tmp_path / "diagnostics.json")
+  summary.atomic_write_json(path, {"step": 5, "angular": {}, "options": {"batch_size": 2}})
+  with pytest.raises(ConfigError, match=r"^--out=.*diagnostics\.json holds no evals result "
+                                        r"\('domains' not in it: another tool's\?\), .*allowed: "
+                                        r"another --out, or --overwrite$"):
+    summary.check_replaceable(path, {"batch_size": 2}, False, kind=("evals", "domains"))
+  summary.check_replaceable(path, {"batch_size": 2}, False, kind=("diagnostics", "angular"))
+  summary.check_replaceable(path, {"batch_size": 2}, True, kind=("evals", "domains"))
