@@ -133,6 +133,25 @@ def _check_type(item: str, key: str, value: Any) -> None:
     raise ConfigError(f"--set={item}; allowed: {allowed}")
 
 
+def headline(result: dict) -> str:
+  """The result in one line: the late layers' mean consecutive angular distance, the causal and
+  permutation shares that were measured, and where the design has them the effective rank of
+  the late residual map (HC, mHC) and the dead prefix (Block AttnRes). With both probes off the
+  line was empty while the JSON held a result."""
+  percent = lambda x: "n/a (no late pairs)" if x is None else f"{100 * x:.1f}%"
+  late = result["angular"]["late_consecutive_mean"]
+  parts = [f"late angular distance {'n/a' if late is None else f'{late:.3f}'}"]
+  parts += [f"{k} share {percent(result[k]['share'])} (late pairs above "
+            f"{result[k]['threshold']:g})" for k in ("causal", "permutation") if k in result]
+  if "mixing" in result:
+    parts.append(f"late residual map erank {result['mixing']['erank_late']:.2f}")
+  if "dead_prefix" in result:
+    dead = result["dead_prefix"]
+    parts.append(f"dead prefix {dead['dead_prefix']} layers (own-block weight below "
+                 f"{dead['threshold']:g})")
+  return ", ".join(parts)
+
+
 def main(argv):
   del argv
   quiet_logs()
@@ -170,11 +189,8 @@ def main(argv):
   result = diagnose(workdir, config, params, val[0], step=step, overrides=overrides, out=out)
   logging.info("diagnostics of %s (%s, L=%d) in %.1fs -> %s", workdir, result["design"],
                result["n_layers"], result["timing"]["total_s"], out)
-  percent = lambda x: "n/a (no late pairs)" if x is None else f"{100 * x:.1f}%"
-  shares = ", ".join(f"{k} share {percent(result[k]['share'])} (late pairs above "
-                     f"{result[k]['threshold']:g})" for k in ("causal", "permutation")
-                     if k in result)
-  print(f"diagnostics at step {step} -> {out} (plots beside it): {shares}", file=sys.stderr)
+  print(f"diagnostics at step {step} -> {out} (plots beside it): {headline(result)}",
+        file=sys.stderr)
   print(json.dumps({k: result[k]["share"] for k in ("causal", "permutation") if k in result}))
 
 

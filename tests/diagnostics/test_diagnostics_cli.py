@@ -35,7 +35,8 @@ def test_training_hook_and_posthoc_cli(tmp_path):
     result = json.load(f)
   assert result["step"] == 10 and result["design"] == "preln"
   assert (f"diagnostics at step 10 -> {os.path.join(workdir, 'diagnostics.json')}" in proc.stderr
-          and "causal share " in proc.stderr and "(late pairs above 0.45)" in proc.stderr)
+          and "causal share " in proc.stderr and "(late pairs above 0.45)" in proc.stderr
+          and ": late angular distance 0." in proc.stderr)
   assert result["causal"]["reduction"] == "max"
   for rel in result["plots"].values():
     assert os.path.exists(os.path.join(workdir, rel))

@@ -483,3 +483,19 @@ def test_the_report_says_how_the_causal_scores_skipped_a_layer():
   assert "| 25.0% (layer absent) |" in table and table.count("layer absent") == 1
   # A run diagnosed without the causal probe (run_causal=false) has no score to mark.
   assert report_section._share_cell({}, "causal", False, True) == "-"
+
+
+def test_the_printed_line_names_every_measure_the_result_holds():
+  """With both probes off diagnose printed 'diagnostics at step 40 -> ...: ' and nothing else
+  while the JSON held a dead prefix; the rank of HC/mHC's late map was never printed."""
+  result = {"angular": {"late_consecutive_mean": 0.1234},
+            "dead_prefix": {"dead_prefix": 2, "threshold": 0.09}}
+  assert diagnose.headline(result) == ("late angular distance 0.123, dead prefix 2 layers (own-block "
+                              "weight below 0.09)")
+  result = {"angular": {"late_consecutive_mean": None},
+            "causal": {"share": 0.25, "threshold": 0.45},
+            "permutation": {"share": None, "threshold": 0.15},
+            "mixing": {"erank_late": 3.456}}
+  assert diagnose.headline(result) == ("late angular distance n/a, causal share 25.0% (late pairs above "
+                              "0.45), permutation share n/a (no late pairs) (late pairs above "
+                              "0.15), late residual map erank 3.46")
