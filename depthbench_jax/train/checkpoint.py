@@ -161,13 +161,21 @@ def restore_run(workdir: str, step: int | None = None
   device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
   # The item's handler reads the tree metadata alone (the Checkpointer looks for a step-level
   # metadata file inside the item too, and warns on every restore that it does not exist).
-  saved = ocp.StandardCheckpointHandler().metadata(
-      epath.Path(checkpoint_dir(workdir)) / str(step) / "state")
-  target = {"params": jax.tree.map(
-      lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), dict(saved)["params"])}
-  restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
-      item=target, restore_args=jax.tree.map(lambda _: ocp.ArrayRestoreArgs(sharding=device),
-                                             target), partial_restore=True)))
+  try:
+    tree = ocp.StandardCheckpointHandler().metadata(
+        epath.Path(checkpoint_dir(workdir)) / str(step) / "state")
+    target = {"params": jax.tree.map(
+        lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), dict(tree)["params"])}
+    restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+        item=target, restore_args=jax.tree.map(lambda _: ocp.ArrayRestoreArgs(sharding=device),
+                                               target), partial_restore=True)))
+  except (ValueError, OSError, KeyError) as e:  # Committed, then damaged (files lost in a copy):
+    earlier = [s for s in saved if s < step]     # a tensorstore traceback 'NOT_FOUND' before.
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+    raise ConfigError(
+        f"--workdir={workdir}: checkpoint {step} cannot be read ({first}); allowed: "
+        + (f"--step={earlier[-1]} (an earlier checkpoint)" if earlier else
+           "a run whose checkpoint is whole")) from None
   params = jax.tree.map(jax.numpy.asarray, restored["state"]["params"])
   return config, params, step
 

@@ -226,6 +226,24 @@ def test_a_latest_checkpoint_without_its_commit_marker_is_one_clear_error(train_
   assert not os.path.exists(os.path.join(workdir, "summary.json"))
 
 
+def test_a_committed_checkpoint_that_lost_its_array_files_is_one_clear_error(train_in_process,
+                                                                            tmp_path):
+  """checkpoints/10 kept its commit marker but lost its array data (a copy cut short): diagnose
+  and evaluate raised a tensorstore 'NOT_FOUND' traceback from orbax; the restore now names the
+  step and the earlier checkpoint to read instead."""
+  from depthbench_jax.train import checkpoint
+  workdir = str(tmp_path / "damaged")
+  config = helpers.tiny_config(steps=10, checkpoint_every=5, eval_every=0, keep_checkpoints=5)
+  train_in_process(config, workdir)
+  data = os.path.join(workdir, "checkpoints", "10", "state", "d")
+  assert os.listdir(data)
+  shutil.rmtree(data)
+  with pytest.raises(ConfigError, match=r"^--workdir=.*: checkpoint 10 cannot be read \(.*\); "
+                                        r"allowed: --step=5 \(an earlier checkpoint\)$"):
+    checkpoint.restore_run(workdir)
+  assert checkpoint.restore_run(workdir, 5)[2] == 5
+
+
 def test_a_finished_run_run_again_trains_nothing_and_keeps_its_files(train_in_process, tmp_path,
                                                                       capsys):
   # main.py on a finished run restored the last checkpoint, evaluated again and rewrote
