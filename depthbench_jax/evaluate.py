@@ -22,7 +22,7 @@ silently replaces a finished evaluation.
    "options": {"sets", "eval_data_dir", "max_examples", "generate", "max_new_tokens",
                "timeout_s", "score_len", "batch_size"},
    "sets": {set: {"domain", "kind", "file", "examples_sha1", "n", "tokens", "context_cut",
-                  "answer_cut", "nll_per_token", "nll_per_example",
+                  "answer_cut", "nll_per_token", "nll_per_example", "time_s",
                   "per_example": [{"id", "nll", "tokens"}], + "acc"/"acc_norm" (mc),
                   "exact_match" (math), "pass@1"/"timeouts" (code), "samples"}},
    "domains": {domain: {"nll_per_token": mean over the domain's sets, "sets": [...],
