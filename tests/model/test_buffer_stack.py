@@ -9,7 +9,7 @@ import pytest
 from depthbench_jax.model import buffer_stack, replay
 from depthbench_jax.model.config import model_config_from
 from depthbench_jax.model.transformer import Transformer
-from depthbench_jax.residual.base import depth_softmax, inverse_rms
+from depthbench_jax.residual.base import depth_softmax, inverse_rms, write_slot
 from tests.helpers import (assert_training_path_equals_plain_scan, gradient_temp_bytes,
                            model_loss, tiny_config)
 
@@ -36,6 +36,48 @@ def _random_params(cfg, seed=0):
       leaf = leaf + 0.5 * jax.random.normal(key, leaf.shape)
     out.append(leaf)
   return jax.tree_util.tree_unflatten(tree, out)
+
+
+@pytest.mark.parametrize("policy", ["nothing_saveable", "dots_saveable"])
+def test_a_toy_stack_equals_the_plain_loop_with_every_gradient(policy):
+  """The stack alone against a plain Python loop of depth_softmax reads and write_slot writes
+  (3 layers, S = 7): the final buffer, and the gradients of the params and of the input buffer
+  (values and 1/RMS, random in every slot). Slots 1..6 are overwritten, so their input gets no
+  gradient: the model tests compared only parameter gradients (the input buffer is a constant
+  there), so a backward that left each written slot's cotangent in place passed them."""
+  n_layers, slots, d, eps = 3, 7, 4, 1e-6
+  k = jax.random.split(jax.random.PRNGKey(0), 6)
+  params = {"w": jax.random.normal(k[0], (n_layers, 2, d, d)) / 2,
+            "q": jax.random.normal(k[1], (n_layers, 2, d))}
+  values = jax.random.normal(k[2], (slots, 2, 3, d))
+  inv = jax.random.uniform(k[3], (slots, 2, 3), minval=0.5, maxval=1.5)
+  cv, ci = jax.random.normal(k[4], values.shape), jax.random.normal(k[5], inv.shape)
+  branch = lambda p, h, sub: jnp.tanh(h @ p["w"][sub])
+  query = lambda p, sub: p["q"][sub]
+
+  def plain(params, values, inv):
+    for l in range(n_layers):
+      p = jax.tree.map(lambda a: a[l], params)
+      for sub in (0, 1):
+        h = depth_softmax(query(p, sub), values, jnp.arange(slots) <= 2 * l + sub, eps,
+                          inv_rms=inv)[0]
+        values, inv = write_slot(values, inv, 2 * l + sub + 1, branch(p, h, sub), eps)
+    return values, inv
+
+  stack = lambda params, values, inv: buffer_stack.source_buffer_stack(
+      branch, query, eps, params, values, inv, policy=getattr(jax.checkpoint_policies, policy))
+
+  def loss(run):
+    def f(params, values, inv):
+      out_v, out_i = run(params, values, inv)
+      return jnp.sum(out_v * cv) + jnp.sum(out_i * ci)
+    return jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2)))(params, values, inv)
+
+  (got, got_g), (want, want_g) = loss(stack), loss(plain)
+  np.testing.assert_allclose(got, want, rtol=1e-5)
+  for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(got_g), jax.tree.leaves(want_g)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5, err_msg=jax.tree_util.keystr(path))
+  assert not np.any(got_g[1][1:]) and not np.any(got_g[2][1:]) and np.any(got_g[1][0])
 
 
 @pytest.mark.parametrize("policy", ["nothing_saveable", "dots_saveable"])
