@@ -78,6 +78,9 @@ def test_qwen3_layout_1p6b():
   counts = shapes.param_counts(c.model)
   assert counts["non_embedding"] == pytest.approx(1409.4e6, rel=1e-3)  # Qwen3-1.7B backbone.
   assert {r["lr"] for r in module.sweep()} == {5e-4}
+  # FFN 3d rounded up to a multiple of 128, as the docstring says (3d is 5184 and 4416 there).
+  assert [model_config_from(module.get_config(f"arch=preln,shape={s}").model).ffn_dim
+          for s in ("40x1728", "56x1472")] == [5248, 4480]
   # With Qwen3's own tied 151,936-row table this is Qwen3-1.7B to the parameter: 1,720,574,976
   # is transformers' Qwen3ForCausalLM count at that config (28 x (12.58M attn + 37.75M MLP +
   # 4,352 norm) + 2,048 final norm + 151,936 x 2,048), the "1.7B" of its name.
@@ -387,3 +390,18 @@ def test_a_suite_copy_that_renames_its_shape_set_sweeps_it(tmp_path, name, key):
   from depthbench_jax.residual import registry
   assert {r.design for r in runs} == set(registry.names())
   assert len(runs) == len(listed) * len(registry.names())
+
+
+@pytest.mark.parametrize("name", ["suite_400m", "suite_300m_isobackbone", "suite_multiscale",
+                                  "suite_1p6b"])
+def test_every_paper_suite_trains_the_recipe_readme_states(name):
+  """README: seq 2048, 512 x 2048 tokens per step, 20 tokens per Pre-LN parameter, AdamW
+  (0.9, 0.95, wd 0.1, clip 1.0), warmup (2% of steps) + cosine to 0.1 x LR, bf16 compute with
+  fp32 params. No test pinned these: an edit to paper_config passed the suite."""
+  c = suite(name).get_config("arch=preln")
+  assert (c.data.seq_len, c.data.global_batch_size, c.tokens_per_param, c.budget_design) == (
+      2048, 512, 20.0, "preln")
+  assert (c.b1, c.b2, c.weight_decay, c.grad_clip) == (0.9, 0.95, 0.1, 1.0)
+  assert (c.warmup_steps, c.min_lr_ratio, c.steps) == (0.02, 0.1, -1)
+  assert (c.model.dtype, c.model.param_dtype, c.data.tokenizer) == ("bfloat16", "float32",
+                                                                    "gpt2")
