@@ -62,7 +62,7 @@ def paper_config(model: ml_collections.ConfigDict,
   c = base.get_config()
   c.model = model
   c.data.source = "parquet"
-  c.data.path = data_path or os.environ.get("FINEWEB_EDU_PATH", "data/fineweb-edu")
+  c.data.path = data_path or os.environ.get("FINEWEB_EDU_PATH") or "data/fineweb-edu"  # empty: unset
   c.data.tokenizer = "gpt2"
   c.data.seq_len = 2048
   c.data.global_batch_size = 512          # 512 x 2048 = 1,048,576 tokens per step.

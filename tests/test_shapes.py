@@ -405,3 +405,12 @@ def test_every_paper_suite_trains_the_recipe_readme_states(name):
   assert (c.warmup_steps, c.min_lr_ratio, c.steps) == (0.02, 0.1, -1)
   assert (c.model.dtype, c.model.param_dtype, c.data.tokenizer) == ("bfloat16", "float32",
                                                                     "gpt2")
+
+
+def test_an_empty_fineweb_edu_path_reads_as_unset(monkeypatch):
+  """README's prepare command reads ``${FINEWEB_EDU_PATH:-data/fineweb-edu}``; the suites read an
+  empty variable as the path '' and every run failed on 'config.data.path is empty'."""
+  monkeypatch.setenv("FINEWEB_EDU_PATH", "")
+  assert suite("suite_400m").get_config("arch=preln").data.path == "data/fineweb-edu"
+  monkeypatch.setenv("FINEWEB_EDU_PATH", "/shared/fineweb")
+  assert suite("suite_400m").get_config("arch=preln").data.path == "/shared/fineweb"

@@ -35,6 +35,7 @@ from typing import Callable, Iterator, Sequence
 from absl import logging
 import numpy as np
 
+from depthbench_jax.data import corpus
 from depthbench_jax.errors import ConfigError
 
 DOCS_PER_CHUNK = 1024
@@ -186,7 +187,7 @@ def tokenize_shard(shard: Shard, tokenizer, cache_dir: str) -> dict:
     def flush():
       nonlocal doc_index
       for ids in tokenizer.encode_batch(chunk, num_threads=os.cpu_count() or 1):
-        split = "val" if doc_index % shard.val_every == shard.val_every - 1 else "train"
+        split = "val" if corpus.is_val_document(doc_index, shard.val_every) else "train"
         arr = np.asarray(ids + [tokenizer.eos_id], dtype=dtype)
         files[split].write(arr.tobytes())
         n_docs[split] += 1

@@ -87,13 +87,30 @@ def test_train_fingerprint_follows_the_shards_not_the_directory(make_config, par
   os.remove(moved / "002_00000.parquet")
   rewritten = pipeline.train_fingerprint(config)
   assert rewritten["shard_keys_sha1"] != first["shard_keys_sha1"]
+  # The same shards in another order (subfolders renamed: the glob sorts by path) are another
+  # stream: a hash of the sorted keys let such a resume through.
+  metas = pipeline.shard_metas(config)
+  assert (pipeline.train_fingerprint(config, metas=metas[::-1])["shard_keys_sha1"]
+          != pipeline.train_fingerprint(config, metas=metas)["shard_keys_sha1"])
 
 
-def test_embedded_cache_key_follows_the_gensim_version(monkeypatch):
-  """gensim's ``filter_wiki`` cleans the embedded dump: another gensim, another cache entry."""
+def test_embedded_cache_key_follows_the_gensim_version_and_the_files(monkeypatch, tmp_path):
+  """gensim's ``filter_wiki`` cleans the embedded dump: another gensim, another cache entry; so
+  do files of another size under the same gensim version (nothing checked the sizes)."""
+  import shutil
   from depthbench_jax.data import corpus
   (before,) = sources.embedded_shards()
   assert before.key == sources.embedded_shards()[0].key   # stable within one install
+  copies = []
+  for path in corpus.embedded_files():
+    copies.append(str(tmp_path / os.path.basename(path)))
+    shutil.copyfile(path, copies[-1])
+  monkeypatch.setattr(corpus, "embedded_files", lambda: copies)
+  assert sources.embedded_shards()[0].key == before.key   # the same bytes elsewhere
+  with open(copies[0], "ab") as f:
+    f.write(b" ")
+  assert sources.embedded_shards()[0].key != before.key
+  monkeypatch.undo()
   monkeypatch.setattr(corpus, "gensim_version", lambda: "0.0.1")
   assert sources.embedded_shards()[0].key != before.key
 
