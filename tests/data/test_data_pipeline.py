@@ -179,6 +179,22 @@ def test_val_batches_fixed_sharded_and_held_out(make_config):
   assert pipeline.make_val_batches(make_config(val_batches=0), 0, 1) == []
 
 
+def test_val_windows_repeat_in_order_when_the_held_out_split_is_short(make_config, caplog):
+  """More rows than held-out windows: row i is window i mod n, with a warning. No test read
+  past the split's end (n was ~600 windows, 24 read), so dropping the modulo, which raises an
+  IndexError there, passed."""
+  stream = pipeline.token_stream(make_config(seq_len=1024), "val")
+  n = (len(stream) - 1) // 1024
+  config = make_config(seq_len=1024, val_batches=n // 8 + 2)
+  with caplog.at_level("WARNING"):
+    val = pipeline.make_val_batches(config, 0, 1)
+  rows_read = (n // 8 + 2) * 8
+  assert rows_read > n
+  want = np.stack([stream[(i % n) * 1024:(i % n) * 1024 + 1025] for i in range(rows_read)])
+  assert np.array_equal(np.concatenate([v["tokens"] for v in val]), want)
+  assert f"but the held-out split has {n}; windows repeat" in caplog.text
+
+
 def test_metas_looked_up_once_serve_fingerprint_iterator_and_val(make_config, monkeypatch):
   """The trainer looks the shards up once (a tfds builder, a parquet footer hash per shard) and
   hands the metas on: given them, no entry point looks again, and the batches are the same."""
