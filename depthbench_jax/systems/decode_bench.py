@@ -399,12 +399,17 @@ def main(argv: Sequence[str] | None = None) -> int:
   try:
     cases = parse_cases(p, args.designs, args.shapes, args.contexts, args.loops)
     summary.check_folder(args.out, f"--out={args.out}")
+    # The preset's model fields too: the cpu and gpu400m presets share the device's file name,
+    # and a --preset=cpu rerun replaced a gpu400m (bf16, 16-head) result without a word.
     summary.check_replaceable(  # Before timing: a finished result is never lost.
-        path, {"cases": sorted(c.name for c in cases), "batch": args.batch}, args.overwrite,
-        flag=lambda key: "--designs/--shapes/--contexts/--loops" if key == "cases" else "--batch",
+        path, {"cases": sorted(c.name for c in cases), "batch": args.batch,
+               "preset": {k: getattr(p, k) for k in DECODE_PRESET_FIELDS}}, args.overwrite,
+        flag={"cases": "--designs/--shapes/--contexts/--loops", "batch": "--batch",
+              "preset": f"--preset={name}'s"}.get,
         recorded=lambda r: {"cases": sorted(
             f"{x['design']}@{x['shape']}@ctx{x['context']}@{x['loop']}" for x in r["rows"]),
-                            "batch": r["batch"]},
+                            "batch": r["batch"],   # older results record the whole preset
+                            "preset": {k: r["preset"].get(k) for k in DECODE_PRESET_FIELDS}},
         rounds=(args.rounds, lambda r: r["rounds"]))
   except ValueError as e:
     ap.error(str(e))

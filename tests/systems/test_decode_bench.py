@@ -171,7 +171,8 @@ def test_a_result_of_other_cases_is_not_replaced_without_overwrite(tmp_path, cap
   replaced the first without a word. The same cases, or --overwrite, still replace it."""
   helpers.stub_run(monkeypatch, decode_bench, "run")
   earlier = tmp_path / "results-cpu-quick-designs-shapes-decode-contexts.json"
-  earlier.write_text(json.dumps({"batch": 1, "rows": [
+  quick = {k: getattr(bench.PRESETS["quick"], k) for k in decode_bench.DECODE_PRESET_FIELDS}
+  earlier.write_text(json.dumps({"batch": 1, "preset": quick, "rows": [
       {"design": d, "shape": "2x32", "context": 8, "loop": "unrolled"} for d in ("preln", "hc")]}))
   flags = ["--preset=quick", "--shapes=2x32", "--contexts=8", "--out", str(tmp_path)]
   with pytest.raises(SystemExit):
@@ -187,6 +188,19 @@ def test_a_result_of_other_cases_is_not_replaced_without_overwrite(tmp_path, cap
   for more in (["--designs=hc,preln", "--rounds=3"], ["--designs=preln,mhc", "--overwrite"]):
     with pytest.raises(helpers.RunReached):
       decode_bench.main([*flags, *more])
+  # A result of another preset's model under the same file name (cpu and gpu400m share the
+  # device's): a --preset=cpu rerun replaced a bf16 gpu400m result without a word.
+  earlier.write_text(json.dumps(dict(json.loads(earlier.read_text()),
+                                     preset=dict(quick, dtype="bfloat16"))))
+  with pytest.raises(SystemExit):
+    decode_bench.main([*flags, "--designs=hc,preln", "--rounds=3"])
+  assert f"--preset=quick's={json.dumps(quick)}: {earlier} holds a result made with preset=" in (
+      capsys.readouterr().err)
+  # A result of older code records the whole train-bench preset: its decode fields decide.
+  earlier.write_text(json.dumps(dict(json.loads(earlier.read_text()),
+                                     preset=dataclasses.asdict(bench.PRESETS["quick"]))))
+  with pytest.raises(helpers.RunReached):
+    decode_bench.main([*flags, "--designs=hc,preln", "--rounds=3"])
 
 
 def test_a_design_without_a_cached_decode_step_is_refused(tmp_path, capsys, monkeypatch):
