@@ -44,6 +44,19 @@ def suite_shapes(config_path: str, module) -> list[str]:
                             for s in shape_set.shapes))
 
 
+def shape_set_families(module, shapes: Sequence[str]) -> dict[str, int] | None:
+  """``{shape: index of the first SHAPE_SETS entry listing it}``, the suite's own scale families;
+  None when a shape is in none (typed with --shapes) or the file has no SHAPE_SETS. Guessed from
+  sizes instead, a table of one width per depth was one family whatever the sizes: 16x800
+  (205M) and 48x640 (302M) from two scales read as 'the cost of depth at iso-parameters'."""
+  from depthbench_jax.shapes import parse_shape
+  index = {}
+  for i, shape_set in enumerate((getattr(module, "SHAPE_SETS", None) or {}).values()):
+    for shape in shape_set.shapes:
+      index.setdefault(str(parse_shape(shape)), i)
+  return {s: index[s] for s in shapes} if all(s in index for s in shapes) else None
+
+
 def check_is_suite(config_path: str, module) -> None:
   """One ConfigError unless the file has a sweep or SHAPE_SETS, with --shapes or without: its
   get_config takes no shape either (base.py refusing a shape argument was blamed on --shapes,
@@ -137,8 +150,14 @@ def build(config_path: str, seq_len: int, *, designs=None, shapes=None, with_xla
     log(f"  {design:14s} {shape:8s} causal {row['prefill_flops_causal'] / 1e12:6.2f} TFLOPs"
         + (f"  XLA {row['xla_flops'] / 1e12:6.2f}  peak {row['peak_bytes'] / 2**30:5.2f} GiB"
            if analysis else "") + f"  ({time.perf_counter() - start:.1f}s)")
-  from depthbench_jax.report.scorecard import assign_families
-  assign_families(rows)  # Shapes from several scales (--shapes): one depth summary per scale.
+  # One depth summary per scale: the suite's shape sets, else families by size (--shapes).
+  by_set = shape_set_families(module, [r["shape"] for r in rows])
+  if by_set is None:
+    from depthbench_jax.report.scorecard import assign_families
+    assign_families(rows)
+  else:
+    for r in rows:
+      r["family"] = by_set[r["shape"]]
   lengths = table.context_lengths()
   curve_design = "preln" if "preln" in cfgs else next(iter(cfgs))
   families = {r["shape"]: r["family"] for r in rows if r["design"] == curve_design}

@@ -1697,7 +1697,8 @@ def test_a_failed_result_write_keeps_the_last_result(tmp_path, monkeypatch, tool
   else:
     module, name, entry = (decode_bench, "results-cpu-quick-designs-shapes-decode-contexts.json",
                            "run")
-    earlier = {"batch": 1, "rows": [
+    preset = json.loads(json.dumps(dataclasses.asdict(bench.PRESETS["quick"])))  # tuples: lists
+    earlier = {"batch": 1, "preset": preset, "rows": [
         {"design": "preln", "shape": "2x32", "context": 8, "loop": "unrolled"}]}
     argv = ["--preset=quick", "--designs=preln", "--shapes=2x32", "--contexts=8",
             "--out", str(tmp_path)]
@@ -1784,3 +1785,19 @@ def test_cli_a_shape_the_model_refuses_is_named_as_the_shape(tmp_path, capsys):
                    "--xla", "false", "--out", str(tmp_path / "sys")]) == 2
   assert capsys.readouterr().err.strip().splitlines() == err
   assert cli.comma_list("4x128, 4x128,8x96,") == ["4x128", "8x96"]   # two identical rows once
+
+
+def test_shapes_of_two_scales_are_two_families_by_the_suites_shape_sets(tmp_path):
+  """16x800 (205M, the 200M set) and 48x640 (302M, the 300M set), one width per depth: guessed
+  from sizes they were one family, and the depth summary read x1.82 'at iso-parameters'. The
+  suite's SHAPE_SETS decide; a shape typed outside them falls back to the size rule."""
+  from depthbench_jax import sweep
+  from depthbench_jax.systems import __main__ as systems_main
+  multiscale = sweep.load_config_module(os.path.join(ROOT, "configs", "suite_multiscale.py"))
+  assert systems_main.shape_set_families(multiscale, ["16x800", "48x640", "48x512"]) == {
+      "16x800": 0, "48x640": 1, "48x512": 0}
+  assert systems_main.shape_set_families(multiscale, ["16x800", "16x801"]) is None
+  result = systems_main.build(os.path.join(ROOT, "configs", "suite_multiscale.py"), 256,
+                              designs=["preln"], shapes=["16x800", "48x640"], with_xla=False,
+                              log=lambda *_: None)
+  assert {r["shape"]: r["family"] for r in result["rows"]} == {"16x800": 0, "48x640": 1}
