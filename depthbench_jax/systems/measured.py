@@ -48,9 +48,12 @@ def match(cost_rows: Iterable[dict], measured: Iterable[dict], *, peak_flops: fl
   """``(rows, skipped)``: one row per (device, design, shape) found in both, with the measured
   device-hours beside the analytic; ``skipped`` says why a bench row of a tabled (design, shape)
   was left out (a different model, or one the first file given already timed on that device:
-  two orders of --measured gave HC 1.489 and 1.509 without a word)."""
+  two orders of --measured gave HC 1.489 and 1.509 without a word). The rows of one (device,
+  shape) come from one file, the first given with a row there: a step ratio is against its own
+  run's Pre-LN, and Full AttnRes's 1.980 (against the second file's Pre-LN) sat beside the
+  first file's Pre-LN, whose tokens/s give 1.962, and the ranking compared the two runs."""
   by_key = {(r["design"], r["shape"]): r for r in cost_rows}
-  rows, skipped, seen = [], [], {}
+  rows, skipped, seen, shown_from = [], [], {}, {}
   for m in measured:
     key = (m["design"], m["shape"])
     row = by_key.get(key)
@@ -66,6 +69,12 @@ def match(cost_rows: Iterable[dict], measured: Iterable[dict], *, peak_flops: fl
                      f"({m['flops_per_token']:.4g} FLOPs/token against the table's "
                      f"{row['train_flops_per_token']:.4g}, "
                      f"{m['flops_per_token'] / row['train_flops_per_token'] - 1:+.1%})")
+      continue
+    source = shown_from.setdefault((m["device"], m["shape"]), m["source"])
+    if source != m["source"]:
+      skipped.append(f"{m['source']}: {m['design']} {m['shape']} on {m['device']}: that shape "
+                     f"is shown from {source}, given first (its step ratios and ranking compare "
+                     f"the designs of one run)")
       continue
     seen[(m["device"],) + key] = m["source"]
     band = m.get("step_over_preln_rounds") or {}

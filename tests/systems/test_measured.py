@@ -71,6 +71,26 @@ def test_a_bench_of_another_model_is_left_out_and_the_first_file_wins(tmp_path, 
                         "first: that one is shown")
 
 
+def test_one_shape_on_one_device_is_shown_from_one_run(tmp_path, cost_rows):
+  """The first file timed Pre-LN at the shape, the second Pre-LN and HC: HC's ratio (against
+  the second run's Pre-LN) sat beside the first run's Pre-LN row, and the ranking compared the
+  two runs' throughputs. The shape is shown from the first file; HC from the second is named."""
+  pre, hc = cost_rows["preln"], cost_rows["hc"]
+  first = bench_json(tmp_path / "a.json", [("preln", pre["train_flops_per_token"], 100.0, 1.0)])
+  second = bench_json(tmp_path / "b.json", [("preln", pre["train_flops_per_token"], 50.0, 1.0),
+                                            ("hc", hc["train_flops_per_token"], 40.0, 1.25)])
+  rows, skipped = measured.match(cost_rows.values(), measured.bench_rows([first, second]),
+                                 peak_flops=1e12)
+  assert [(r["design"], r["source"]) for r in rows] == [("preln", first)]
+  assert skipped[1] == (f"{second}: hc 4x128 on fakedev: that shape is shown from {first}, "
+                        "given first (its step ratios and ranking compare the designs of one run)")
+  rows, skipped = measured.match(cost_rows.values(), measured.bench_rows([second, first]),
+                                 peak_flops=1e12)
+  assert {(r["design"], r["source"]) for r in rows} == {("preln", second), ("hc", second)}
+  assert measured.ranking(rows) == ["fakedev 4x128, most device-hours first: "
+                                    "hc 1.25x > preln 1.00x"]
+
+
 def test_a_bench_under_another_remat_policy_than_the_runs_says_so(tmp_path, cost_rows):
   """The GPU bench times dots_saveable, the suites train nothing_saveable (9% slower for Pre-LN
   at 16x1216 on the H200): the measured device-hours were labelled 'the same models'."""
