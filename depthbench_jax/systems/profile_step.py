@@ -174,8 +174,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                        "also listed by the time --design adds over it (exact on a GPU, where "
                        "kernels do not overlap; indicative on a CPU)")
   args = ap.parse_args(argv)
-  if args.steps < 1:  # 0 once compiled and ran the warm-up, then divided by it.
-    ap.error(f"--steps={args.steps}; allowed: an integer >= 1")
+  # --steps=0 once compiled and ran the warm-up, then divided by it; --top=-1 listed all but
+  # the last, --depth=-2 cut each part name's last two components: each after the profile.
+  for flag in ("steps", "top", "depth"):
+    if getattr(args, flag) < 1:
+      ap.error(f"--{flag}={getattr(args, flag)}; allowed: an integer >= 1")
   folder = os.path.dirname(os.path.abspath(args.hlo_out))
   if args.hlo_out and (os.path.isdir(args.hlo_out) or not os.path.isdir(folder)):
     # Written after the compile and the profiled steps: a traceback at the end once.

@@ -1509,14 +1509,17 @@ def test_profile_step_refuses_a_bad_design_field_before_profiling(monkeypatch, c
           "a field of design 'preln'") in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("steps", ["0", "-1"])
-def test_profile_step_refuses_steps_below_one_before_profiling(monkeypatch, capsys, steps):
-  """--steps=0 once compiled and ran the step, then died dividing the trace by 0 steps."""
+@pytest.mark.parametrize("flag", ["--steps=0", "--steps=-1", "--top=-1", "--top=0",
+                                  "--depth=-2"])
+def test_profile_step_refuses_counts_below_one_before_profiling(monkeypatch, capsys, flag):
+  """--steps=0 once compiled and ran the step, then died dividing the trace by 0 steps;
+  --top=-1 listed every part but the last, --depth=-2 cut the parts' names, both after the
+  profile and without a word."""
   from depthbench_jax.systems import profile_step
   monkeypatch.setattr(profile_step, "profile", lambda *a, **k: pytest.fail("profiled"))
   with pytest.raises(SystemExit):
-    profile_step.main(["--design=hc", "--preset=quick", f"--steps={steps}"])
-  assert f"--steps={steps}; allowed: an integer >= 1" in capsys.readouterr().err
+    profile_step.main(["--design=hc", "--preset=quick", flag])
+  assert f"{flag}; allowed: an integer >= 1" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("hlo_out, said", [("{tmp}", "a folder"),
