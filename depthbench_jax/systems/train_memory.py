@@ -12,7 +12,7 @@ is donated), against ``--budget_gib``. On a CPU host the devices are XLA's fake 
 assignment, a guide for a GPU, which runs cuDNN attention and fuses differently (README,
 "Multi-host GPU pods"), compiled without one CPU-only artefact (``compile_for_memory``). A bad
 config (a ``--grad_accum_steps`` that does not divide a shard's rows, a mesh that does not fit)
-is one error line, exit 2, as ``main.py`` would print it.
+is one error line, exit 2, as ``main.py`` would print it, after the flags that led to it.
 """
 
 from __future__ import annotations
@@ -133,7 +133,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     for design, shape, config in entries:
       if args.grad_accum_steps:
         config.grad_accum_steps = args.grad_accum_steps
-      rows.append(row(config, design, shape, args.budget_gib))
+      try:
+        rows.append(row(config, design, shape, args.budget_gib))
+      except ConfigError as e:  # The config's words; the knobs the user turned are these flags.
+        given = f"--devices={args.devices}" + (
+            f" --grad_accum_steps={args.grad_accum_steps}" if args.grad_accum_steps else "")
+        raise ConfigError(f"{given} ({design} {shape}): {e}") from None
       print(f"  {design} {shape}: peak {rows[-1]['peak_bytes'] / 2**30:.2f} GiB", file=sys.stderr,
             flush=True)
   except ConfigError as e:

@@ -75,7 +75,9 @@ def test_a_bf16_scan_is_estimated_below_its_fp32_twin_not_with_an_fp32_copy_of_i
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--grad_accum_steps=3"], "error: config.grad_accum_steps=3 does not divide the 8 rows"),
+    # The config's words after the flags that led to them (it named config fields alone).
+    (["--grad_accum_steps=3"], "error: --devices=1 --grad_accum_steps=3 (preln 4x128): "
+                               "config.grad_accum_steps=3 does not divide the 8 rows"),
     (["--budget_gib=0"], "error: --budget_gib=0.0; allowed: GiB > 0"),
     (["--designs=resnet"], "error: --designs: unknown ['resnet']; allowed: preln"),
 ])
