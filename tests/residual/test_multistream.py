@@ -281,24 +281,27 @@ def test_hidden_and_readout_read_the_sum_of_distinct_streams(name):
 
 
 def test_hc_static_init_is_onehot_identity_ones_and_moves_with_its_layer():
-  cfg = tiny_cfg("hc")                                          # L=2, n=4: sublayers k = 0..3
+  """A_m one-hot at stream k mod n: L = 3, n = 4 has sublayers k = 0..5, so layer 2 wraps to
+  streams 0 and 1 (at L = 2 the mod never wrapped, and a one-hot at k, zero from k = n on,
+  passed)."""
+  cfg = tiny_cfg("hc", n_layers=3)
   params = init(cfg)
   conn = params["layers"]["residual"]
   for sub, name in enumerate(("hc_attn", "hc_mlp")):
     alpha = np.asarray(conn[name]["static_alpha"])              # [L, n, 1+n]
-    for layer in range(2):
+    for layer in range(3):
       np.testing.assert_array_equal(alpha[layer, :, 0], np.eye(4)[(2 * layer + sub) % 4])
       np.testing.assert_array_equal(alpha[layer, :, 1:], np.eye(4))
-    np.testing.assert_array_equal(conn[name]["static_beta"], np.ones((2, 4)))
+    np.testing.assert_array_equal(conn[name]["static_beta"], np.ones((3, 4)))
     np.testing.assert_array_equal(conn[name]["dynamic_alpha"], 0)
     np.testing.assert_allclose(conn[name]["dynamic_alpha_scale"], 0.01)   # HC Sec. 4: s_alpha,
     np.testing.assert_allclose(conn[name]["dynamic_beta_scale"], 0.01)    # s_beta init 0.01
     np.testing.assert_array_equal(conn[name]["dynamic_beta"], 0)
   np.testing.assert_array_equal(home_stream(jnp.arange(6), 4), np.eye(4)[[0, 1, 2, 3, 0, 1]])
-  swapped = permute_layers(params, jnp.array([1, 0]))["layers"]["residual"]["hc_attn"]
+  swapped = permute_layers(params, jnp.array([1, 0, 2]))["layers"]["residual"]["hc_attn"]
   np.testing.assert_array_equal(swapped["static_alpha"][0, :, 0], np.eye(4)[2])
   _, mixing = sown_mixing(cfg)(params, jnp.asarray(text_batch(2, 12)))
-  assert len(mixing) == 2 and mixing[0].shape == (2, 2, 12, 4, 4)
+  assert len(mixing) == 2 and mixing[0].shape == (3, 2, 12, 4, 4)
   np.testing.assert_allclose(mixing[1], np.broadcast_to(np.eye(4), mixing[1].shape), atol=1e-7)
 
 
