@@ -19,25 +19,31 @@ OWN_CHECK_TOPICS = ("scan", "gate", "permut", "train|loss")
 
 
 def bound_designs(source: str) -> set[str]:
-  """The designs a test module passes to ``shared_checks_test``: a tuple or list literal, or a
-  module-level name bound to one."""
+  """The designs a test module passes to ``shared_checks_test`` where pytest collects the result:
+  a module-level ``test_*`` name bound to the call, whose argument is a tuple or list literal
+  or a module-level name bound to one. A call bound to another name (or inside a function)
+  runs no test: counting every call, ``shared_checks = shared_checks_test(DESIGNS)`` passed."""
   tree = ast.parse(source)
   names = {t.id: node.value for node in tree.body if isinstance(node, ast.Assign)
            for t in node.targets if isinstance(t, ast.Name)}
   out = set()
-  for node in ast.walk(tree):
-    if (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "shared_checks_test"
-        and node.args):
-      arg = node.args[0]
+  for node in tree.body:
+    call = node.value if isinstance(node, ast.Assign) else None
+    if (isinstance(call, ast.Call) and getattr(call.func, "id", None) == "shared_checks_test"
+        and call.args and any(isinstance(t, ast.Name) and t.id.startswith("test")
+                              for t in node.targets)):
+      arg = call.args[0]
       arg = names.get(arg.id, arg) if isinstance(arg, ast.Name) else arg
       out |= set(ast.literal_eval(arg))
   return out
 
 
 def test_bound_designs_reads_literals_and_module_names():
-  assert bound_designs("D = ('a', 'b')\nt = shared_checks_test(D)\nu = shared_checks_test(['c'])"
-                       ) == {"a", "b", "c"}
-  assert bound_designs("t = other(('a',))") == set()
+  assert bound_designs("D = ('a', 'b')\ntest_t = shared_checks_test(D)\n"
+                       "test_u = shared_checks_test(['c'])") == {"a", "b", "c"}
+  assert bound_designs("test_t = other(('a',))") == set()
+  assert bound_designs("x = shared_checks_test(('a',))") == set()       # pytest collects no x
+  assert bound_designs("def f():\n  test_t = shared_checks_test(('a',))") == set()
 
 
 def own_check_gaps(design: str, sources: list[str]) -> list[str]:
