@@ -45,6 +45,20 @@ def test_nan_step_marks_diverged_and_keeps_last_good_checkpoint(train_in_process
   assert sorted(losses) == [4, 8] and math.isfinite(losses[4]) and math.isnan(losses[8])
 
 
+def test_a_nan_first_seen_at_a_checkpoint_step_is_not_saved(train_in_process, tmp_path):
+  """Step 5's NaN reaches the host at step 6, a checkpoint step: the guard reads it before the
+  save, so checkpoint 6 (NaN params) is never written. The other diverging tests first see
+  their bad step at a step that saves nothing, so a save ahead of the guard passed them."""
+  workdir = str(tmp_path / "nan_at_save")
+  config = helpers.tiny_config(steps=12, log_every=4, checkpoint_every=3, eval_every=0,
+                               keep_checkpoints=5, **{"debug.nan_at_step": 5})
+  train_in_process(config, workdir)
+  s = helpers.summary(workdir)
+  assert (s["status"], s["diverged_step"], s["last_checkpoint_step"]) == ("diverged", 5, 3)
+  assert summary.checkpoint_steps(workdir) == [3]
+  assert sorted(helpers.losses(workdir)) == [4]
+
+
 def test_the_same_command_on_a_diverged_run_trains_nothing(train_in_process, tmp_path, capsys):
   """Run again with the same rules it retrained from its last checkpoint to the same NaN,
   adding the time to wall_time_s and device-hours. Now it says so and changes nothing; with
