@@ -671,3 +671,29 @@ def test_a_second_trainer_in_a_workdir_is_refused_before_it_writes(train_in_proc
   again = workdir_lock.TrainerLock(workdir, 0)
   again.acquire()
   again.release()
+
+
+def test_a_trainer_holds_its_workdir_lock_at_every_save_and_its_summary(train_in_process,
+                                                                       tmp_path, monkeypatch):
+  """The refusal tests faked the first trainer with a bare lock: a trainer that released its
+  own at once (or locked only an existing lock file, none in a fresh workdir) passed them. At
+  each checkpoint save and the summary write, another lock on the workdir is refused."""
+  from depthbench_jax.train import checkpoint, loop, summary as summary_lib, workdir_lock
+  workdir = str(tmp_path / "fresh")
+  held = []
+
+  def locked_then(real):
+    def call(*args, **kwargs):
+      try:
+        workdir_lock.TrainerLock(workdir, 0).acquire()
+        held.append(False)
+      except ConfigError:
+        held.append(True)
+      return real(*args, **kwargs)
+    return call
+
+  monkeypatch.setattr(loop.checkpoint, "save", locked_then(checkpoint.save))
+  monkeypatch.setattr(loop.summary, "write", locked_then(summary_lib.write))
+  config = helpers.tiny_config(steps=4, checkpoint_every=2, eval_every=0)
+  assert train_in_process(config, workdir)["status"] == "ok"
+  assert held == [True, True, True]   # saves at steps 2 and 4, then the summary
