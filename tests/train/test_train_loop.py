@@ -166,6 +166,10 @@ def test_sigterm_saves_and_exits_cleanly_then_resumes(reference_run, tmp_path, c
   # the "resume" below would train nothing and match trivially).
   assert max(map(int, ckpts)) < 20 and max(helpers.losses(workdir)) < 20
   assert not os.path.exists(os.path.join(workdir, "summary.json"))
+  # Saved at the step it stopped (every step is logged), and keep_checkpoints=2 kept the newest
+  # two: a save a step early, or keeping the oldest, resumed bitwise the same and passed.
+  n = max(helpers.losses(workdir))
+  assert sorted(map(int, ckpts)) == ([n - 1, n] if checkpoint_every == 1 else [n]), (ckpts, n)
   proc = helpers.run_main(workdir, helpers.tiny_flags(checkpoint_every=checkpoint_every),
                           PYTHONPROFILEIMPORTTIME=1)
   # Resumed (a retrain from step 1 repeats the same losses exactly).
