@@ -929,3 +929,41 @@ def test_hosts_with_different_device_counts_are_refused():
   check_even_hosts({0: 4, 1: 4})
   with pytest.raises(HostsDiffer, match=r"\(process 0: 2, process 1: 6\); allowed: the same"):
     check_even_hosts({0: 2, 1: 6})
+
+
+# The fields a resume may change, as reviewed: adding one (a seed, an optimizer setting) lets a
+# resumed run silently mix two recipes in one workdir, so the list is spelled out here too.
+REVIEWED_RESUMABLE = {
+    "name", "log_every", "tensorboard", "eval_every", "eval_batches", "checkpoint_every",
+    "keep_checkpoints", "async_checkpointing", "peak_flops_per_device", "diagnostics.",
+    "divergence.", "skip_nonfinite_steps", "debug.", "mesh.", "evals.", "data.cache_dir",
+    "data.worker_count", "iso_target_params", "iso_count", "iso_tolerance", "grad_accum_steps",
+    "model.remat_policy", "model.attention_kernel", "model.residual.sinkhorn_kernel"}
+
+
+def test_every_config_field_is_refused_on_resume_unless_listed_resumable():
+  """Each of the config's fields changed alone against the trained config.json: refused exactly
+  when it is not in RESUMABLE_FIELDS. Only some fields were exercised (lr, steps, data.path):
+  adding seed or grad_clip to the resumable list, or dropping tensorboard from it, passed."""
+  import ml_collections
+  from depthbench_jax import recipe
+  from depthbench_jax.train import config_check
+  assert set(recipe.RESUMABLE_FIELDS) == REVIEWED_RESUMABLE
+  saved = config_check.as_json(helpers.tiny_config())
+  bump = lambda v: (not v if isinstance(v, bool) else v + 1 if isinstance(v, int) else
+                    v * 2 + 0.5 if isinstance(v, float) else v + "_x" if isinstance(v, str) else
+                    [*v, 0.5] if isinstance(v, list) else 7)
+  fields = recipe.flatten_fields(saved)
+  assert {"seed", "grad_clip", "b2", "tensorboard", "model.dtype", "mesh.fsdp"} <= set(fields)
+  for field, value in fields.items():
+    if field == "model.residual.name":   # another design: every option differs too
+      continue
+    changed = json.loads(json.dumps(saved))
+    *path, leaf = field.split(".")
+    node = changed
+    for key in path:
+      node = node[key]
+    node[leaf] = bump(value)
+    refused = [f for f, _, _ in config_check.recipe_changes(
+        saved, ml_collections.ConfigDict(changed))]
+    assert refused == ([] if recipe.is_resumable(field) else [field]), field
