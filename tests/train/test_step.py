@@ -59,3 +59,43 @@ def test_gradient_accumulation_is_the_whole_batchs_loss_and_gradient(monkeypatch
   for g_k, g in zip(jax.tree.leaves(grads_k), jax.tree.leaves(grads)):
     assert g_k.dtype == g.dtype
     np.testing.assert_allclose(g_k, g, rtol=2e-5, atol=1e-7)
+
+
+def test_skip_nonfinite_keeps_the_state_on_a_finite_loss_with_a_non_finite_gradient(monkeypatch):
+  """The skip tests inject a NaN batch, which makes the loss and the gradient non-finite
+  together: a skip reading the loss alone passed them. A finite loss with one inf gradient
+  entry must keep params and optimizer state too, and report the step as not finite."""
+  import optax
+  from depthbench_jax.train import step as step_lib
+  model, params, tokens = _model_params_tokens()
+  optimizer = optax.adamw(1e-3)
+  state = step_lib.TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                              opt_state=optimizer.init(params))
+
+  def finite_loss_inf_grad(params, *args):
+    grads = jax.tree.map(jnp.zeros_like, params)
+    leaves, tree = jax.tree.flatten(grads)
+    leaves[0] = leaves[0].at[(0,) * leaves[0].ndim].set(jnp.inf)
+    return jnp.float32(2.5), jax.tree.unflatten(tree, leaves)
+
+  monkeypatch.setattr(step_lib, "loss_and_grads", finite_loss_inf_grad)
+  new, metrics = step_lib.train_step(state, {"tokens": tokens}, model=model, optimizer=optimizer,
+                                     schedule=lambda count: 1e-3, skip_nonfinite=True)
+  assert float(metrics["loss"]) == 2.5 and float(metrics["finite"]) == 0.0
+  same = lambda a, b: all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a),
+                                                                jax.tree.leaves(b)))
+  assert same(new.params, params) and same(new.opt_state, state.opt_state)
+  assert int(new.step) == 1
+
+
+def test_an_injected_fault_is_a_guard_field():
+  """A diverged run rerun with another debug.nan_at_step resumes (the faults decide whether it
+  diverges); dropping 'debug.' from GUARD_FIELDS passed every test."""
+  from depthbench_jax import recipe
+  from depthbench_jax.train import config_check
+  from tests.helpers import tiny_config
+  saved = config_check.as_json(tiny_config(**{"debug.nan_at_step": 7}))
+  now = config_check.as_json(tiny_config(**{"debug.nan_at_step": 9}))
+  assert recipe.guard_changes(saved, now) == ["debug.nan_at_step"]
+  assert recipe.guard_changes(saved, config_check.as_json(tiny_config(
+      **{"debug.nan_at_step": 7, "log_every": 3}))) == []
