@@ -10,6 +10,7 @@ import json
 import os
 import statistics
 import subprocess
+import time
 
 import jax
 import ml_collections
@@ -580,6 +581,23 @@ def test_interleaved_rotates_the_order_each_round():
   assert [line.split(":")[0].strip() for line in lines[1:]] == [f"round {r}/4" for r in
                                                                (1, 2, 3, 4)]
   assert lines[-1].endswith("ETA 0s")
+  # By default two warm-up calls each stay out of the rounds (torch's first AdamW call makes
+  # its state, a jit its compile): warmup=0 as the default passed every test.
+  slow_first = []
+  def candidate():
+    slow_first.append(time.sleep(0.05) if len(slow_first) == 0 else None)
+  times = interleaved({"a": candidate}, rounds=3)
+  assert len(slow_first) == 5 and max(times["a"]) < 0.05
+
+
+def test_compile_rounds_alternate_which_depth_goes_first(monkeypatch):
+  """16 then 70 layers in even rounds, 70 then 16 in odd ones: every shallow compile before every
+  deep one read 1.408 for a ratio whose paired rounds give 0.93 (README, thirty-fifth session)."""
+  from depthbench_jax import bench
+  order = []
+  monkeypatch.setattr(bench, "abstract_compile_seconds", lambda cfg: order.append(cfg) or 1.0)
+  ct = bench.compile_times({16: 16, 70: 70}, 16, 70, 4)
+  assert order == [16, 70, 70, 16, 16, 70, 70, 16] and ct == {16: [1.0] * 4, 70: [1.0] * 4}
 
 
 @pytest.mark.parametrize("k, rounds", [(14, 7), (48, 15), (5, 10)])
@@ -960,9 +978,18 @@ def test_bench_quick_mode(tmp_path, capsys, monkeypatch):
   assert pre["tokens_per_s"] == pytest.approx(quick.batch * quick.seq_len / med["preln"])
   assert hc["peak_over_preln"] == hc["peak_bytes"] / pre["peak_bytes"]
   assert pre["ours_over_hf"] == pytest.approx(med["preln"] / med["hf_llama_torch"])
+  quartiles = lambda num, den: pytest.approx(statistics.quantiles(
+      sorted(a / b for a, b in zip(num, den)), n=4, method="inclusive"))
+  hf_band = pre["ours_over_hf_rounds"]
+  assert [hf_band["q1"], hf_band["median"], hf_band["q3"]] == quartiles(
+      times["preln"], times["hf_llama_torch"])
+  assert pre["hf_matmul_peak_flops"] == pytest.approx(
+      2 * quick.matmul_n ** 3 * quick.matmul_reps / med["matmul_torch"])
   compile_ = result["compile"]
   assert compile_["deep_over_shallow"] == pytest.approx(
       statistics.median(compile_["deep_s_all"]) / statistics.median(compile_["shallow_s_all"]))
+  assert compile_["deep_over_shallow_rounds"]["median"] == pytest.approx(   # deep over shallow
+      statistics.median(d / s for d, s in zip(compile_["deep_s_all"], compile_["shallow_s_all"])))
   out = capsys.readouterr().out
   assert "verdict" in out
   # The record names its code and host: a ratio means little without them.
