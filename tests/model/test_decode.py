@@ -63,6 +63,21 @@ def test_kv_cache_equals_full_recompute(overrides, monkeypatch):
   np.testing.assert_allclose(cached_logits[:, 0], logits[0, len(PROMPTS[0]) - 1:], atol=1e-5)
 
 
+def test_decoding_past_the_prompt_bucket_equals_full_recompute():
+  """A 16-token prompt fills its bucket (pad_to=16): every new token is written past it, into
+  the cache's room for generated tokens. Every other case stayed inside the prompt bucket, so
+  a cache without that room (a write past its end clamps onto the last slot, silently) passed."""
+  cfg = cfg_of()
+  params = random_params(cfg)
+  prompt = [[(7 * i + 3) % 61 for i in range(16)]]
+  cached, cached_logits = decode.greedy_generate(cfg, params, prompt, 4, pad_to=16,
+                                                 return_logits=True)
+  full, full_logits = decode.greedy_generate(cfg, params, prompt, 4, pad_to=16, use_cache=False,
+                                             return_logits=True)
+  assert cached == full and len(cached[0]) == 4
+  np.testing.assert_allclose(cached_logits, full_logits, atol=1e-5, rtol=1e-5)
+
+
 def test_zero_new_tokens_generates_nothing_on_either_path():
   cfg = cfg_of()
   params = random_params(cfg)

@@ -1,6 +1,6 @@
-"""The backbone's pieces against hand-computed values, in JAX alone (the HF parity tests, which
-also pin them, skip themselves where torch is missing): RMSNorm's eps inside the root, RoPE's
-frequencies and rotation direction, SwiGLU's gate and up roles."""
+"""The backbone's pieces against hand-computed values, in JAX alone (the HF parity tests pin them
+against torch, which they require): RMSNorm's eps inside the root, RoPE's frequencies and
+rotation direction, SwiGLU's gate and up roles."""
 
 import jax.numpy as jnp
 import numpy as np

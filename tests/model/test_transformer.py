@@ -123,11 +123,18 @@ def test_permute_layers_identity_and_swap():
   np.testing.assert_array_equal(swapped["layers"]["mlp"]["up_proj"]["kernel"][0],
                                 params["layers"]["mlp"]["up_proj"]["kernel"][1])
   assert not np.allclose(model.apply({"params": swapped}, TOKENS), ref, atol=1e-5)
+  # Position p holds original layer order[p]: a rotation (its own inverse no longer) tells a
+  # gather from a scatter, which every swap tested here and in the diagnostics left apart.
+  rotated = tr.permute_layers(params, jnp.array([1, 2, 0]))["layers"]["mlp"]["up_proj"]["kernel"]
+  kernel = params["layers"]["mlp"]["up_proj"]["kernel"]
+  for position, original in enumerate((1, 2, 0)):
+    np.testing.assert_array_equal(rotated[position], kernel[original])
   # vmap over orders: the diagnostics batch permutations this way.
   orders = jnp.array([[0, 1, 2], [1, 0, 2]])
   batched = jax.vmap(lambda o: model.apply({"params": tr.permute_layers(params, o)}, TOKENS))(
       orders)
   np.testing.assert_allclose(batched[0], ref, atol=1e-5)
+  np.testing.assert_allclose(batched[1], model.apply({"params": swapped}, TOKENS), atol=1e-5)
 
 
 def test_count_params_matches_initialised_tree():
