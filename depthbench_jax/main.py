@@ -34,7 +34,7 @@ from ml_collections import config_flags
 
 from depthbench_jax.errors import (HOSTS_DIFFER, ConfigError, HostsDiffer, fail, flag_error_line,
                                    quiet_logs, refuse_arguments)
-from depthbench_jax.hosts import gather_text
+from depthbench_jax.hosts import gather_text, raise_agreed
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file.",
                                           lock_config=True)
@@ -307,14 +307,20 @@ def check_results_shared(workdir: str) -> None:
   folder = os.path.dirname(os.path.abspath(workdir))
   name = ""
   if jax.process_index() == 0:
-    os.makedirs(folder, exist_ok=True)
-    name = f".hosts-see-this-{uuid.uuid4().hex}"
-    open(os.path.join(folder, name), "w").close()
+    try:   # A results dir process 0 cannot write: its reason, posted as the name ('!...'), is
+      os.makedirs(folder, exist_ok=True)   # every process's refusal (it was process 0's alone,
+      name = f".hosts-see-this-{uuid.uuid4().hex}"   # the others waiting for it in the gather).
+      open(os.path.join(folder, name), "w").close()
+    except OSError as err:
+      name = (f"!--workdir={workdir}: process 0 cannot write in {folder} ({err.strerror}); "
+              f"allowed: a results dir every host can write")
   try:
     name = gather_text(name)[0]
+    if name.startswith("!"):
+      raise ConfigError(name[1:])
     seen = gather_text("1" if os.path.exists(os.path.join(folder, name)) else "0")
   finally:  # process 0 removes it once every process has looked (the second gather)
-    if jax.process_index() == 0:
+    if jax.process_index() == 0 and name and not name.startswith("!"):
       os.remove(os.path.join(folder, name))
   blind = [i for i, s in enumerate(seen) if s != "1"]
   if blind:
@@ -374,19 +380,24 @@ def main(argv):
   from depthbench_jax.train import config_check
   warn_if_gpus_idle(jax.default_backend())
   try:
+    # In the try whose last clause exits at once: a peer dying during these gathers left this
+    # process in JAX's shutdown barrier after a traceback.
     check_even_hosts(collections.Counter(d.process_index for d in jax.devices()))
     check_same_run(config, _WORKDIR.value)
-  except HostsDiffer as err:
-    fail(str(err), HOSTS_DIFFER)
-  try:
     # Before the trainer is imported (it pulls in TensorFlow via clu): bad input fails fast,
-    # on every process alike (check_same_run: one config), and before check_results_shared
-    # makes the workdir's parent folder (a bad config left it behind on a pod).
-    config_check.validate(config, jax.device_count())
+    # on every process alike, and before check_results_shared makes the workdir's parent folder
+    # (a bad config left it behind on a pod). One config (check_same_run), but validate reads
+    # this host's copy of the data (config.data.path): its refusal is agreed.
+    try:
+      config_check.validate(config, jax.device_count())
+      invalid = None
+    except ConfigError as err:
+      invalid = err
+    raise_agreed(invalid, jax.process_count())
     check_results_shared(_WORKDIR.value)
     from depthbench_jax.train.loop import train_and_evaluate
     result = train_and_evaluate(config, _WORKDIR.value)
-  except HostsDiffer as err:  # the train data (config_check.check_same_data)
+  except HostsDiffer as err:  # runs, results dir, train data (config_check.check_same_data)
     fail(str(err), HOSTS_DIFFER)
   except ConfigError as err:
     fail(str(err))

@@ -471,10 +471,8 @@ def checked_config(module, run: Run) -> ml_collections.ConfigDict:
           f"{run.workdir} (with an LR set beside it, every LR of the grid trained that one under "
           f"its own name); allowed: the name apply_run gives, with the LR in the suite's LR "
           f"grid (sweep()'s lr=)")
-    config_check.validate_without_devices(config)
+    config_check.validate_without_devices(config)   # a fixed steps' warmup included
     config_check.validate_iso(config)
-    if config.steps > 0:
-      config_check.check_warmup(config, config.steps)
   return config
 
 

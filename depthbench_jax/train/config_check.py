@@ -135,6 +135,8 @@ def validate_recipe(config) -> None:
            f"periodic eval; 0 = all config.data.val_batches)")
   _switch(config, "tensorboard")
   _switch(config, "async_checkpointing")
+  if steps > 0:   # Known here (-1 is resolved by the trainer): refused before main.py writes.
+    check_warmup(config, steps)
 
 
 def validate_guards(config) -> None:

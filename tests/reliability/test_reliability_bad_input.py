@@ -198,7 +198,7 @@ def test_a_float_warmup_is_a_fraction_below_one_or_whole_steps(warmup, ok):
   """In a suite typing warmup_steps float (suite_400m), 1.5 was silently read as 1 step;
   ``--config.warmup_steps=2000`` arrives there as 2000.0 and is 2000 steps (a config check:
   below the run's steps is ``check_warmup``'s, once they are known)."""
-  config = helpers.tiny_config()
+  config = helpers.tiny_config(steps=4000)   # below the steps: check_warmup's, in validate too
   del config["warmup_steps"]
   config.warmup_steps = warmup
   if ok:
@@ -682,10 +682,12 @@ def test_processes_that_do_not_share_the_results_dir_refuse_alike(monkeypatch, t
   from depthbench_jax import main
   host0, host1 = tmp_path / "host0" / "results", tmp_path / "host1" / "results"
   host1.mkdir(parents=True)
-  view = {}   # what process 0 posted, replayed to process 1 (its marker path, then "1")
+  view = {}   # what each process posted; its peer's replies are replayed from the list given
   monkeypatch.setattr(jax, "process_count", lambda: 2)
 
   def as_process(process, workdir, replies):
+    """The gathers in order: the marker's name (or '!' and why process 0 could not write it),
+    whether each process saw it."""
     monkeypatch.setattr(jax, "process_index", lambda: process)
     posted = iter(replies)
     def gather_text(text):
@@ -694,19 +696,36 @@ def test_processes_that_do_not_share_the_results_dir_refuse_alike(monkeypatch, t
     monkeypatch.setattr(main, "gather_text", gather_text)
     main.check_results_shared(workdir)
 
-  as_process(0, str(host0 / "run"), ["", "1"])             # process 1 saw it: nothing raised
+  as_process(0, str(host0 / "run"), ["", "1"])              # process 1 saw it: nothing raised
   name = view[0][0]
-  assert name.startswith(".hosts-see-this-") and not os.path.exists(host0 / name)
-  with pytest.raises(ConfigError, match=r"process 1 of 2 does not see the file process 0 wrote "
-                                        r"in .*host1/results .*; allowed: a results dir on a "
-                                        r"filesystem every host sees"):
-    as_process(1, str(host1 / "run"), [name, "1"])        # host 1's disk: no such file
+  assert name.startswith(".hosts-see-this-")
+  assert not os.path.exists(host0 / name)
+  refused = (r"process 1 of 2 does not see the file process 0 wrote in .*{}/results .*; allowed: "
+             r"a results dir on a filesystem every host sees")
+  with pytest.raises(ConfigError, match=refused.format("host1")):
+    as_process(1, str(host1 / "run"), [name, "1"])         # host 1's disk: no such file
   assert view[1] == ["", "0"]
+  # Process 0, told its peer did not see the file, refuses alike (only process 1's side of the
+  # refusal was shown: each process judging its own view alone passed).
+  with pytest.raises(ConfigError, match=refused.format("host0")):
+    as_process(0, str(host0 / "run"), ["", "0"])
   assert os.listdir(host0) == [] and os.listdir(host1) == []
   # The same folder mounted at another path on host 1 (a shared checkout, a relative workdir):
   # it looks for the name in its own spelling of the folder, and finds it.
   (host1 / name).write_text("")
   as_process(1, str(host1 / "run"), [name, "1"])
+  # Process 0 cannot write there: every process refuses, with process 0's reason (it alone
+  # went to its exit while the others waited in the next gather).
+  with pytest.raises(ConfigError, match=r"^--workdir=.*: process 0 cannot write in .*; allowed: "
+                                        r"a results dir every host can write$"):
+    as_process(1, str(host1 / "run"), ["!--workdir=x: process 0 cannot write in /r (Read-only "
+                                       "file system); allowed: a results dir every host can "
+                                       "write"])
+  monkeypatch.setattr(main.os, "makedirs", lambda *a, **k: (_ for _ in ()).throw(
+      PermissionError(13, "Permission denied")))
+  with pytest.raises(ConfigError, match=r"process 0 cannot write in .* \(Permission denied\)"):
+    as_process(0, str(tmp_path / "ro" / "run"), ["!"])
+  assert view[0][-1].startswith("!--workdir=")   # what process 0 posted: its refusal
 
 
 def test_flag_error_keeps_the_config_errors_own_last_line():

@@ -383,6 +383,37 @@ def test_two_processes_reading_other_shards_both_refuse_before_writing(tmp_path)
   assert not os.path.exists(workdir)
 
 
+@pytest.mark.parametrize("host1_copy", ["empty", "torn"])
+def test_data_one_host_alone_cannot_read_is_refused_on_both_at_once(tmp_path, host1_copy):
+  """Host 1's copy of config.data.path holds no shard (main.py's config check) or a torn one
+  (the trainer's read of the shards): host 1 went to its exit while host 0 waited for it in the
+  next all-gather, minutes, then an abort the sweep took for hosts that never joined. Both now
+  exit HOSTS_DIFFER at once, naming host 1 and its reason, before anything is written."""
+  import pyarrow.parquet as pq
+  from depthbench_jax.errors import HOSTS_DIFFER
+  for host in ("host0", "host1"):
+    (tmp_path / host / "shards").mkdir(parents=True)
+  pq.write_table(helpers.fineweb_like(150, 0), tmp_path / "host0" / "shards" / "000_00000.parquet")
+  if host1_copy == "torn":
+    (tmp_path / "host1" / "shards" / "000_00000.parquet").write_bytes(b"PAR1 cut short")
+  workdir = str(tmp_path / "results" / "run")
+  flags = helpers.tiny_flags(**{"data.source": "parquet", "data.path": "shards",
+                                "data.cache_dir": "cache"})
+  procs = start_two_processes(workdir, flags, cwds=[str(tmp_path / "host0"),
+                                                    str(tmp_path / "host1")])
+  try:
+    errors = [p.communicate(timeout=120)[1] for p in procs]
+  finally:   # the hang this test is about leaves both running
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+  assert [p.returncode for p in procs] == [HOSTS_DIFFER] * 2, errors
+  lines = [[l for l in err.splitlines() if l.startswith("error:")] for err in errors]
+  assert len(lines[0]) == 1 and lines[0] == lines[1], lines
+  assert lines[0][0].startswith("error: process 1 of 2 only: ") and "shards" in lines[0][0]
+  assert not os.path.exists(workdir)
+
+
 @pytest.mark.slow
 def test_two_processes_gloo_survive_a_sigterm_to_one_and_match_one(reference_run, tmp_path):
   # JAX's preemption service: the signalled process and its peer agree on one step to save at;
