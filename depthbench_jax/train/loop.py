@@ -242,10 +242,13 @@ def _train_and_evaluate(config, workdir: str, lock: workdir_lock.TrainerLock) ->
   abstract_state, state_sharding = jitted.abstract_state, jitted.state_sharding
   batch_sharding, repl = jitted.batch_sharding, sharding.replicated(mesh)
   step_fn, eval_fn = jitted.step_fn, jitted.eval_fn
-  # The diagnostics fetch their outputs to the host: under several processes they read the
-  # params replicated (sharded across processes, the outputs are too, and none can fetch them).
-  diag_params = (jax.jit(lambda params: params, out_shardings=repl) if process_count > 1
-                 else lambda params: params)
+  # The diagnostics run on one local device of each process, on a whole copy of the params
+  # (every process computes the same result; process 0 writes it), as diagnose does post hoc:
+  # on the mesh, HC's and mHC's effective-rank SVDs hung XLA:CPU on 2 or more devices, and
+  # params sharded across processes gave outputs no process could fetch.
+  replicate = jax.jit(lambda params: params, out_shardings=repl)
+  diag_params = ((lambda params: jax.tree.map(lambda a: a.addressable_data(0), replicate(params)))
+                 if jax.device_count() > 1 else (lambda params: params))
 
   manager = checkpoint.make_manager(workdir, config.keep_checkpoints,
                                     async_save=config.async_checkpointing)

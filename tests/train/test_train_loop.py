@@ -383,6 +383,27 @@ def test_two_processes_reading_other_shards_both_refuse_before_writing(tmp_path)
   assert not os.path.exists(workdir)
 
 
+def test_in_training_diagnostics_of_hc_finish_on_two_devices_as_diagnose_reads_them(tmp_path):
+  """HC's in-training diagnostics on the mesh of 2 devices hung XLA:CPU in the effective-rank
+  SVDs (0% CPU until SIGKILL; SIGTERM only set a flag). They run on one device of the process
+  now, on a whole copy of the params, and log what diagnose reads off the checkpoint."""
+  from depthbench_jax import diagnose
+  from depthbench_jax.data import pipeline
+  from depthbench_jax.train import checkpoint, summary as summary_lib
+  workdir = str(tmp_path / "hc")
+  flags = helpers.tiny_flags(**{"model.residual.name": "hc", "model.d_model": 128,
+                                "data.seq_len": 128, "model.n_layers": 4, "steps": 6,
+                                "warmup_steps": 1, "diagnostics.every": 3, "checkpoint_every": 6,
+                                "eval_every": 0})
+  helpers.run_main(workdir, flags, devices=2, timeout=120)
+  logged = summary_lib.read_metrics(workdir, "diagnostics/erank_late")
+  assert sorted(logged) == [3, 6]
+  config, params, _ = checkpoint.restore_run(workdir, 6)
+  batch = pipeline.make_val_batches(config, process_index=0, process_count=1)[0]
+  want = diagnose.diagnose(workdir, config, params, batch, step=6)["mixing"]["erank_late"]
+  np.testing.assert_allclose(logged[6], want, rtol=1e-4)
+
+
 @pytest.mark.parametrize("host1_copy", ["empty", "torn"])
 def test_data_one_host_alone_cannot_read_is_refused_on_both_at_once(tmp_path, host1_copy):
   """Host 1's copy of config.data.path holds no shard (main.py's config check) or a torn one
