@@ -80,6 +80,9 @@ def _hook(event, args):
         isinstance(flags, int) and flags & _WRITE_FLAGS)
     if writing and not _inside(path):
       raise PermissionError(f"sandbox: write outside the temp dir: {{path}}")
+  elif event == "sqlite3.connect":   # a database file is a write too (':memory:' is none)
+    if args and args[0] not in (":memory:", "", b":memory:", b"") and not _inside(args[0]):
+      raise PermissionError(f"sandbox: sqlite3 database outside the temp dir: {{args[0]}}")
   elif event in _PATH_EVENTS:
     for a in args[:2]:
       if isinstance(a, (str, bytes, os.PathLike)) and not _inside(a):
@@ -91,6 +94,7 @@ def _hook(event, args):
     # goes on (a PermissionError failed every program that imports numpy).
     raise ModuleNotFoundError(f"sandbox: import {{args[0]}} is not allowed")
 
+_DONE_FD = os.dup(1)   # the end marker's own stdout: a program that redirects sys.stdout keeps it
 sys.addaudithook(_hook)
 del _hook
 '''
@@ -122,7 +126,8 @@ def run_program(code: str, timeout_s: float = 10.0, *, memory_mb: int = 1024,
     runner = (prelude +
               "\n__file__ = {0!r}\nsrc = open(__file__).read()\n"
               "exec(compile(src, __file__, 'exec'), {{'__name__': '__main__', "
-              "'__file__': __file__}})\nprint({1!r}, flush=True)\n".format(program, done))
+              "'__file__': __file__}})\nos.write(_DONE_FD, {1!r})\n".format(
+                  program, (done + "\n").encode()))
     env = {"PATH": "/usr/bin:/bin", "HOME": root, "TMPDIR": root, "LANG": "C.UTF-8",
            "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0"}
     with open(os.path.join(root, "output"), "w+b") as output:
@@ -141,7 +146,11 @@ def run_program(code: str, timeout_s: float = 10.0, *, memory_mb: int = 1024,
         proc.wait()
         status = "timeout"
       text = _tail(output, 2000 + len(done) + 1)
-    if status == "failed" and proc.returncode == 0 and done in text:
+      # The whole output (capped at file_mb): output after the marker (a __del__ or a thread at
+      # exit) pushed it out of the tail, and a program that passed read as failed.
+      output.seek(0)
+      ran_to_the_end = done.encode() in output.read()
+    if status == "failed" and proc.returncode == 0 and ran_to_the_end:
       status = "passed"
     return SandboxResult(status, proc.returncode, text.replace(done + "\n", "")[-2000:])
   finally:

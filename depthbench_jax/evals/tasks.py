@@ -47,7 +47,8 @@ STOPS = {
 # Answer extraction and normalisation.
 # ---------------------------------------------------------------------------------------------
 
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+# A leading '.' is a number too: '-.5' and '.5' read as '5' (a false exact match against 5).
+_NUMBER = re.compile(r"-?(?:\d[\d,]*(?:\.\d+)?|\.\d+)")
 
 
 def normalize_number(text: str) -> str:
@@ -102,7 +103,7 @@ def last_boxed(text: str) -> str | None:
 
 
 # A number as MATH writes one: commas only between thousands ("0, 1" is a list of two).
-_MATH_NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
+_MATH_NUMBER = re.compile(r"-?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+)")
 
 
 def _braced_fracs(t: str) -> str:

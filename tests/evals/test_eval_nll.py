@@ -188,6 +188,10 @@ def test_answer_extraction():
   assert tasks.gsm8k_extract("3 apples and 4 more make 7") == "7"   # no ####: the last number
   assert tasks.gsm8k_extract("so 3+4=7.\n#### 1,000") == "1000"
   assert tasks.gsm8k_extract("The answer is 12.") == "12"
+  # A leading '.' belongs to the number: '-.5' read as '5', an exact match against 5.
+  assert tasks.gsm8k_extract("The answer is -.5") == "-0.5"
+  assert tasks.gsm8k_extract("It takes .5 hours") == "0.5"
+  assert tasks.math_extract(r"$\boxed{.5}$") == tasks.math_extract(r"$\boxed{0.5}$")
   assert tasks.normalize_number("7.0") == "7"
   assert tasks.math_extract(r"thus $\boxed{\dfrac{3}{4}}$.") == r"\frac{3}{4}"
   assert tasks.math_extract(r"\boxed{x^{2}+1} and \boxed{ 42 }") == "42"

@@ -96,12 +96,29 @@ open('inside.txt', 'w').close()
 attempt(lambda: os.rename('inside.txt', {str(tmp_path / 'moved.txt')!r}))
 attempt(lambda: os.setxattr({str(existing)!r}, 'user.depthbench', b'1'))
 attempt(lambda: os.removexattr({str(existing)!r}, 'user.depthbench'))
+import sqlite3   # a database file is a write (it passed, and made the file)
+attempt(lambda: sqlite3.connect({str(tmp_path / 'sq.db')!r}))
+sqlite3.connect(':memory:').execute('create table t(x)')
+sqlite3.connect('inside.db').execute('create table t(x)')
 print(blocked)
 """
   r = sandbox.run_program(code)
-  assert r.passed and "[True, True, True, True, True, True, True, True]" in r.output, r.output
+  assert r.passed and "[True, True, True, True, True, True, True, True, True]" in r.output, (
+      r.output)
   assert existing.read_text() == "keep" and not new.exists()
-  assert not (tmp_path / "moved.txt").exists()
+  assert not (tmp_path / "moved.txt").exists() and not (tmp_path / "sq.db").exists()
+
+
+def test_a_program_that_passes_is_a_pass_whatever_it_does_with_its_output():
+  """The end marker went to sys.stdout, and was looked for in the output's tail: a program that
+  redirected sys.stdout, or wrote 20000 characters while exiting, passed its asserts and read as
+  failed."""
+  redirected = "import sys, os\nsys.stdout = open(os.devnull, 'w')\nassert 1 == 1\n"
+  late = ("class A:\n  def __del__(self):\n    import sys; sys.stderr.write('w' * 20000)\n"
+          "a = A()\nassert True\n")
+  for code in (redirected, late):
+    assert sandbox.run_program(code, 10).status == "passed", code
+  assert sandbox.run_program(late.replace("True", "False"), 10).status == "failed"
 
 
 def test_output_keeps_the_tail_and_the_temp_dir_is_removed():
