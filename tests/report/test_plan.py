@@ -99,19 +99,25 @@ def test_the_report_counts_the_plan_and_marks_what_has_not_started(half):
   assert _snapshot(half["results"]) == before   # no run file deleted or rewritten
 
 
-def test_a_run_diverged_under_other_divergence_rules_counts_as_started(half):
-  """The sweep relaunches a run that diverged under other rules than the suite now sets
-  (sweep.run_state); the report's plan read it as finished 'diverged', so its LR sat in the grid
-  as tried while the sweep was about to train it again."""
+def _report_with_the_diverged_run_trained_under(half, **changes) -> str:
+  """report.md with --config after the diverged preln 8x96 run's summary records the suite's
+  config with ``changes``."""
   from configs import smoke
   workdir = _run_dir(half["results"], "preln", 8, 96, 3e-3)
   summary = json.loads((workdir / "summary.json").read_text())
   summary["config"] = dict(smoke.get_config("arch=preln,shape=8x96,lr=3e-3").to_dict(),
-                           skip_nonfinite_steps=True)
+                           **changes)
   (workdir / "summary.json").write_text(json.dumps(summary))
   assert report_main.main([str(half["results"]), "--no_plots",
                            f"--config={half['config']}"]) == 0
-  text = (half["results"] / "report.md").read_text()
+  return (half["results"] / "report.md").read_text()
+
+
+def test_a_run_diverged_under_other_divergence_rules_counts_as_started(half):
+  """The sweep relaunches a run that diverged under other rules than the suite now sets
+  (sweep.run_state); the report's plan read it as finished 'diverged', so its LR sat in the grid
+  as tried while the sweep was about to train it again."""
+  text = _report_with_the_diverged_run_trained_under(half, skip_nonfinite_steps=True)
   # Counted apart from the runs started without a summary (it has one).
   assert ("**4 of 12 planned runs finished** (4 ok, 0 diverged); 1 started without a summary "
           "(training, interrupted or crashed); 1 diverged under other divergence rules than "
@@ -128,15 +134,7 @@ def test_a_diverged_run_of_another_recipe_is_set_aside_not_also_retrained(half):
   (another recipe), it does not retrain it. The report set it aside and still counted it among
   the retrained runs: the started runs read one fewer ('-1 started' with no other started run)
   and the header promised a retrain the sweep refuses."""
-  from configs import smoke
-  workdir = _run_dir(half["results"], "preln", 8, 96, 3e-3)
-  summary = json.loads((workdir / "summary.json").read_text())
-  summary["config"] = dict(smoke.get_config("arch=preln,shape=8x96,lr=3e-3").to_dict(),
-                           skip_nonfinite_steps=True, steps=40)
-  (workdir / "summary.json").write_text(json.dumps(summary))
-  assert report_main.main([str(half["results"]), "--no_plots",
-                           f"--config={half['config']}"]) == 0
-  text = (half["results"] / "report.md").read_text()
+  text = _report_with_the_diverged_run_trained_under(half, skip_nonfinite_steps=True, steps=40)
   # Hand counts: 4 ok, the live hc run started, the diverged one set aside, 6 not started.
   assert ("**4 of 12 planned runs finished** (4 ok, 0 diverged); 1 started without a summary "
           "(training, interrupted or crashed); 6 not started. 1 trained with another recipe "
