@@ -3,8 +3,9 @@
     launch/run_sweep.sh configs/suite_1p6b.py [--dry_run]
 
 Layout: 16 query / 8 KV heads, head_dim = d / 16 (128 at d = 2048), SwiGLU FFN = 3 d rounded up
-to a multiple of 128 (6144 at 2048 as Qwen3-1.7B; 5248 and 4480 at 1728 and 1472), QK-norm, RoPE theta 1e6, RMSNorm eps 1e-6 (Qwen3-1.7B's config.json). 28x2048 is
-Qwen3-1.7B's own backbone (1409.4M non-embedding).
+to a multiple of 128 (6144 at 2048 as Qwen3-1.7B; 5248 and 4480 at 1728 and 1472), QK-norm,
+RoPE theta 1e6, RMSNorm eps 1e-6 (Qwen3-1.7B's config.json). 28x2048 is Qwen3-1.7B's own
+backbone (1409.4M non-embedding).
 [I] head_dim: Qwen3 keeps 128 at every size (Qwen3-0.6B: d 1024, 16 x 128); the spec asks only
 for "16 query heads, 8 KV heads" (residuals-detail.md section 2), so the deeper shapes keep 16
 heads of d / 16 (108, 92), as the sub-1B suites do; cuDNN pads them to multiples of 8

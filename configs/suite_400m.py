@@ -62,7 +62,8 @@ def paper_config(model: ml_collections.ConfigDict,
   c = base.get_config()
   c.model = model
   c.data.source = "parquet"
-  c.data.path = data_path or os.environ.get("FINEWEB_EDU_PATH") or "data/fineweb-edu"  # empty: unset
+  # An empty FINEWEB_EDU_PATH reads as unset, as README's ${FINEWEB_EDU_PATH:-...} does.
+  c.data.path = data_path or os.environ.get("FINEWEB_EDU_PATH") or "data/fineweb-edu"
   c.data.tokenizer = "gpt2"
   c.data.seq_len = 2048
   c.data.global_batch_size = 512          # 512 x 2048 = 1,048,576 tokens per step.

@@ -15,7 +15,8 @@ ROOT = os.path.join(os.path.dirname(__file__), "..")
 DOCS = ("README.md", "DEVELOPERS.md", "benchmarks/README.md")
 # `python -m depthbench_jax.X ...` or `launch/run_sweep.sh ...` (the sweep's flags) up to the end
 # of the command: a backtick, a `#` comment, `&&`, `;` or the end of the (joined) line.
-_COMMAND = re.compile(r"(?:python -m (depthbench_jax(?:\.\w+)*)|(?<![\w.-])(?:launch/)?run_sweep\.sh)"
+_COMMAND = re.compile(r"(?:python -m (depthbench_jax(?:\.\w+)*)"
+                      r"|(?<![\w.-])(?:launch/)?run_sweep\.sh)"
                       r"([^`#;\n]*?)(?=`|#|&&|;|$)", re.M)
 _FLAG = re.compile(r"(?<![\w-])--([a-z][a-z0-9_]*)(?![\w.])")   # `--config.x=` is an override.
 _ARGPARSE = re.compile(r"add_argument\(\s*\"--(\w+)\"")

@@ -12,10 +12,10 @@ where N_matmul is the backbone's kernels (attention, SwiGLU, LM head) plus a des
 AttnRes are counted in their design terms instead) and the middle term is QK^T and AV counted
 *causally*: query t sees t keys (t = 1..T, so (T+1)/2 on average), taken as T/2, half of the
 ``4 * L * T * H * hd`` that a full (unmasked) T x T attention computes, as the paper's
-``2 L T^2 d`` does. ``causal=False`` counts the attention as this implementation computes it, which is
-what XLA's ``cost_analysis`` sees: ``causal_fraction(T) = (n + 1) / 2n`` of the full T x T for
-the blocked XLA attention (``model/layers.py``, n query blocks), which every kernel setting runs
-off-GPU. On a GPU ``attention_kernel='fused'`` is cuDNN flash attention: a custom call that
+``2 L T^2 d`` does. ``causal=False`` counts the attention as this implementation computes it,
+which is what XLA's ``cost_analysis`` sees: ``causal_fraction(T) = (n + 1) / 2n`` of the full
+T x T for the blocked XLA attention (``model/layers.py``, n query blocks), which every kernel
+setting runs off-GPU. On a GPU ``attention_kernel='fused'`` is cuDNN flash attention: a custom call that
 ``cost_analysis`` cannot see into, skipping masked tiles itself (close to the causal count).
 Over a sequence the causal term is ``2 L T^2 H hd`` (``2 L T^2 d`` for MHA): the ``T^2 L d``
 term that makes depth expensive at long context. Training is 3x the forward.

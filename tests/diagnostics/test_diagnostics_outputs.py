@@ -490,12 +490,12 @@ def test_the_printed_line_names_every_measure_the_result_holds():
   while the JSON held a dead prefix; the rank of HC/mHC's late map was never printed."""
   result = {"angular": {"late_consecutive_mean": 0.1234},
             "dead_prefix": {"dead_prefix": 2, "threshold": 0.09}}
-  assert diagnose.headline(result) == ("late angular distance 0.123, dead prefix 2 layers (own-block "
-                              "weight below 0.09)")
+  assert diagnose.headline(result) == ("late angular distance 0.123, dead prefix 2 layers "
+                                       "(own-block weight below 0.09)")
   result = {"angular": {"late_consecutive_mean": None},
             "causal": {"share": 0.25, "threshold": 0.45},
             "permutation": {"share": None, "threshold": 0.15},
             "mixing": {"erank_late": 3.456}}
-  assert diagnose.headline(result) == ("late angular distance n/a, causal share 25.0% (late pairs above "
-                              "0.45), permutation share n/a (no late pairs) (late pairs above "
-                              "0.15), late residual map erank 3.46")
+  assert diagnose.headline(result) == (
+      "late angular distance n/a, causal share 25.0% (late pairs above 0.45), permutation share "
+      "n/a (no late pairs) (late pairs above 0.15), late residual map erank 3.46")
