@@ -15,8 +15,9 @@ AttnRes are counted in their design terms instead) and the middle term is QK^T a
 ``2 L T^2 d`` does. ``causal=False`` counts the attention as this implementation computes it,
 which is what XLA's ``cost_analysis`` sees: ``causal_fraction(T) = (n + 1) / 2n`` of the full
 T x T for the blocked XLA attention (``model/layers.py``, n query blocks), which every kernel
-setting runs off-GPU. On a GPU ``attention_kernel='fused'`` is cuDNN flash attention: a custom call that
-``cost_analysis`` cannot see into, skipping masked tiles itself (close to the causal count).
+setting runs off-GPU. On a GPU ``attention_kernel='fused'`` is cuDNN flash attention: a custom
+call that ``cost_analysis`` cannot see into, skipping masked tiles itself (close to the causal
+count).
 Over a sequence the causal term is ``2 L T^2 H hd`` (``2 L T^2 d`` for MHA): the ``T^2 L d``
 term that makes depth expensive at long context. Training is 3x the forward.
 
