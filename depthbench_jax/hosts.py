@@ -1,8 +1,11 @@
 """How the processes of one run tell each other something: over JAX's own collectives, no side
 channel. The host checks use it: ``main.check_same_run``, ``main.check_results_shared`` and
-``train.config_check.check_same_data``; ``raise_agreed`` makes one host's refusal every host's."""
+``train.config_check.check_same_data``; ``raise_agreed`` (``refusals_agreed`` around a check) makes
+one host's refusal every host's."""
 
 from __future__ import annotations
+
+import contextlib
 
 
 def gather_text(text: str) -> list[str]:
@@ -40,3 +43,16 @@ def raise_agreed(error: Exception | None, process_count: int) -> None:
     raise ConfigError(first)
   raise HostsDiffer(f"process {refused[0]} of {len(said)} only: {first} (the other processes "
                     f"read theirs; allowed: the same files on every host)")
+
+
+@contextlib.contextmanager
+def refusals_agreed(process_count: int):
+  """``with refusals_agreed(n): check()``: a ``ConfigError`` the block raises on any process is
+  raised on every process (``raise_agreed``), after the block, which every process must enter."""
+  from depthbench_jax.errors import ConfigError
+  error = None
+  try:
+    yield
+  except ConfigError as err:
+    error = err
+  raise_agreed(error, process_count)

@@ -34,7 +34,7 @@ from ml_collections import config_flags
 
 from depthbench_jax.errors import (HOSTS_DIFFER, ConfigError, HostsDiffer, fail, flag_error_line,
                                    quiet_logs, refuse_arguments)
-from depthbench_jax.hosts import gather_text, raise_agreed
+from depthbench_jax.hosts import gather_text, refusals_agreed
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file.",
                                           lock_config=True)
@@ -388,12 +388,8 @@ def main(argv):
     # on every process alike, and before check_results_shared makes the workdir's parent folder
     # (a bad config left it behind on a pod). One config (check_same_run), but validate reads
     # this host's copy of the data (config.data.path): its refusal is agreed.
-    try:
+    with refusals_agreed(jax.process_count()):
       config_check.validate(config, jax.device_count())
-      invalid = None
-    except ConfigError as err:
-      invalid = err
-    raise_agreed(invalid, jax.process_count())
     check_results_shared(_WORKDIR.value)
     from depthbench_jax.train.loop import train_and_evaluate
     result = train_and_evaluate(config, _WORKDIR.value)

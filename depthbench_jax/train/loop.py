@@ -29,8 +29,7 @@ from absl import logging
 
 from depthbench_jax import recipe, revision, shapes
 from depthbench_jax.data import pipeline
-from depthbench_jax.errors import ConfigError
-from depthbench_jax.hosts import raise_agreed
+from depthbench_jax.hosts import refusals_agreed
 from depthbench_jax.model.transformer import count_params
 from depthbench_jax.sweep import format_duration
 from depthbench_jax.systems.flops import train_flops_per_token
@@ -216,13 +215,9 @@ def _train_and_evaluate(config, workdir: str, lock: workdir_lock.TrainerLock) ->
   # data is where other shards than the checkpoints' or a seq_len it is too short for fail.
   # Each host reads its own copy: one refusing alone (a torn shard) is every host's refusal,
   # else the others waited for it in check_same_data's gather until the heartbeat timeout.
-  try:
+  with refusals_agreed(process_count):
     metas = pipeline.shard_metas(config, process_index, process_count)
-    train_data, unreadable = pipeline.train_fingerprint(config, process_index, process_count,
-                                                        metas), None
-  except ConfigError as err:
-    unreadable = err
-  raise_agreed(unreadable, process_count)
+    train_data = pipeline.train_fingerprint(config, process_index, process_count, metas)
   config_check.check_same_data(train_data, config)   # then every process holds the same metas
   if resumed_step is not None:  # The same metas everywhere (just checked): all refuse alike.
     config_check.check_resume_data(
