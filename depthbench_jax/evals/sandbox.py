@@ -145,20 +145,15 @@ def run_program(code: str, timeout_s: float = 10.0, *, memory_mb: int = 1024,
           pass
         proc.wait()
         status = "timeout"
-      text = _tail(output, 2000 + len(done) + 1)
-      # The whole output (capped at file_mb): output after the marker (a __del__ or a thread at
-      # exit) pushed it out of the tail, and a program that passed read as failed.
+      # The whole output (capped at file_mb) for the marker: output after it (a __del__ or a
+      # thread at exit) pushed it out of the tail, and a program that passed read as failed.
       output.seek(0)
-      ran_to_the_end = done.encode() in output.read()
+      whole = output.read()
+    ran_to_the_end = done.encode() in whole
+    chars = 2000 + len(done) + 1   # the tail shown: about 4 bytes a character at most
+    text = whole[-4 * chars:].decode("utf-8", "replace")[-chars:]
     if status == "failed" and proc.returncode == 0 and ran_to_the_end:
       status = "passed"
     return SandboxResult(status, proc.returncode, text.replace(done + "\n", "")[-2000:])
   finally:
     shutil.rmtree(root, ignore_errors=True)
-
-
-def _tail(f, chars: int) -> str:
-  """The last ``chars`` characters (about: 4 bytes each at most) of the open file ``f``."""
-  f.seek(0, os.SEEK_END)
-  f.seek(max(0, f.tell() - 4 * chars))
-  return f.read().decode("utf-8", "replace")[-chars:]
