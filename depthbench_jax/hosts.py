@@ -1,7 +1,7 @@
 """How the processes of one run tell each other something: over JAX's own collectives, no side
 channel. The host checks use it: ``main.check_same_run``, ``main.check_results_shared`` and
-``train.config_check.check_same_data``; ``raise_agreed`` (``refusals_agreed`` around a check) makes
-one host's refusal every host's."""
+``train.config_check.check_same_data``; ``refusals_agreed`` around a check makes one host's
+refusal every host's."""
 
 from __future__ import annotations
 
@@ -22,17 +22,25 @@ def gather_text(text: str) -> list[str]:
   return [bytes(row[:size]).decode() for row, size in zip(rows, sizes.reshape(-1))]
 
 
-def raise_agreed(error: Exception | None, process_count: int) -> None:
-  """Raises on every process when any process's check raised ``error`` (every process calls it:
-  one all-gather). A refusal one host alone met (its copy of the data missing or torn, a results
-  dir it cannot write) sent that host to its exit while the others waited for it in their next
-  all-gather until the heartbeat timeout. Refused on every process: the first refusal in
-  process order, as a ``ConfigError`` (bad input, exit 2). On some processes only: a
-  ``HostsDiffer`` naming the first of them (the hosts see different things; the sweep stops)."""
+@contextlib.contextmanager
+def refusals_agreed(process_count: int):
+  """``with refusals_agreed(n): check()``: a ``ConfigError`` the block raises on any process is
+  raised on every process, after the block, which every process must enter (one all-gather).
+
+  A refusal one host alone met (its copy of the data missing or torn) sent that host to its
+  exit while the others waited for it in their next all-gather until the heartbeat timeout.
+  Refused on every process: the first refusal in process order, as a ``ConfigError`` (bad input,
+  exit 2). On some processes only: a ``HostsDiffer`` naming the first of them (the hosts see
+  different things; the sweep stops)."""
   from depthbench_jax.errors import ConfigError, HostsDiffer
+  error = None
+  try:
+    yield
+  except ConfigError as err:
+    if process_count == 1:
+      raise
+    error = err
   if process_count == 1:
-    if error is not None:
-      raise error
     return
   said = gather_text("" if error is None else str(error))
   refused = [i for i, text in enumerate(said) if text]
@@ -43,16 +51,3 @@ def raise_agreed(error: Exception | None, process_count: int) -> None:
     raise ConfigError(first)
   raise HostsDiffer(f"process {refused[0]} of {len(said)} only: {first} (the other processes "
                     f"read theirs; allowed: the same files on every host)")
-
-
-@contextlib.contextmanager
-def refusals_agreed(process_count: int):
-  """``with refusals_agreed(n): check()``: a ``ConfigError`` the block raises on any process is
-  raised on every process (``raise_agreed``), after the block, which every process must enter."""
-  from depthbench_jax.errors import ConfigError
-  error = None
-  try:
-    yield
-  except ConfigError as err:
-    error = err
-  raise_agreed(error, process_count)
