@@ -91,6 +91,14 @@ def read_progress(workdir: str, step: int) -> dict:
     manager.close()
 
 
+def _unreadable(workdir: str, step: int, error: Exception, allowed: str) -> ConfigError:
+  """The one error line for a committed checkpoint orbax cannot read (its files lost after the
+  commit marker, e.g. in a copy cut short): the step, the reader's first line, the way out."""
+  first = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+  return ConfigError(f"--workdir={workdir}: checkpoint {step} cannot be read ({first}); "
+                     f"allowed: {allowed}")
+
+
 def restore(manager: ocp.CheckpointManager, abstract_state: Any, data_iter: Any,
             step: int | None = None) -> tuple[Any, int]:
   """Restores ``state`` (shaped and sharded like ``abstract_state``) and the iterator in place.
@@ -105,7 +113,14 @@ def restore(manager: ocp.CheckpointManager, abstract_state: Any, data_iter: Any,
   own_file = os.path.join(data_dir, _iterator_file(jax.process_index(), jax.process_count()))
   if data_iter is not None and os.path.exists(own_file):
     args["data"] = grain.checkpoint.CheckpointRestore(data_iter)
-  restored = manager.restore(step, args=ocp.args.Composite(**args))
+  try:
+    restored = manager.restore(step, args=ocp.args.Composite(**args))
+  except (ValueError, OSError, KeyError) as e:  # committed, then damaged: a tensorstore traceback
+    earlier = [s for s in manager.all_steps() if s < step]
+    folder = os.path.join(str(manager.directory), str(step))
+    raise _unreadable(os.path.dirname(str(manager.directory)), step, e,
+                     f"{folder} moved aside, to resume from step {earlier[-1]}, or a new "
+                     f"--workdir" if earlier else "a new --workdir") from None
   if data_iter is not None and "data" not in args:
     data_iter.set_state(_iterator_state_of_another_process_count(data_dir, step))
   return restored["state"], step
@@ -171,11 +186,8 @@ def restore_run(workdir: str, step: int | None = None
                                                target), partial_restore=True)))
   except (ValueError, OSError, KeyError) as e:  # Committed, then damaged (files lost in a copy):
     earlier = [s for s in saved if s < step]     # a tensorstore traceback 'NOT_FOUND' before.
-    first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-    raise ConfigError(
-        f"--workdir={workdir}: checkpoint {step} cannot be read ({first}); allowed: "
-        + (f"--step={earlier[-1]} (an earlier checkpoint)" if earlier else
-           "a run whose checkpoint is whole")) from None
+    raise _unreadable(workdir, step, e, f"--step={earlier[-1]} (an earlier checkpoint)" if earlier
+                     else "a run whose checkpoint is whole") from None
   params = jax.tree.map(jax.numpy.asarray, restored["state"]["params"])
   return config, params, step
 

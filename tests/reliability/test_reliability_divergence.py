@@ -242,9 +242,9 @@ def test_a_latest_checkpoint_without_its_commit_marker_is_one_clear_error(train_
 
 def test_a_committed_checkpoint_that_lost_its_array_files_is_one_clear_error(train_in_process,
                                                                             tmp_path):
-  """checkpoints/10 kept its commit marker but lost its array data (a copy cut short): diagnose
-  and evaluate raised a tensorstore 'NOT_FOUND' traceback from orbax; the restore now names the
-  step and the earlier checkpoint to read instead."""
+  """checkpoints/10 kept its commit marker but lost its array data (a copy cut short): diagnose,
+  evaluate and a resume raised a tensorstore 'NOT_FOUND' traceback from orbax; each now names
+  the step and the earlier checkpoint to read or resume from instead."""
   from depthbench_jax.train import checkpoint
   workdir = str(tmp_path / "damaged")
   config = helpers.tiny_config(steps=10, checkpoint_every=5, eval_every=0, keep_checkpoints=5)
@@ -256,6 +256,12 @@ def test_a_committed_checkpoint_that_lost_its_array_files_is_one_clear_error(tra
                                         r"allowed: --step=5 \(an earlier checkpoint\)$"):
     checkpoint.restore_run(workdir)
   assert checkpoint.restore_run(workdir, 5)[2] == 5
+  # The trainer resuming it (its summary gone): the same line, with the way to resume.
+  os.remove(os.path.join(workdir, "summary.json"))
+  with pytest.raises(ConfigError, match=rf"^--workdir={workdir}: checkpoint 10 cannot be read "
+                                        r"\(.*\); allowed: .*checkpoints/10 moved aside, to resume "
+                                        r"from step 5, or a new --workdir$"):
+    train_in_process(config, workdir)
 
 
 def test_a_finished_run_run_again_trains_nothing_and_keeps_its_files(train_in_process, tmp_path,
