@@ -81,6 +81,12 @@ class Case:
 DECODE_PRESET_FIELDS = ("vocab_size", "n_heads", "dtype", "attention_kernel")
 
 
+def decode_preset(preset: dict) -> dict:
+  """The fields of a bench preset (as a result records it) that a decode case reads
+  (``decode_config``); None for one an older record lacks."""
+  return {k: preset.get(k) for k in DECODE_PRESET_FIELDS}
+
+
 def decode_config(p: bench.Preset, case: Case):
   """The ``ModelConfig`` of ``case`` for inference: the preset's dtype for params and compute,
   no remat, room for ``context + 1`` positions, scanned or unrolled layers."""
@@ -232,7 +238,7 @@ def run(p: bench.Preset, cases: Sequence[Case], batch: int, rounds: int,
   record = bench.run_record(p)  # Read before the run, so an edit landing during it is not.
   # The preset fields a decode case reads (``decode_config``); the train bench's batch,
   # seq_len, rounds, designs ... contradicted this run's own batch and rounds.
-  record["preset"] = {k: record["preset"][k] for k in DECODE_PRESET_FIELDS}
+  record["preset"] = decode_preset(record["preset"])
   prepared, largest = [], 0
   for case in cases:
     before = hostmem.memory_maps()
@@ -403,13 +409,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     # and a --preset=cpu rerun replaced a gpu400m (bf16, 16-head) result without a word.
     summary.check_replaceable(  # Before timing: a finished result is never lost.
         path, {"cases": sorted(c.name for c in cases), "batch": args.batch,
-               "preset": {k: getattr(p, k) for k in DECODE_PRESET_FIELDS}}, args.overwrite,
+               "preset": decode_preset(dataclasses.asdict(p))}, args.overwrite,
         flag={"cases": "--designs/--shapes/--contexts/--loops", "batch": "--batch",
               "preset": f"--preset={name}'s"}.get,
         recorded=lambda r: {"cases": sorted(
             f"{x['design']}@{x['shape']}@ctx{x['context']}@{x['loop']}" for x in r["rows"]),
                             "batch": r["batch"],   # older results record the whole preset
-                            "preset": {k: r["preset"].get(k) for k in DECODE_PRESET_FIELDS}},
+                            "preset": decode_preset(r["preset"])},
         rounds=(args.rounds, lambda r: r["rounds"]))
   except ValueError as e:
     ap.error(str(e))
