@@ -50,19 +50,24 @@ def _best_curves(records: Sequence[dict], groups: dict, design: str) -> dict[int
 
 
 def design_colors(designs: Sequence[str]) -> dict:
-  """One colour per design, by the registry's order of every design, then the other labels
-  (variants) in order: matplotlib's ten-colour cycle (C0..C9) while it is long enough, else
-  ``tab20`` (an eleventh design took C0 again: two lines alike in one legend). A design keeps
-  its colour across figures and reports (by order of appearance, HC was C3 in the report's
-  plot and C1 in the decode bench's)."""
+  """One colour per design, by the registry's order of every design: matplotlib's ten-colour
+  cycle (C0..C9), so a design keeps its colour across figures and reports (by order of
+  appearance, HC was C3 in the report's plot and C1 in the decode bench's). Other labels
+  (variants such as ``hc(n_streams=2)``) take ``tab20``'s light shades in order, none of
+  C0..C9, so a variant never moves a design's colour (one did, by making eleven labels); past
+  ten of either, one ``tab20``/``turbo`` cycle over all (an eleventh design took C0 again)."""
   try:
     from depthbench_jax.residual import registry  # Local: pulls in jax/flax.
     known = list(registry.names())
   except Exception:  # pylint: disable=broad-except  # a plot without the model code
     known = []
   given = list(dict.fromkeys(designs))
-  order = known + [d for d in given if d not in known]
-  colors = _cycle(order)
+  others = [d for d in given if d not in known]
+  if len(known) <= 10 and len(others) <= 10:
+    light = matplotlib.colormaps["tab20"]   # tab20's even shades are C0..C9, its odd lighter
+    colors = {**_cycle(known), **{d: light(2 * i + 1) for i, d in enumerate(others)}}
+  else:
+    colors = _cycle(known + others)
   return {d: colors[d] for d in given}
 
 

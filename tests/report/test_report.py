@@ -447,6 +447,16 @@ def test_a_design_keeps_its_colour_whichever_designs_a_figure_holds():
   assert (plots.design_colors(["hc", "preln"])["hc"] == plots.design_colors(["preln", "hc"])["hc"]
           == plots.design_colors(["attnres_block", "hc"])["hc"])
   assert len(set(plots.design_colors(["preln", "hc", "mhc"]).values())) == 3
+  # A variant in the results (eleven labels) moved every design to tab20: HC from C5 to a
+  # light green, keel to sandwich's colour.
+  import matplotlib.colors
+  hex_ = lambda c: matplotlib.colors.to_hex(c)
+  alone = plots.design_colors(["hc", "keel", "sandwich"])
+  with_variant = plots.design_colors(["hc", "keel", "sandwich", "hc(n_streams=2)"])
+  assert all(hex_(alone[d]) == hex_(with_variant[d]) for d in alone)
+  from depthbench_jax.residual import registry
+  every = plots.design_colors(list(registry.names()) + ["hc(n_streams=2)", "mhc(n_streams=2)"])
+  assert len({hex_(c) for c in every.values()}) == len(every)
 
 
 def test_loss_vs_aspect_all_draws_no_two_lines_alike_with_eleven_designs(tmp_path, monkeypatch):
