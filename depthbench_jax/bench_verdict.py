@@ -2,7 +2,7 @@
 
 Pure functions of a result dict (``bench.run_bench``'s, or a saved ``results-<device>.json``
 under ``--replot``): ``verdict`` checks the first shape's rows against ``TARGETS`` (thresholds
-live here, never in tests; a target inside the run's per-round IQR is marked as noise), the
+live here, never in tests; a check this run's noise cannot decide prints UNDECIDED), the
 ``*_needs`` lines state what each target asks of the step, and ``render`` is the printed table.
 """
 
@@ -27,9 +27,11 @@ def first_shape_rows(result: dict) -> tuple[str, dict[str, dict]]:
 
 
 def verdict(result: dict) -> list[dict]:
-  """``TARGETS`` checked at the first shape: one ``{check, value, target, op, pass}`` each, with
-  ``band`` and ``within_noise`` where the ratio has a per-round IQR, and ``failed`` (a FAIL)
-  where the design was asked for and did not compile or fit."""
+  """``TARGETS`` checked at the first shape: one ``{check, value, target, op, pass}`` each
+  (``pass``: the reported value's side of the target), with ``band`` and ``within_noise`` where
+  the ratio has a per-round IQR (``undecided``'s reason in ``noise`` when the run cannot tell
+  pass from fail: printed UNDECIDED), and ``failed`` (a FAIL) where the design was asked for and
+  did not compile or fit."""
   first, rows = first_shape_rows(result)
   checks = []
 
@@ -44,9 +46,10 @@ def verdict(result: dict) -> list[dict]:
     check = {"check": name, "value": value, "target": target,
              "op": ">=" if higher_is_better else "<=", "pass": bool(ok)}
     if band:
-      # The target inside the per-round IQR: this run cannot tell pass from fail.
-      check["within_noise"] = bool(band["q1"] <= target <= band["q3"])
-      check["band"] = band
+      noise = undecided(value, target, band)
+      check.update(band=band, within_noise=noise is not None)
+      if noise:
+        check["noise"] = noise
     checks.append(check)
 
   failed = result.get("failed", {})
@@ -71,6 +74,18 @@ def verdict(result: dict) -> list[dict]:
   if starved and checks and checks[-1]["check"] == "ours / HF LLaMA step":
     checks[-1].update({"pass": False, "failed": starved})
   return checks
+
+
+def undecided(value: float, target: float, band: dict) -> str | None:
+  """Why a run cannot tell ``value``'s pass from fail at ``target``, else None: the target inside
+  the per-round IQR, or the reported ratio (of medians) and the median per-round ratio on
+  opposite sides of it (a ratio of medians can fall outside its own band)."""
+  if band["q1"] <= target <= band["q3"]:
+    return f"target inside the per-round IQR {_band(band)}"
+  if (value <= target) != (band["median"] <= target):
+    return (f"the per-round median {band['median']:.3f} on the other side of the target, "
+            f"IQR {_band(band)}")
+  return None
 
 
 TORCH_CEILING_FLOOR = 0.1   # torch's GEMM ceiling over XLA's, same rounds (normally ~0.4-0.5)
@@ -114,6 +129,18 @@ def _verdict_value(value: float | None, target: float) -> str:
     if text != f"{target:.{decimals}f}":
       return text
   return repr(value)
+
+
+def _verdict_word(v: dict) -> str:
+  """``PASS``, ``FAIL (why)``, or ``UNDECIDED (reads PASS; why)`` where the run's noise cannot
+  decide (results saved before ``noise`` was recorded: the target inside the IQR)."""
+  reads = "PASS" if v["pass"] else "FAIL"
+  if v.get("failed"):
+    return f"FAIL ({v['failed']})"
+  if v.get("within_noise"):
+    why = v.get("noise") or f"target inside the per-round IQR {_band(v['band'])}"
+    return f"UNDECIDED (reads {reads}; {why})"
+  return reads
 
 
 def hf_target_needs(pre: dict, target: float) -> str:
@@ -233,10 +260,6 @@ def render(result: dict) -> str:
             f"{c['deep_layers']}L {c['deep_s']:.2f}s, ratio {c['deep_over_shallow']:.2f}", "",
             "| verdict | value | target | |", "|---|---|---|---|"]
   for v in result["verdict"]:
-    noise = (f" (target inside the per-round IQR {_band(v['band'])})"
-             if v.get("within_noise") else "")
-    value = _verdict_value(v["value"], v["target"])
-    why = f" ({v['failed']})" if v.get("failed") else noise
-    lines.append(f"| {v['check']} | {value} | {v['op']} {v['target']} | "
-                 f"{'PASS' if v['pass'] else 'FAIL'}{why} |")
+    lines.append(f"| {v['check']} | {_verdict_value(v['value'], v['target'])} | "
+                 f"{v['op']} {v['target']} | {_verdict_word(v)} |")
   return "\n".join(lines)
