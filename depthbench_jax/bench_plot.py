@@ -60,7 +60,8 @@ def plot_bench(rows: Sequence[dict], path: str, targets: dict[str, float], title
       if s == 0 and r["design"] in targets:
         ax_t.hlines(targets[r["design"]], x - width / 2, x + width / 2, colors="red",
                     linestyles="dashed", lw=1.5)
-  titles = [(ax_t, "train step / Pre-LN (bar: median ratio; whisker: per-round IQR)"),
+  titles = [(ax_t, "train step / Pre-LN (bar: ratio of medians;\n"
+                   "dot, whisker: per-round median, IQR)"),
             (ax_m, "peak memory / Pre-LN (memory_analysis)")]
   if depth:
     titles.append((axes[2], f"cost of depth: train step / Pre-LN at {shapes[0]}"))
