@@ -75,12 +75,14 @@ def run_name(design: str, shape: Shape, lr: float) -> str:
 
 
 def parse_run_name(name: str) -> tuple[str, Shape, float] | None:
-  """``run_name``'s inverse, ``(design, shape, lr)``; None for a name of another form."""
+  """``run_name``'s inverse, ``(design, shape, lr)``; None for a name of another form (an lr
+  that does not parse, or is not finite: 'lr1e999' has no run name)."""
   match = re.fullmatch(r"(.+)_(\d+)x(\d+)_lr([0-9.eE+-]+)", name)
   try:
-    return (match[1], Shape(int(match[2]), int(match[3])), float(match[4])) if match else None
+    lr = float(match[4]) if match else math.nan
   except ValueError:  # An lr like '1e-3e-4'.
     return None
+  return (match[1], Shape(int(match[2]), int(match[3])), lr) if math.isfinite(lr) else None
 
 
 def parse_run_arg(arg: str | None, defaults: dict[str, Any]) -> dict[str, Any]:

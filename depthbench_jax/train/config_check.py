@@ -101,9 +101,11 @@ def validate_recipe(config) -> None:
            f"config.steps={steps!r}; allowed: a positive integer, or -1 for the "
            f"tokens_per_param budget")
   _number(config, "lr", low=0, low_open=True, allowed="a positive number")
-  seed = config.get("seed")   # PRNGKey's int64: 2**63 and up raised OverflowError at init,
-  _require(isinstance(seed, int) and not isinstance(seed, bool) and 0 <= seed < 2**63,
-           f"config.seed={seed!r}; allowed: an integer in [0, 2**63)")   # after config.json.
+  # PRNGKey keeps a seed's low 32 bits without jax_enable_x64 (2**32 + 7 trained as 7), and
+  # 2**63 and up raised OverflowError at init, after config.json.
+  seed = config.get("seed")
+  _require(isinstance(seed, int) and not isinstance(seed, bool) and 0 <= seed < 2**32,
+           f"config.seed={seed!r}; allowed: an integer in [0, 2**32)")
   _number(config, "tokens_per_param", low=0, low_open=True, allowed="a positive number")
   budget = config.get("budget_design") or ""
   from depthbench_jax.residual import registry  # pylint: disable=g-import-not-at-top
@@ -282,8 +284,9 @@ def validate_name(config) -> None:
   beside ``smoke.py:arch=preln,shape=4x128`` trained another model under the argument's name,
   which the sweep's plan and the report then counted as the run the name says."""
   from depthbench_jax import sweep  # Local, as the sweep's own import of this module is.
+  from depthbench_jax.residual import registry  # pylint: disable=g-import-not-at-top
   parsed = sweep.parse_run_name(str(config.name))
-  if parsed is None:
+  if parsed is None or parsed[0] not in registry.names():  # 'mytest_4x128_lr3e-3': the user's
     return
   design, shape, lr = parsed
   model = config.model
@@ -291,13 +294,15 @@ def validate_name(config) -> None:
            "model.n_layers": (model.n_layers, shape.n_layers, "shape"),
            "model.d_model": (model.d_model, shape.d_model, "shape"),
            "lr": (sweep.format_lr(config.lr), sweep.format_lr(lr), "lr")}  # As the name has it.
+  said = {"arch": design, "shape": f"{shape.n_layers}x{shape.d_model}",
+          "lr": sweep.format_lr(lr)}
   for field, (value, says, key) in named.items():
     if value != says:
       value = config.lr if field == "lr" else value
       raise ConfigError(
-          f"config.{field}={value!r}, but the run is named {config.name!r} ({key} from the "
-          f"config argument); allowed: {key}= in the --config argument, which names the run, "
-          f"or --config.name too")
+          f"config.{field}={value!r}, but the run is named {config.name!r}, which says "
+          f"{key}={said[key]}; allowed: a run name that matches ({key}= in a suite's --config "
+          f"argument names the run), or another --config.name")
 
 
 def validate_without_devices(config) -> ModelConfig:
@@ -306,8 +311,8 @@ def validate_without_devices(config) -> ModelConfig:
   ``ModelConfig`` or raises the first ``ConfigError``."""
   validate_fields(config)
   model_cfg = model_config_from(config.model)
+  validate_recipe(config)   # before the name, which formats config.lr (nan has no run name)
   validate_name(config)
-  validate_recipe(config)
   validate_data_fields(config.data, config.model)   # before the guards, which read val_batches
   validate_guards(config)
   return model_cfg

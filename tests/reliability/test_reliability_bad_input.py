@@ -6,6 +6,7 @@ end through ``main.py`` (flag parsing, the config file's argument, exit status, 
 """
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -101,6 +102,8 @@ CASES = [
     ("misspelt_mesh_axis_in_file", {"mesh.tensr": 2}, 1, 1, "config.mesh.tensr"),
     # Once a traceback (PRNGKey's int64 overflow) after config.json was written.
     ("seed_past_int64", {"seed": 2**63}, 1, 1, "config.seed"),
+    # PRNGKey kept the low 32 bits (x64 off): 2**32 + 7 trained the model of seed 7.
+    ("seed_past_uint32", {"seed": 2**32 + 7}, 1, 1, "config.seed"),
     ("negative_seed", {"seed": -1}, 1, 1, "config.seed"),
 ]
 
@@ -871,15 +874,34 @@ def test_an_override_that_contradicts_the_run_name_is_refused():
     for part in leaf[:-1]:
       node = node[part]
     node[leaf[-1]] = value
+    said = {"shape": "4x128", "lr": "3e-3", "arch": "preln"}[key]
     with pytest.raises(ConfigError, match=rf"^config\.{field}={value!r}, but the run is named "
-                                          rf"'preln_4x128_lr3e-3' \({key} from the config "
-                                          rf"argument\); allowed: {key}= in the --config"):
+                                          rf"'preln_4x128_lr3e-3', which says {key}={said}; "
+                                          rf"allowed: a run name that matches \({key}= in"):
       config_check.validate_name(config)
     config.name = "my_variant"
     config_check.validate_name(config)
   base = sweep.base_config()
   base.lr = 1.0
   config_check.validate_name(base)
+  # A name of the user's own in the run-name form, its first part no design: not a run name.
+  base.name = "baseline_2x32_lr3e-3"
+  config_check.validate_name(base)
+
+
+@pytest.mark.parametrize("lr", [math.nan, math.inf, 0.0, -1e-3])
+def test_a_bad_lr_on_a_suite_config_names_config_lr(lr):
+  """``--config.lr=nan`` beside ``smoke.py:arch=preln,shape=4x128``: the run-name check
+  formatted it first (a ValueError traceback, 'not enough values to unpack'), and 0 or a
+  negative lr read as a name mismatch; the recipe check now comes first. An lr of 1e999 in a
+  name is no run name."""
+  from depthbench_jax import sweep
+  module = sweep.load_config_module(os.path.join(helpers.ROOT, "configs", "smoke.py"))
+  config = sweep.config_of(module, "arch=preln,shape=4x128")
+  config.lr = lr
+  with pytest.raises(ConfigError, match=rf"^config\.lr={lr!r}; allowed: a positive number"):
+    config_check.validate_without_devices(config)
+  assert sweep.parse_run_name("preln_4x128_lr1e999") is None
 
 
 def test_a_workdir_that_is_a_file_is_one_error_line(tmp_path):
