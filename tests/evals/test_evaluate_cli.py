@@ -15,8 +15,8 @@ from tests import helpers
 
 @pytest.mark.slow
 def test_cli_writes_evals_json_and_a_loadable_hf_export(tmp_path):
-  torch = pytest.importorskip("torch")
-  transformers = pytest.importorskip("transformers")
+  torch = helpers.required("torch")
+  transformers = helpers.required("transformers")
   from depthbench_jax.model.config import model_config_from
   from depthbench_jax.model.transformer import Transformer
 

@@ -1599,8 +1599,8 @@ def test_cudnn_check_refuses_a_bad_flag_as_a_usage_error_not_a_failed_check(
 def test_hf_baseline_is_our_shape_and_builds_no_kv_cache_in_training():
   # The ours/HF comparison: same parameter count, and HF's training forward carries no KV cache
   # (LlamaConfig's default use_cache=True copied K and V in every layer, favouring us).
-  torch = pytest.importorskip("torch")
-  pytest.importorskip("transformers")
+  torch = helpers.required("torch")
+  helpers.required("transformers")
   from depthbench_jax.bench import hf_llama
   from depthbench_jax.model.config import model_config_from
   from depthbench_jax.model.transformer import count_params
