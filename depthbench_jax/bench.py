@@ -166,12 +166,20 @@ def torch_version() -> str | None:
 
 
 def hf_missing() -> str | None:
-  """Why the HF baseline cannot run here (torch or transformers not installed: ``setup.py``
-  lists them under the ``test`` extra only), else None; read without importing either."""
+  """Why the HF baseline cannot run here, else None: torch or transformers not installed
+  (``setup.py`` lists them under the ``test`` extra only), or installed and failing to import
+  (``hf_runner`` once returned None then, and the check left the verdict without a word)."""
+  import importlib
   import importlib.util
   absent = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
-  return (f"{' and '.join(absent)} not installed (pip install -e '.[test]')"
-          if absent else None)
+  if absent:
+    return f"{' and '.join(absent)} not installed (pip install -e '.[test]')"
+  for module in ("torch", "transformers"):
+    try:
+      importlib.import_module(module)
+    except Exception as e:  # pylint: disable=broad-except  # a broken install: any error
+      return f"{module} fails to import ({type(e).__name__}: {str(e).splitlines()[0][:200]})"
+  return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -504,13 +512,9 @@ def abstract_compile_seconds(config) -> float:
 # Hugging Face LLaMA (torch) at the same shape.
 # ---------------------------------------------------------------------------------------------
 
-def hf_runner(cfg, config) -> Callable[[], None] | None:
-  """One torch train step of ``LlamaForCausalLM`` matching ``cfg`` (None if unavailable)."""
-  try:
-    import torch
-    import transformers  # pylint: disable=unused-import  # only whether it is there
-  except ImportError:
-    return None
+def hf_runner(cfg, config) -> Callable[[], None]:
+  """One torch train step of ``LlamaForCausalLM`` matching ``cfg`` (``hf_missing`` said None)."""
+  import torch
   torch.manual_seed(0)
   torch.set_num_threads(len(os.sched_getaffinity(0)))  # the cores this process may use, as XLA
   model = hf_llama(cfg)
@@ -613,10 +617,9 @@ def run_bench(p: Preset, log=print, save_partial: Callable[[dict], None] | None 
     runners = {k: step_runner(c) for k, c in compiled.items()}
     hf_time = None
     if p.hf and shape == shapes[0] and jax.default_backend() == "cpu":   # main drops it else
-      hf = hf_runner(compiled["preln"].cfg, bench_config(p, "preln", n_layers, d_model))
-      if hf is not None:
-        runners["hf_llama_torch"] = hf
-        runners["matmul_torch"] = torch_matmul_runner(p.matmul_n, p.matmul_reps)
+      runners["hf_llama_torch"] = hf_runner(compiled["preln"].cfg,
+                                            bench_config(p, "preln", n_layers, d_model))
+      runners["matmul_torch"] = torch_matmul_runner(p.matmul_n, p.matmul_reps)
     runners["matmul"] = matmul
     runners["stream"] = stream
     if anchor is not None:

@@ -1076,6 +1076,16 @@ def test_bench_without_torch_says_so_and_keeps_a_result_that_holds_ours_over_hf(
   with pytest.raises(ZeroDivisionError):   # reached the run: the reason goes to the result
     bench.main(["--preset=quick", "--designs=preln,hc", "--out", str(tmp_path / "new")])
   assert seen["hf_left_out"] == "transformers not installed (pip install -e '.[test]')"
+  # Installed but broken: hf_runner returned None and the HF line silently left the verdict.
+  monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+  import_module = importlib.import_module
+  def broken(name, *a):
+    if name == "transformers":
+      raise RuntimeError("Failed to import transformers.models.llama\nline two")
+    return import_module(name, *a)
+  monkeypatch.setattr(importlib, "import_module", broken)
+  assert bench.hf_missing() == ("transformers fails to import (RuntimeError: Failed to import "
+                                "transformers.models.llama)")
 
 
 def test_bench_on_an_accelerator_leaves_hf_out_as_no_hf(tmp_path, capsys, monkeypatch):
