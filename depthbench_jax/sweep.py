@@ -720,7 +720,7 @@ def _execute(config_path, runs, main_cmd, local_processes) -> dict[str, list[str
   module = load_config_module(config_path)
   suite = {run.name: config_of(module, run.arg) for run in runs}
   state = lambda run: run_state(run.workdir, suite[run.name])
-  todo, launched = [], set()
+  todo, launched, cut_short = [], set(), False
   for run in runs:
     (outcome["skipped"] if state(run) == "done" else todo).append(run)
   for i, run in enumerate(todo):
@@ -756,12 +756,14 @@ def _execute(config_path, runs, main_cmd, local_processes) -> dict[str, list[str
       print(f"[sweep] {run.name}: the hosts were given different runs, or do not share the "
             f"results dir (the error: line above says which); stopping. Restart run_sweep.sh "
             f"on every host", flush=True)
+      cut_short = True
       break
     if code == -signal.SIGABRT and pod:  # JAX's coordination service gave up on a host.
       outcome["failed"].append(run.name)
       print(f"[sweep] {run.name}: the processes did not all join (or one was lost) within "
             f"JAX_INIT_TIMEOUT_S / JAX_HEARTBEAT_TIMEOUT_S; stopping, as every later run would "
             f"wait as long. Start run_sweep.sh on every host", flush=True)
+      cut_short = True
       break
     # A failed exit is a failed run whatever summary.json holds: one written before the failure,
     # or another trainer's (a second sweep, refused by the workdir lock, read the summary the
@@ -776,7 +778,9 @@ def _execute(config_path, runs, main_cmd, local_processes) -> dict[str, list[str
     print(f"[sweep] {run.name}: {result} in {format_duration(time.time() - start)}", flush=True)
     if _STOP.requested:
       break
-  if _STOP.requested:  # The job cut short and those never started: the next sweep runs them.
+  # The job cut short (a SIGTERM, or a host error after which every run would fail: those
+  # runs went uncounted, "not started 0") and those never started: the next sweep runs them.
+  if _STOP.requested or cut_short:
     left = [r for r in todo if state(r) != "done" and r.name not in outcome["failed"]]
     for run in left:   # "stopped 5" once counted the 4 runs that had not started.
       begun = run.name in launched or state(run) == "partial"
@@ -959,7 +963,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   except ConfigError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
-  if outcome["stopped"] or outcome["not started"]:
+  if _STOP.requested:   # Stopped (outcome's 'stopped' and 'not started'), not a host error.
     return 128 + signal.SIGTERM   # as if killed by it: launch/run_sweep.sh skips the report
   return 0 if not outcome["failed"] else 1
 

@@ -428,7 +428,10 @@ def test_hosts_given_different_runs_stop_the_sweep(tiny, monkeypatch, capsys):
                      " ".join(tiny["main_cmd"])]) == 1
   assert [os.path.basename(c["workdir"]) for c in calls(tiny["log"])] == [
       "preln_4x128_lr1e-3", "preln_4x128_lr3e-3"]
-  assert "Restart run_sweep.sh on every host" in capsys.readouterr().out
+  out = capsys.readouterr().out
+  assert "Restart run_sweep.sh on every host" in out
+  # The two runs after it counted (the line said "not started 0" of four runs), exit still 1.
+  assert "[sweep] done: skipped 0, ok 1, diverged 0, failed 1, stopped 0, not started 2" in out
 
 
 def test_a_run_preempted_on_another_host_stops_this_hosts_sweep(tiny, monkeypatch, capsys):
@@ -501,7 +504,9 @@ def test_a_pod_run_whose_hosts_never_joined_stops_the_sweep(tiny, monkeypatch, c
   monkeypatch.setenv("JAX_PROCESS_ID", "0")
   open(tiny["log"], "w").close()
   assert sweep.main(args) == 1 and len(calls(tiny["log"])) == 1
-  assert "did not all join" in capsys.readouterr().out
+  out = capsys.readouterr().out
+  assert "did not all join" in out   # the other three were done by the sweeps above
+  assert "done: skipped 3, ok 0, diverged 0, failed 1, stopped 0, not started 0" in out
 
 
 def test_local_processes_env(tiny, monkeypatch):
