@@ -458,8 +458,9 @@ def _naming(run: Run):
 
 def checked_config(module, run: Run) -> ml_collections.ConfigDict:
   """``run``'s config, checked as main.py will check it except for what depends on the devices
-  and the data (mesh, batch split, data path) and, under steps=-1, the warmup against the
-  budget's steps (the dry run counts them, ``plan_rows``); a ConfigError names the run. The dry
+  and the data (mesh, batch split, data path); under steps=-1 the warmup against the budget's
+  steps too, which the trainer checks only once it has counted them (the dry run refused such a
+  suite, the sweep launched every run to be refused); a ConfigError names the run. The dry
   run and the sweep both check every run of the suite, done or not, before the first trains: a
   suite entry's typo (``arch='hcc'``) stopped only the dry run, the sweep trained every run
   before it; and with every run done, a design option's typo stopped the dry run while the
@@ -475,7 +476,16 @@ def checked_config(module, run: Run) -> ml_collections.ConfigDict:
           f"grid (sweep()'s lr=)")
     config_check.validate_without_devices(config)   # a fixed steps' warmup included
     config_check.validate_iso(config)
+    if config.steps <= 0:
+      config_check.check_warmup(config, budget_steps(config))
   return config
+
+
+def budget_steps(config: ml_collections.ConfigDict) -> int:
+  """The steps the trainer will run (``loop.total_steps_of``: steps=-1 resolved)."""
+  from depthbench_jax.shapes import param_counts  # Local: pulls in jax.
+  from depthbench_jax.train.loop import total_steps_of
+  return total_steps_of(config, param_counts(config.model)["total"])
 
 
 def check_local_processes(config: ml_collections.ConfigDict, n: int, run: Run) -> None:
@@ -497,17 +507,12 @@ def plan_rows(config_path: str, runs: Sequence[Run], mfu: float = DEFAULT_MFU,
   from depthbench_jax.model.config import model_config_from
   from depthbench_jax.shapes import param_counts
   from depthbench_jax.systems.flops import train_flops_per_token
-  from depthbench_jax.train.config_check import check_warmup
-  from depthbench_jax.train.loop import total_steps_of
   module = load_config_module(config_path)
   rows, flops_cache = [], {}
   for run in runs:
     config = checked_config(module, run)
     counts = param_counts(config.model)
-    steps = total_steps_of(config, counts["total"])   # the trainer's own budget rule
-    if config.steps <= 0:
-      with _naming(run):
-        check_warmup(config, steps)
+    steps = budget_steps(config)   # the trainer's own budget rule
     tokens = steps * config.data.global_batch_size * config.data.seq_len
     key = json.dumps(config.model.to_dict(), sort_keys=True, default=str)
     if key not in flops_cache:

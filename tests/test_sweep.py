@@ -629,6 +629,10 @@ def test_local_processes_that_do_not_split_the_batch_are_refused_once(tiny, monk
     # the sweep launched every run, each refused by the trainer, 'continuing' run after run.
     ("def get_config(arg=None):\n  c = smoke.get_config(arg)\n  c.steps = 10\n  return c\n",
      "error: run preln_4x128_lr1e-3: config.warmup_steps=12 is 12 of the run's 10 steps"),
+    # The same under steps=-1 (the budget's 1 step): only the dry run counted the budget.
+    ("def get_config(arg=None):\n  c = smoke.get_config(arg)\n  c.steps = -1\n"
+     "  c.tokens_per_param = 1e-6\n  return c\n",
+     "error: run preln_4x128_lr1e-3: config.warmup_steps=12 is 12 of the run's 1 steps"),
 ])
 def test_a_suite_the_trainer_would_refuse_stops_the_sweep_before_any_run_trains(
     tiny, monkeypatch, capsys, edit, error):
