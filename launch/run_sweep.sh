@@ -35,7 +35,8 @@ has_value() {  # FLAG [VALUE ...]: one error line and exit 2 where the value is 
 }
 ARGS=()
 SUITE=()  # --config=FILE (the spelling main.py, systems and report take) is the suite positional.
-while [[ $# -gt 0 ]]; do
+POSITIONAL=()  # The suite file wherever it stands, as the sweep's argparse takes it
+while [[ $# -gt 0 ]]; do  # (`--dry_run configs/x.py` ran smoke.py with x.py as an extra word).
   case "$1" in
     --config) has_value "$@"; SUITE=("$(caller_file "$2")"); shift 2 ;;
     --config=*) has_value --config "${1#--config=}"
@@ -43,16 +44,16 @@ while [[ $# -gt 0 ]]; do
     --results_dir) has_value "$@"; ARGS+=("$1" "$(results_path "$2")"); shift 2 ;;
     --results_dir=*) has_value --results_dir "${1#--results_dir=}"
                      ARGS+=("--results_dir=$(results_path "${1#--results_dir=}")"); shift ;;
-    *) ARGS+=("$1"); shift ;;
+    --main_cmd|--mfu|--peak_flops|--local_processes)  # their value is no suite file
+      ARGS+=("$1"); shift; if [[ $# -gt 0 ]]; then ARGS+=("$1"); shift; fi ;;
+    -*) ARGS+=("$1"); shift ;;
+    *) POSITIONAL+=("$(caller_file "$1")"); shift ;;
   esac
 done
-if [[ ${#SUITE[@]} -gt 0 && ${#ARGS[@]} -gt 0 && "${ARGS[0]}" != -* ]]; then
+if [[ ${#SUITE[@]} -gt 0 && ${#POSITIONAL[@]} -gt 0 ]]; then
   ARGS+=("--config=${SUITE[0]}"); SUITE=()  # Both spellings: the sweep names the two files.
 fi
-set -- ${SUITE[@]+"${SUITE[@]}"} ${ARGS[@]+"${ARGS[@]}"}
-if [[ $# -gt 0 && "$1" != -* && -f "$1" ]]; then
-  first="$(absolute "$1")"; shift; set -- "$first" "$@"
-fi
+set -- ${POSITIONAL[@]+"${POSITIONAL[@]}"} ${SUITE[@]+"${SUITE[@]}"} ${ARGS[@]+"${ARGS[@]}"}
 cd "$ROOT"
 PY="$ROOT/.venv/bin/python"
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"

@@ -857,6 +857,13 @@ def test_run_sweep_sh_dry_run(tiny):
   assert out.returncode == 0, out.stderr[-2000:]
   assert "suite tiny" in out.stdout and "4 runs (1 done, 3 to run)" in out.stdout
   assert helpers.snapshot(tiny["results"]) == before   # nothing ran, no report
+  # The suite after a flag, as the sweep itself takes it: the script ran smoke.py with the file
+  # as an extra word ("unrecognized arguments"); a flag's value is no suite file.
+  out = subprocess.run([os.path.join(REPO, "launch", "run_sweep.sh"), "--dry_run", "--mfu",
+                        "0.3", tiny["config"], "--results_dir", tiny["results"]], cwd=REPO,
+                       capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert "suite tiny" in out.stdout and "at MFU 0.3 of" in out.stdout
 
 
 # A trainer that runs until SIGTERM, then "saves" (a marker) and exits 0 without a summary.
