@@ -178,9 +178,10 @@ def nll_metrics(cfg, params, tokenizer, examples: Sequence[Example], *, batch_si
   return {"n": len(examples), "tokens": int(counts.sum()),
           "context_cut": sum(len(c) + len(a) > window for c, a in pairs),
           "answer_cut": sum(len(lp) < len(a) for lp, (_, a) in zip(logps, pairs)),
-          # No scored token (empty answers): no number, not 0.0 averaged into the domain.
+          # No scored token (empty answers): no number, not 0.0 averaged into the domain (nor
+          # an example's 0.0 into the per-example mean: two answers, one empty, halved it).
           "nll_per_token": float(sums.sum() / counts.sum()) if counts.sum() else float("nan"),
-          "nll_per_example": float(sums.mean()) if len(sums) else float("nan"),
+          "nll_per_example": float(sums[counts > 0].mean()) if counts.any() else float("nan"),
           "per_example": [{"id": e.id, "nll": float(s), "tokens": int(c)}
                           for e, s, c in zip(examples, sums, counts)]}
 

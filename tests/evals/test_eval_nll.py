@@ -81,6 +81,12 @@ def test_nll_of_no_scored_token_is_nan_not_zero():
   examples = [dataclasses.replace(e, answer="") for e in datasets.load_set("gsm8k", FIXTURES)]
   got = tasks.nll_metrics(cfg, params, ByteTok(), examples, batch_size=2)
   assert got["tokens"] == 0 and np.isnan(got["nll_per_token"])
+  assert np.isnan(got["nll_per_example"])   # it read 0.0
+  # One empty answer of two: the per-example mean is the other's NLL, not half of it.
+  examples[1] = datasets.load_set("gsm8k", FIXTURES)[1]
+  got = tasks.nll_metrics(cfg, params, ByteTok(), examples, batch_size=2)
+  scored = [e["nll"] for e in got["per_example"] if e["tokens"]]
+  assert len(scored) == 1 and got["nll_per_example"] == pytest.approx(scored[0])
 
 
 def test_multiple_choice_matches_hand_log_likelihoods():
@@ -94,6 +100,25 @@ def test_multiple_choice_matches_hand_log_likelihoods():
     ll = [-hand_nll(table, cfg.d_model, ctx, tok.encode(c)) for c in e.choices]
     acc.append(ll[e.label] > max(ll[:e.label] + ll[e.label + 1:]))
   assert got["acc"] == np.mean(acc)
+
+
+def test_multiple_choice_scores_each_choice_after_eos_and_prompt_within_score_len(monkeypatch):
+  """The bigram model above reads only the context's last token: a context without its leading
+  ``<eos>``, or scored past the trained window, passed it. Each choice is scored after
+  ``[eos] + prompt``, within ``score_len`` (``evaluate_set``), both for NLL and for acc."""
+  seen = []
+  monkeypatch.setattr(tasks, "continuation_logprobs", lambda cfg, params, pairs, **k: (
+      seen.append((pairs, k["max_len"])) or [np.array([-1.0]) for _ in pairs]))
+  tok = ByteTok()
+  examples = datasets.load_set("sciq", FIXTURES)
+  tasks.evaluate_set("sciq", None, None, tok, examples, max_len=64, score_len=32)
+  (nll_pairs, nll_len), (mc_pairs, mc_len) = seen
+  assert nll_len == mc_len == 32
+  want = [([tok.eos_id] + tok.encode(e.prompt), tok.encode(c))
+          for e in examples for c in e.choices]
+  assert [(list(c), list(a)) for c, a in mc_pairs] == want
+  assert [list(c) for c, _ in nll_pairs] == [[tok.eos_id] + tok.encode(e.prompt)
+                                             for e in examples]
 
 
 def test_acc_norm_divides_by_characters_not_tokens():

@@ -38,6 +38,10 @@ def test_cli_writes_evals_json_and_a_loadable_hf_export(tmp_path):
           in proc.stderr and "gsm8k 1 examples" in proc.stderr)
   assert set(json.loads(proc.stdout.strip().splitlines()[-1])) == set(evals["domains"])
   assert evals["options"]["score_len"] == config.data.seq_len   # scored within the trained context
+  # ... and so scored, not only recorded: gsm8k's first example, 124 tokens with its <eos>,
+  # loses its first ones to the 33-token window (scored at max_seq_len it was whole).
+  gsm8k = evals["sets"]["gsm8k"]
+  assert gsm8k["context_cut"] == 1 and gsm8k["tokens"] <= config.data.seq_len
   assert set(evals["domains"]) == {"coding", "stem", "math"}
   assert os.listdir(os.path.join(workdir, "tensorboard"))
 
