@@ -346,15 +346,17 @@ def _train_and_evaluate(config, workdir: str, lock: workdir_lock.TrainerLock) ->
       if not reason:  # A diverged step is neither evaluated nor saved.
         with clock.pause():  # Evals, diagnostics and saves stay out of steps/s.
           if eval_now:
-            val_loss = evaluate(state.params, val_batches if step == steps else eval_batches,
-                                eval_fn, batch_sharding)
+            with clock.first_of("eval"):
+              val_loss = evaluate(state.params, val_batches if step == steps else eval_batches,
+                                  eval_fn, batch_sharding)
             shown_val = (val_loss, step)
             writer.write_scalars(step, {"val/loss": val_loss})
             metrics_log.append(step, {"val/loss": val_loss})
           if diag_now:  # Into metrics.jsonl too: with tensorboard=False the writer discards.
             from depthbench_jax.diagnostics.periodic import scalars_of  # the hook's own
-            metrics_log.append(step, scalars_of(diag_hook(step, diag_params(state.params),
-                                                          writer)))
+            with clock.first_of("diagnostics"):
+              diag_scalars = scalars_of(diag_hook(step, diag_params(state.params), writer))
+            metrics_log.append(step, diag_scalars)
           if save_now or preempted:  # One save per step: a second one of the same step raises.
             checkpoint.save(manager, step, state, train_iter, force=preempted,
                             progress={"wall_time_s": wall_s(), "device_seconds": device_s(),

@@ -41,3 +41,22 @@ def test_line_on_the_first_step_has_no_rate_and_no_eta_yet():
   assert clock.read(41) is None and clock.eta_s(41, 50) == float("inf")
   now.t += 9 * 0.1
   assert clock.read(50) == pytest.approx(10.0)   # the next window: steady steps only
+
+
+def test_eta_leaves_out_the_first_eval_and_diagnostics_compile():
+  """The first eval and diagnostics of a session hold their jit compiles (9.8 s against ~1 s
+  after): spread over the steps left, the ETA went from 19 s to 35 s with 10 s left. Within
+  ``first_of`` they leave the ETA's pace; later ones count, as every pause does."""
+  now = FakeTime()
+  clock = StepClock(start_step=0, now=now)
+  now.t += 30.0
+  clock.first_step_done(1)
+  now.t += 9 * 1.0                    # steps 2..10 at 1 s
+  with clock.pause(), clock.first_of("diagnostics"):
+    now.t += 20.0                     # the first diagnostics: compile + 1 s
+  assert clock.eta_s(10, 100) == pytest.approx(90 * 9.0 / 9)
+  now.t += 10 * 1.0                   # steps 11..20
+  with clock.pause(), clock.first_of("diagnostics"):
+    now.t += 1.0                      # the second: a pause the run pays again
+  assert clock.eta_s(20, 100) == pytest.approx(80 * 20.0 / 19)
+  assert clock.read(20) == pytest.approx(19 / 19.0)   # steps/s leaves both out
