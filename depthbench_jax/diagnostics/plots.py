@@ -14,6 +14,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 import numpy as np  # noqa: E402
 
 from depthbench_jax.diagnostics.metrics import is_spec_skip  # noqa: E402
@@ -46,6 +47,8 @@ def _heatmap(matrix: np.ndarray, title: str, late_start: int, xlabel: str, ylabe
     ax.legend(fontsize=7, loc="lower left")
   for line in (ax.axvline, ax.axhline):
     line(late_start - 0.5, color="0.5", ls="--", lw=0.8)
+  for axis in (ax.xaxis, ax.yaxis):   # layers (at L=4 the ticks read -0.5, 0.0, 0.5, ...)
+    axis.set_major_locator(MaxNLocator(integer=True))
   ax.set_title(title, fontsize=9)
   ax.set_xlabel(xlabel)
   ax.set_ylabel(ylabel)
@@ -54,9 +57,10 @@ def _heatmap(matrix: np.ndarray, title: str, late_start: int, xlabel: str, ylabe
 
 
 def _line(series: dict[str, tuple[np.ndarray, np.ndarray]], title: str, xlabel: str,
-          ylabel: str, vlines: dict[str, float] | None = None, late_x: float | None = None):
+          ylabel: str, vlines: dict[str, float] | None = None, late_x: float | None = None,
+          layers: bool = False):
   """Curves with a legend; ``vlines`` (a series' name -> x) drawn dotted in that series' colour;
-  ``late_x`` the late boundary (dashed)."""
+  ``late_x`` the late boundary (dashed); ``layers``: x is a layer index (whole ticks)."""
   fig, ax = plt.subplots(figsize=(4.8, 3.4), dpi=100)
   colour = {}
   for label, (x, y) in series.items():
@@ -66,6 +70,8 @@ def _line(series: dict[str, tuple[np.ndarray, np.ndarray]], title: str, xlabel: 
     ax.axvline(x, color=colour.get(label, "gray"), ls=":", lw=0.8)
   if late_x is not None:
     ax.axvline(late_x, color="gray", ls="--", lw=0.8)
+  if layers:
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
   ax.set_title(title, fontsize=9)
   ax.set_xlabel(xlabel)
   ax.set_ylabel(ylabel)
@@ -114,12 +120,12 @@ def figures(result: dict) -> dict:
   cons = np.asarray(result["angular"]["consecutive"], dtype=float)
   figs["angular_consecutive"] = _line({"d(l, l+1)": (np.arange(len(cons)), cons)},
                                       _title(result, "consecutive angular distance"), "layer l",
-                                      "distance", late_x=late - 0.5)
+                                      "distance", late_x=late - 0.5, layers=True)
   if "mixing" in result:
     e = np.asarray(result["mixing"]["erank_by_start"], dtype=float)
     figs["erank"] = _line({"erank": (np.arange(len(e)), e)},
                           _title(result, "erank of the mixing product, layers s..L-1"),
-                          "start layer s", "effective rank", late_x=late - 0.5)
+                          "start layer s", "effective rank", late_x=late - 0.5, layers=True)
   if "dead_prefix" in result and "per_sublayer" in result["dead_prefix"]:
     own = np.asarray(result["dead_prefix"]["per_sublayer"], dtype=float)
     series = {"own block": (np.arange(len(own)) / 2, own)}

@@ -356,6 +356,22 @@ def test_plots_put_sublayers_at_half_layers_and_images_keep_only_the_asked_figur
   assert figs["dead_prefix"].axes[0].lines[-1].get_xdata()[0] == 0.75
   for fig in figs.values():
     plt.close(fig)
+  # Layer axes tick whole layers (at L=4 they read -0.5, 0.0, 0.5 ... and 0.25, 0.5 ...);
+  # the sublayer curve keeps its half layers.
+  nan = None
+  four = dict(_canned_result(), n_layers=4,
+              angular={"matrix": [[nan, .5, .6, .7], [nan, nan, .4, .5], [nan, nan, nan, .3],
+                                  [nan, nan, nan, nan]], "consecutive": [.5, .4, .3]},
+              dead_prefix={"per_sublayer": [.4, .3, .2, .1, .1, .1, .1, .1]})
+  figs = plots.figures(four)
+  ticks = lambda axis: [t for t in axis.get_ticklocs() if axis.get_view_interval().min() <= t
+                        <= axis.get_view_interval().max()]
+  heat, cons = figs["angular"].axes[0], figs["angular_consecutive"].axes[0]
+  for axis in (heat.xaxis, heat.yaxis, cons.xaxis):
+    assert ticks(axis) and all(float(t).is_integer() for t in ticks(axis)), ticks(axis)
+  assert 0.5 in ticks(figs["dead_prefix"].axes[0].xaxis)
+  for fig in figs.values():
+    plt.close(fig)
   images = plots.images(_canned_result())
   assert set(images) == {"angular"}
   assert images["angular"].dtype == np.uint8 and images["angular"].shape[0] == 1
