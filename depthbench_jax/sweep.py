@@ -501,16 +501,17 @@ def check_local_processes(config: ml_collections.ConfigDict, n: int, run: Run) -
 
 
 def plan_rows(config_path: str, runs: Sequence[Run], mfu: float = DEFAULT_MFU,
-              peak_flops: float = DEFAULT_PEAK_FLOPS) -> list[dict]:
+              peak_flops: float = DEFAULT_PEAK_FLOPS, configs: dict | None = None) -> list[dict]:
   """One row per run: params (the design's own, eval_shape), steps, tokens, FLOPs, hours.
-  Each run's config is checked as main.py will check it (``checked_config``)."""
+  Each run's config is checked as main.py will check it (``checked_config``), unless
+  ``configs`` (run name -> config) holds it checked already."""
   from depthbench_jax.model.config import model_config_from
   from depthbench_jax.shapes import param_counts
   from depthbench_jax.systems.flops import train_flops_per_token
   module = load_config_module(config_path)
   rows, flops_cache = [], {}
   for run in runs:
-    config = checked_config(module, run)
+    config = configs[run.name] if configs else checked_config(module, run)
     counts = param_counts(config.model)
     steps = budget_steps(config)   # the trainer's own budget rule
     tokens = steps * config.data.global_batch_size * config.data.seq_len
@@ -701,10 +702,35 @@ def launch(run: Run, config_path: str, main_cmd: Sequence[str], local_processes:
       log = open(os.path.join(run.workdir, f"process_{i}.log"), "a")
       logs.append(log)
       procs.append(_start(cmd, env=penv, stdout=log, stderr=subprocess.STDOUT))
-  codes = [p.wait() for p in procs]
+  codes = wait_together(procs)
   for log in logs:
     log.close()
   return max(codes, key=abs)
+
+
+SIBLING_GRACE_S = 60.0   # after one local process failed, the others' time to follow it
+
+
+def wait_together(procs: Sequence[subprocess.Popen], poll_s: float = 0.2) -> list[int]:
+  """The exit codes of a run's local processes. Once one fails (a nonzero code or a signal),
+  the others have ``SIBLING_GRACE_S`` to follow it, then are killed and given its code: a
+  process whose coordinator died (a SIGTERM before process 0 had its handler) waited
+  JAX_INIT_TIMEOUT_S (300 s) for it while the sweep waited on it in turn."""
+  failed_at, failure = None, 0
+  while True:
+    codes = [p.poll() for p in procs]
+    if all(code is not None for code in codes):
+      return codes
+    if failed_at is None and any(code not in (None, 0) for code in codes):
+      failed_at = time.monotonic()
+      failure = next(code for code in codes if code not in (None, 0))
+    if failed_at is not None and time.monotonic() - failed_at > SIBLING_GRACE_S:
+      for p, code in zip(procs, codes):
+        if code is None:
+          p.kill()
+          p.wait()
+      return [failure if code is None else code for code in codes]
+    time.sleep(poll_s)
 
 
 def execute(config_path: str, runs: Sequence[Run], main_cmd: Sequence[str],
@@ -888,6 +914,28 @@ def best_lr_runs(records: Sequence[dict]) -> list[dict]:
 # CLI (launch/run_sweep.sh calls this).
 # ---------------------------------------------------------------------------------------------
 
+def check_launch_settings(local_processes: int, runs: Sequence[Run], configs: dict) -> None:
+  """The JAX_* settings, or ``local_processes`` against every run's mesh and batch and against
+  a pod's settings: one ConfigError here, not a failure per run."""
+  if local_processes <= 1:  # A bad JAX_* set fails once here, not once per run.
+    from depthbench_jax.main import distributed_settings  # Local: defines main's flags.
+    distributed_settings()
+  else:  # Each host would run its own local cluster, every run, into the shared run dirs.
+    from depthbench_jax.main import slurm_tasks  # Local: defines main's flags.
+    # JAX_PROCESS_ID too: run_sweep.sh reads it for the report's host, and a leftover id
+    # of 1 skipped the report without a word (an older report.md then read as this one's).
+    pod = [f"{k}={os.environ[k]}" for k in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES",
+                                            "JAX_PROCESS_ID") if os.environ.get(k)]
+    if not pod and slurm_tasks() > 1:   # README's srun launch sets no JAX_* variable
+      pod = [f"an srun step of SLURM_NTASKS={slurm_tasks()}"]
+    if pod:
+      raise ConfigError(f"--local_processes (LOCAL_PROCESSES)={local_processes} with "
+                        f"{' '.join(pod)}: it replaces them; allowed: LOCAL_PROCESSES on one "
+                        f"machine, or the JAX_* variables on a pod, not both")
+    for run in runs:   # its processes of one device each: once here, not a failure per run
+      check_local_processes(configs[run.name], local_processes, run)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
   p = OneLineParser(prog="python -m depthbench_jax.sweep", description=__doc__,
                     formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -937,33 +985,20 @@ def main(argv: Sequence[str] | None = None) -> int:
       print(results_dir)
       return 0
     runs = list_runs(args.config, results_dir)
+    for run in runs:   # A file where a run's folder goes: a NotADirectoryError traceback.
+      check_folder(run.workdir, f"run {run.name}'s folder")
     check_recipes(args.config, runs)
     for line in off_target_shapes(args.config, module):
       print(line, flush=True)
+    # Every run, done or not, in the dry run too: with all done, a typo passed the sweep (exit
+    # 0) and failed the dry run; and the launch settings, which the dry run passed.
+    configs = {run.name: checked_config(module, run) for run in runs}
+    check_launch_settings(args.local_processes, runs, configs)
     if args.dry_run:
-      rows = plan_rows(args.config, runs, args.mfu, args.peak_flops)
+      rows = plan_rows(args.config, runs, args.mfu, args.peak_flops, configs)
       print(f"suite {suite_name(module)} -> {results_dir}")
       print(format_plan(rows, args.mfu, args.peak_flops))
       return 0
-    configs = {run.name: checked_config(module, run)   # Every run, as the dry run: with all
-               for run in runs}   # done, a typo passed the sweep (exit 0) and failed the dry run.
-    if args.local_processes <= 1:  # A bad JAX_* set fails once here, not once per run.
-      from depthbench_jax.main import distributed_settings  # Local: defines main's flags.
-      distributed_settings()
-    else:  # Each host would run its own local cluster, every run, into the shared run dirs.
-      from depthbench_jax.main import slurm_tasks  # Local: defines main's flags.
-      # JAX_PROCESS_ID too: run_sweep.sh reads it for the report's host, and a leftover id
-      # of 1 skipped the report without a word (an older report.md then read as this one's).
-      pod = [f"{k}={os.environ[k]}" for k in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES",
-                                              "JAX_PROCESS_ID") if os.environ.get(k)]
-      if not pod and slurm_tasks() > 1:   # README's srun launch sets no JAX_* variable
-        pod = [f"an srun step of SLURM_NTASKS={slurm_tasks()}"]
-      if pod:
-        raise ConfigError(f"--local_processes (LOCAL_PROCESSES)={args.local_processes} with "
-                          f"{' '.join(pod)}: it replaces them; allowed: LOCAL_PROCESSES on one "
-                          f"machine, or the JAX_* variables on a pod, not both")
-      for run in runs:   # its processes of one device each: once here, not a failure per run
-        check_local_processes(configs[run.name], args.local_processes, run)
     outcome = execute(args.config, runs, main_cmd, args.local_processes)
   except ConfigError as e:
     print(f"error: {e}", file=sys.stderr)

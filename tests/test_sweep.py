@@ -509,6 +509,42 @@ def test_a_pod_run_whose_hosts_never_joined_stops_the_sweep(tiny, monkeypatch, c
   assert "done: skipped 3, ok 0, diverged 0, failed 1, stopped 0, not started 0" in out
 
 
+def test_a_file_where_a_runs_folder_goes_is_one_error_line(tiny, capsys):
+  """A NotADirectoryError traceback (exit 1, so run_sweep.sh went on to write a report that
+  said nothing of it), in the dry run too."""
+  os.makedirs(tiny["results"])
+  taken = os.path.join(tiny["results"], "preln_4x128_lr3e-3")
+  with open(taken, "w") as f:
+    f.write("x")
+  for extra in ([], ["--dry_run"]):
+    assert sweep.main([tiny["config"], "--results_dir", tiny["results"],
+                       "--main_cmd", " ".join(tiny["main_cmd"])] + extra) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: run preln_4x128_lr3e-3's folder: {taken} is a file; allowed: a "
+                   f"folder there (made if missing)"]
+  assert open(taken).read() == "x" and not calls(tiny["log"])
+
+
+def test_a_runs_processes_stop_soon_after_one_of_them_fails(tmp_path, monkeypatch):
+  """Process 0 killed by a SIGTERM before its handler: process 1 waited JAX_INIT_TIMEOUT_S
+  (300 s) for the dead coordinator, and the sweep on it. The others now get SIBLING_GRACE_S,
+  then are killed, and the run reads the first failure's code."""
+  import time
+  script = tmp_path / "proc.py"
+  script.write_text("import os, sys, time\n"
+                    "if os.environ['JAX_PROCESS_ID'] == '0':\n  sys.exit(3)\n"
+                    "time.sleep(120)\n")
+  monkeypatch.setattr(sweep, "SIBLING_GRACE_S", 1.0)
+  run = sweep.Run("preln_4x128_lr3e-3", "arch=preln", "preln", shapes.Shape(4, 128), 3e-3,
+                  str(tmp_path / "run"))
+  start = time.monotonic()
+  assert sweep.launch(run, "c.py", [sys.executable, str(script)], local_processes=2) == 3
+  assert time.monotonic() - start < 30
+  # Both finishing on their own: each its own code, the largest by size.
+  script.write_text("import os, sys\nsys.exit(int(os.environ['JAX_PROCESS_ID']) * 5)\n")
+  assert sweep.launch(run, "c.py", [sys.executable, str(script)], local_processes=2) == 5
+
+
 def test_local_processes_env(tiny, monkeypatch):
   monkeypatch.setenv("FAKE_LOG", tiny["log"])
   monkeypatch.delenv("JAX_PLATFORMS")
@@ -604,13 +640,14 @@ def test_local_processes_that_do_not_split_the_batch_are_refused_once(tiny, monk
   failed in turn, each naming the batch, not the setting that changed."""
   monkeypatch.setenv("FAKE_LOG", tiny["log"])
   monkeypatch.setenv("LOCAL_PROCESSES", "3")
-  assert sweep.main([tiny["config"], "--results_dir", tiny["results"],
-                     "--main_cmd", " ".join(tiny["main_cmd"])]) == 2
-  err = capsys.readouterr().err.strip().splitlines()
-  assert len(err) == 1 and err[0].startswith(
-      "error: --local_processes (LOCAL_PROCESSES)=3 (3 processes of one device each), run "), err
-  assert "is not divisible by the data-parallel size 3" in err[0] and "allowed" in err[0]
-  assert not calls(tiny["log"]) and not os.path.exists(tiny["results"])
+  for extra in ([], ["--dry_run"]):   # the dry run printed its plan and exited 0
+    assert sweep.main([tiny["config"], "--results_dir", tiny["results"],
+                       "--main_cmd", " ".join(tiny["main_cmd"])] + extra) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        "error: --local_processes (LOCAL_PROCESSES)=3 (3 processes of one device each), run "), err
+    assert "is not divisible by the data-parallel size 3" in err[0] and "allowed" in err[0]
+    assert not calls(tiny["log"]) and not os.path.exists(tiny["results"])
   # Only what the process count decides: a data path the trainer will refuse is not blamed on
   # LOCAL_PROCESSES here.
   run = sweep.list_runs(tiny["config"], tiny["results"])[0]

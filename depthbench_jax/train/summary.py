@@ -160,7 +160,7 @@ def checkpoint_steps(workdir: str) -> list[int]:
   only all-digit names count. Reads the directory alone: no orbax, no jax."""
   try:
     names = os.listdir(os.path.join(workdir, CHECKPOINTS))
-  except FileNotFoundError:
+  except (FileNotFoundError, NotADirectoryError):   # none, or a file where a folder goes
     return []
   return sorted(int(name) for name in names if name.isdigit())
 
