@@ -20,7 +20,7 @@ from typing import Sequence
 
 from depthbench_jax import recipe
 from depthbench_jax.errors import ConfigError
-from depthbench_jax.sweep import (config_of, design_name, format_lr, list_runs,
+from depthbench_jax.sweep import (config_of, design_label, design_name, format_lr, list_runs,
                                   load_config_module, read_summary, run_state, trained_config)
 
 STATES = ("ok", "diverged", "started", "not started", "other recipe")
@@ -74,8 +74,8 @@ def shown_path(path: str) -> str:
 
 
 def load_plan(config_path: str, results_dir: str) -> list[dict]:
-  """Every planned run of the suite as ``{'name', 'design', 'arg', 'key': (design, L, d), 'lr',
-  'workdir', 'state'}`` (the state on disk; the report marks 'other recipe' from its
+  """Every planned run of the suite as ``{'name', 'design', 'arg', 'key': (label, L, d), 'lr',
+  'workdir', 'state'}`` (``label``: the design as records name it, ``_label``; the state on disk; the report marks 'other recipe' from its
   ``other_recipe_runs`` over every run folder, these among them). A missing file, a file that
   does not import, or one that is no suite (no ``sweep``, or entries the sweep refuses) is one
   ConfigError naming ``--config``."""
@@ -93,8 +93,17 @@ def load_plan(config_path: str, results_dir: str) -> list[dict]:
     raise ConfigError(f"{where}: {type(err).__name__}: {err}; {allowed}") from None
   module = load_config_module(config_path)
   return [{"name": r.name, "design": r.design, "arg": r.arg,
-           "key": (r.design, r.shape.n_layers, r.shape.d_model), "lr": r.lr,
+           "key": (_label(module, r), r.shape.n_layers, r.shape.d_model), "lr": r.lr,
            "workdir": r.workdir, **_state(r.workdir, module, r.arg)} for r in runs]
+
+
+def _label(module, run) -> str:
+  """The run's design as its records are keyed (``sweep.design_label``): a suite that sets
+  ``n_streams=2`` for HC plans ``hc(n_streams=2)`` cells, not 'hc' ones beside its results."""
+  try:
+    return design_label({"config": config_of(module, run.arg).to_dict()})
+  except ConfigError:   # the entry no longer builds: its bare design
+    return run.design
 
 
 def _state(workdir: str, module, arg: str) -> dict:

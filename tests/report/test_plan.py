@@ -294,6 +294,38 @@ def test_with_config_a_variant_is_set_aside_in_a_planned_folder_and_reported_off
   assert sweep.design_label(mhc) == "mhc"
 
 
+NS2_SUITE = textwrap.dedent("""
+    from configs import smoke
+    NAME = "ns2"
+    def get_config(arg=None):
+      c = smoke.get_config(arg)
+      c.model.residual.n_streams = 2   # after apply_run, as README says a design option goes
+      return c
+    def sweep():
+      return [dict(arch="hc", shape="4x128", lr=lr) for lr in (1e-3, 3e-3)]
+""")
+
+
+def test_a_suites_own_design_option_keys_its_planned_cells_as_its_records(tmp_path):
+  """A suite that sets HC's n_streams=2 planned its cells under 'hc' while its runs report as
+  ``hc(n_streams=2)``: a phantom 'hc' row held the not-started LR, and the finished cell lost
+  its § (an LR of its grid not started)."""
+  from configs import smoke
+  config_path = tmp_path / "ns2_suite.py"
+  config_path.write_text(NS2_SUITE)
+  results = tmp_path / "results"
+  config = smoke.get_config("arch=hc,shape=4x128,lr=1e-3").to_dict()
+  config["model"]["residual"]["n_streams"] = 2
+  _summary(results, "hc", 4, 128, 1e-3, 2.5)
+  workdir = _run_dir(results, "hc", 4, 128, 1e-3)
+  summary = json.loads((workdir / "summary.json").read_text())
+  (workdir / "summary.json").write_text(json.dumps(dict(summary, config=config)))
+  assert report_main.main([str(results), "--no_plots", f"--config={config_path}"]) == 0
+  text = (results / "report.md").read_text()
+  assert "| hc(n_streams=2) | 4x128 | 32.0 | **2.500** ‡§ | not started |" in text, text
+  assert "| hc | 4x128 |" not in text
+
+
 def test_without_config_the_report_infers_gaps_from_disk_as_before(half):
   assert report_main.main([str(half["results"]), "--no_plots"]) == 0
   text = (half["results"] / "report.md").read_text()
