@@ -546,15 +546,18 @@ def off_target_shapes(config_path: str, module) -> list[str]:
   for key, shape_set in module.SHAPE_SETS.items():
     model, ffn = module.solver_model(key), module.ffn_rule(key)
     for shape in shape_set.parsed():
-      try:   # a width the heads do not divide said only 'does not divide d_model=950'
-        solved = param_counts(shaped_model(model, shape, ffn))
-      except ConfigError as err:
-        raise ConfigError(f"{config_path}: SHAPE_SETS[{key!r}] shape {shape.name}: {err}"
-                          ) from None
       try:
         built = param_counts(config_of(module, f"arch=preln,shape={shape.name}").model)
       except ConfigError:   # a get_config that needs an lr= or builds no Pre-LN: the solver's
-        built = solved
+        built = None
+      try:   # a width the heads do not divide said only 'does not divide d_model=950'
+        solved = param_counts(shaped_model(model, shape, ffn))
+      except ConfigError as err:
+        if built is None:   # get_config may build it (an explicit head_dim, as the error says)
+          raise ConfigError(f"{config_path}: SHAPE_SETS[{key!r}] shape {shape.name}: {err}"
+                            ) from None
+        solved = built
+      built = built or solved
       listed = Solution(shape, shape_set.target, shape_set.count, built, None)
       if abs(listed.rel_error) > shape_set.tolerance:
         apart = built != solved

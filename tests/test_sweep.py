@@ -1159,6 +1159,19 @@ def test_dry_run_counts_the_model_get_config_builds_not_the_solvers(tmp_path, ca
   assert sweep.main([str(config), "--results_dir", str(tmp_path / "r"), "--dry_run"]) == 2
   err = capsys.readouterr().err.strip().splitlines()
   assert err[-1].startswith(f"error: {config}: SHAPE_SETS['smoke'] shape 8x130: "), err
+  assert "or set config.model.head_dim explicitly" in err[-1]
+  # Doing what it says, in get_config: the solver's model still could not count the shape,
+  # and the dry run refused with the same line (walker 219).
+  config.write_text(OFF_TARGET_SUITE.replace('"8x160"', '"8x130"') + textwrap.dedent("""
+    def get_config(arg=None):
+      c = smoke.get_config(arg)
+      if c.model.d_model % c.model.n_heads:
+        c.model.head_dim = 32
+      return c
+  """))
+  assert sweep.main([str(config), "--results_dir", str(tmp_path / "r"), "--dry_run"]) == 0
+  out = capsys.readouterr().out
+  assert "preln_8x130_lr1e-3" in out and "shape 8x130 has " in out
 
 
 def test_a_process_groups_second_sigterm_is_not_announced_again(capsys):

@@ -191,8 +191,8 @@ class FullAttnRes(_DepthQueries):
   later ones masked (the index is traced); the unrolled loop, whose index is a Python int,
   reads slots ``0..k`` only, rounded up to 8 slots (``base.static_prefix``; Block AttnRes
   likewise reads its block slots ``0..n``). Memory O(L d) per token (paper §3.1). Reverse-mode
-  through ``nn.scan`` would save each iteration's carry (O(L^2 d) in training); under
-  ``remat_policy='nothing_saveable'`` the Transformer runs ``model/buffer_stack.py`` instead,
+  through ``nn.scan`` would save each iteration's carry (O(L^2 d) in training); under any
+  ``remat_policy`` but ``'none'`` the Transformer runs ``model/buffer_stack.py`` instead,
   which saves the final buffer once (``Design.source_buffer``).
   """
 
