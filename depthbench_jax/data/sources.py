@@ -39,8 +39,9 @@ def parquet_files(path: str) -> list[str]:
     raise ConfigError("config.data.path is empty; allowed: a parquet file, a directory of "
                       "*.parquet files, or a glob such as /data/fineweb-edu/sample/10BT/*.parquet")
   path = os.path.expanduser(path)
-  if os.path.isdir(path):
-    files = glob.glob(os.path.join(path, "**", "*.parquet"), recursive=True)
+  if os.path.isdir(path):   # escaped: a folder like fw[10BT] is no pattern; files only:
+    files = [f for f in glob.glob(os.path.join(glob.escape(path), "**", "*.parquet"),
+                                  recursive=True) if os.path.isfile(f)]   # dask's out.parquet/
   elif os.path.isfile(path):
     files = [path]
   else:
@@ -86,11 +87,15 @@ def parquet_documents(file: str, column: str = TEXT_COLUMN) -> Iterator[str]:
 
 
 def _file_fingerprint(file: str) -> str:
-  """Content key of a parquet file: its size and the sha1 of its last 64 KiB (the footer)."""
-  size = os.path.getsize(file)
-  with open(file, "rb") as f:
-    f.seek(max(0, size - 2**16))
-    tail = f.read()
+  """Content key of a parquet file: its size and the sha1 of its last 64 KiB (the footer).
+  A file this host cannot read is the ConfigError every host agrees on, not an OSError."""
+  try:
+    size = os.path.getsize(file)
+    with open(file, "rb") as f:
+      f.seek(max(0, size - 2**16))
+      tail = f.read()
+  except OSError as e:
+    raise _bad_parquet(file, e) from e
   return hashlib.sha1(str(size).encode() + tail).hexdigest()[:16]
 
 

@@ -122,6 +122,25 @@ def test_parquet_missing_path_names_the_field(make_config, path):
     pipeline.make_train_iterator(config, 0, 1)
 
 
+def test_a_parquet_directory_lists_its_files_only_and_is_no_pattern(tmp_path):
+  """A folder named ``*.parquet`` (dask's and Spark's ``out.parquet/part.0.parquet``) was listed
+  as a shard, an IsADirectoryError traceback; a directory such as ``fw[1]`` was read as a glob
+  pattern (no files, or another folder's); a shard this host cannot read was an OSError
+  traceback, which the hosts' agreed refusal does not catch."""
+  written = tmp_path / "out.parquet"
+  written.mkdir()
+  pq.write_table(fineweb_like(5, 0), written / "part.0.parquet")
+  assert sources.parquet_files(str(tmp_path)) == [str(written / "part.0.parquet")]
+  bracketed, lookalike = tmp_path / "fw[1]", tmp_path / "fw1"
+  for folder in (bracketed, lookalike):
+    folder.mkdir()
+    pq.write_table(fineweb_like(5, 0), folder / f"{folder.name}.parquet")
+  assert sources.parquet_files(str(bracketed)) == [str(bracketed / "fw[1].parquet")]
+  with pytest.raises(ConfigError, match=r"^config\.data\.path: parquet shard .*gone\.parquet "
+                     r"cannot be read .*FileNotFoundError"):
+    sources._file_fingerprint(str(tmp_path / "gone.parquet"))   # listed, then removed
+
+
 def test_truncated_parquet_names_the_file(make_config, parquet_dir):
   bad = parquet_dir / "001_00000.parquet"
   data = bad.read_bytes()
