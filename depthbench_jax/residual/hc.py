@@ -120,7 +120,8 @@ class HyperConnection(nn.Module):
   dynamic component ``s * tanh(N(H) W)`` we decay ``W`` (``Design.decayed``) but not the scales
   ``s`` nor the norm gain: the paper names no parameter (Sec. 2.3 calls only ``W_beta, W_m,
   W_r`` "the dynamic parameters"), so ``s`` is treated like every other scalar gain here
-  (``train/optimizer.py`` decays matrices only). Our reading, not a stated rule.
+  (``train/optimizer.py`` decays the projections, the embedding and ``Design.decayed`` only).
+  Our reading, not a stated rule.
 
   Returns ``a_m`` [B,T,n], ``a_r`` [B,T,n,n] (``a_r[i, j]`` = source i -> stream j) and
   ``b`` [B,T,n].

@@ -1,4 +1,5 @@
-"""AdamW with linear warmup and cosine decay, global-norm clipping, decay on matrices only."""
+"""AdamW with linear warmup and cosine decay, global-norm clipping, and weight decay on the
+``kernel``/``embedding`` leaves and each design's ``Design.decayed`` (``weight_decay_mask``)."""
 
 from __future__ import annotations
 

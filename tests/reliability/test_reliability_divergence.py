@@ -166,6 +166,13 @@ def test_skip_nonfinite_steps_rides_over_one_bad_step(train_in_process, tmp_path
   # The skipped step held the LR schedule back by one: the logged LR is the one applied.
   lrs = summary.read_metrics(workdir, "train/lr")
   assert lrs[5] == lrs[4] and lrs[4] != lrs[3] and lrs[6] != lrs[5]
+  # ... and is the schedule's own value (the relative checks held under any constant shift):
+  # logged step k applies count k - 1, and k - 2 after the skipped step 4.
+  from depthbench_jax.train import optimizer
+  want = optimizer.lr_schedule(config, 10)
+  assert lrs[1] == 0.0 and len(lrs) == 10
+  for k, lr in lrs.items():
+    assert lr == pytest.approx(float(want(k - 1 if k <= 4 else k - 2)), rel=1e-6), k
 
 
 def test_a_resumed_run_keeps_its_skipped_steps_wall_time_and_best_loss(train_in_process,
