@@ -42,6 +42,8 @@ class TrainerLock:
     leaves its folder as it was)."""
     if self.held or not (create or os.path.exists(self.path)):
       return
+    if create:   # here, so that a folder one host cannot make is refused on every process too
+      os.makedirs(self.workdir, exist_ok=True)
     f = open(self.path, "a")
     try:
       fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -70,8 +72,8 @@ class TrainerLock:
     except ConfigError as err:
       refused = str(err)
     except OSError as err:   # a read-only or unreachable workdir: refused on every process too
-      refused = (f"--workdir={self.workdir}: cannot lock {self.path} ({err.strerror}); "
-                 f"allowed: a folder this process can write")
+      refused = (f"--workdir={self.workdir}: cannot lock {self.path} ({err.strerror}: "
+                 f"{err.filename}); allowed: a folder this process can write")
     if process_count > 1:
       from depthbench_jax.hosts import gather_text  # pylint: disable=g-import-not-at-top
       refused = next((line for line in gather_text(refused) if line), "")

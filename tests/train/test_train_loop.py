@@ -729,6 +729,32 @@ def test_a_second_trainer_in_a_workdir_is_refused_before_it_writes(train_in_proc
   again.release()
 
 
+def test_a_workdir_one_process_cannot_make_is_refused_by_the_agreed_lock(tmp_path,
+                                                                         monkeypatch):
+  """The trainer made its folder before the agreed lock: a host that could not (a PermissionError
+  on process 1 only) raised a traceback and exited while the others waited in the lock's
+  gather. The lock makes the folder itself, so the error is its ConfigError (agreed: every
+  process raises it)."""
+  from depthbench_jax.train import workdir_lock
+  workdir = str(tmp_path / "results" / "run")
+  real = os.makedirs
+
+  def refused(path, *args, **kwargs):
+    if path == workdir:
+      raise PermissionError(13, "Permission denied", path)
+    return real(path, *args, **kwargs)
+
+  monkeypatch.setattr(workdir_lock.os, "makedirs", refused)
+  with pytest.raises(ConfigError, match=rf"^--workdir={workdir}: cannot lock .*Permission "
+                                        rf"denied: {workdir}\); allowed: a folder this"):
+    workdir_lock.TrainerLock(workdir, 1).acquire_agreed(1)
+  monkeypatch.setattr(workdir_lock.os, "makedirs", real)
+  lock = workdir_lock.TrainerLock(workdir, 1)
+  lock.acquire_agreed(1)   # made, then locked
+  assert lock.held and os.listdir(workdir) == [".trainer-1.lock"]
+  lock.release()
+
+
 def test_a_trainer_holds_its_workdir_lock_at_every_save_and_its_summary(train_in_process,
                                                                        tmp_path, monkeypatch):
   """The refusal tests faked the first trainer with a bare lock: a trainer that released its
