@@ -49,5 +49,7 @@ def refusals_agreed(process_count: int):
   first = said[refused[0]]
   if len(refused) == len(said):
     raise ConfigError(first)
-  raise HostsDiffer(f"process {refused[0]} of {len(said)} only: {first} (the other processes "
-                    f"read theirs; allowed: the same files on every host)")
+  who = (f"process {refused[0]}" if len(refused) == 1 else
+         f"processes {', '.join(map(str, refused))}")
+  raise HostsDiffer(f"{who} of {len(said)} only: {first} (the other processes read theirs; "
+                    f"allowed: the same files on every host)")

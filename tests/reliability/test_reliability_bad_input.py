@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from depthbench_jax.errors import ConfigError
+from depthbench_jax.errors import ConfigError, HostsDiffer
 from depthbench_jax.main import SLURM_STEP_VARIABLES
 from depthbench_jax.train import config_check
 from tests import helpers
@@ -705,12 +705,14 @@ def test_processes_that_do_not_share_the_results_dir_refuse_alike(monkeypatch, t
   assert not os.path.exists(host0 / name)
   refused = (r"process 1 of 2 does not see the file process 0 wrote in .*{}/results .*; allowed: "
              r"a results dir on a filesystem every host sees")
-  with pytest.raises(ConfigError, match=refused.format("host1")):
+  # A HostsDiffer (exit 4: every host's sweep stops), not a plain ConfigError (exit 2: each
+  # host's sweep went on to the next run, into the same unshared folders).
+  with pytest.raises(HostsDiffer, match=refused.format("host1")):
     as_process(1, str(host1 / "run"), [name, "1"])         # host 1's disk: no such file
   assert view[1] == ["", "0"]
   # Process 0, told its peer did not see the file, refuses alike (only process 1's side of the
   # refusal was shown: each process judging its own view alone passed).
-  with pytest.raises(ConfigError, match=refused.format("host0")):
+  with pytest.raises(HostsDiffer, match=refused.format("host0")):
     as_process(0, str(host0 / "run"), ["", "0"])
   assert os.listdir(host0) == [] and os.listdir(host1) == []
   # The same folder mounted at another path on host 1 (a shared checkout, a relative workdir):
@@ -1008,3 +1010,21 @@ def test_every_config_field_is_refused_on_resume_unless_listed_resumable():
     refused = [f for f, _, _ in config_check.recipe_changes(
         saved, ml_collections.ConfigDict(changed))]
     assert refused == ([] if recipe.is_resumable(field) else [field]), field
+
+
+def test_a_refusal_on_several_hosts_names_them_all(monkeypatch):
+  """Processes 1 and 3 of 4 refused: the line said "process 1 of 4 only" (the agreed refusal is
+  a HostsDiffer naming who refused; all refusing is a plain ConfigError)."""
+  from depthbench_jax import hosts
+  for said, want in ((["", "no shards", "", "no shards"], HostsDiffer),
+                     (["no shards"] * 4, ConfigError)):
+    monkeypatch.setattr(hosts, "gather_text", lambda text, said=said: said)
+    with pytest.raises(want) as err:
+      with hosts.refusals_agreed(4):
+        raise ConfigError("no shards")
+    assert type(err.value) is want
+  assert str(err.value) == "no shards"
+  monkeypatch.setattr(hosts, "gather_text", lambda text: ["", "no shards", "", "no shards"])
+  with pytest.raises(HostsDiffer, match=r"^processes 1, 3 of 4 only: no shards \(the other "):
+    with hosts.refusals_agreed(4):
+      pass
