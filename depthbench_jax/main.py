@@ -236,7 +236,7 @@ def initialize_distributed(coordinator: str | None, num_processes: int | None,
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
                                process_id=process_id, local_device_ids=local_device_ids(),
-                               **_timeouts())
+                               **distributed_timeouts())
 
 
 def check_even_hosts(devices_by_process: dict[int, int]) -> None:
@@ -342,7 +342,7 @@ def warn_if_gpus_idle(backend: str, gpu_nodes: str = "/dev/nvidia[0-9]*") -> Non
           "JAX_PLATFORMS=cpu silences this", file=sys.stderr, flush=True)
 
 
-def _timeouts() -> dict:
+def distributed_timeouts() -> dict:
   """Seconds to wait for all processes to join, and without a peer's heartbeat before the
   coordination service stops every process (a process that died, or hangs)."""
   def seconds(name: str, default: int) -> int:

@@ -918,13 +918,16 @@ def best_lr_runs(records: Sequence[dict]) -> list[dict]:
 # ---------------------------------------------------------------------------------------------
 
 def check_launch_settings(local_processes: int, runs: Sequence[Run], configs: dict) -> None:
-  """The JAX_* settings, or ``local_processes`` against every run's mesh and batch and against
-  a pod's settings: one ConfigError here, not a failure per run."""
+  """The JAX_* settings (the timeouts too, where the runs join several processes), or
+  ``local_processes`` against every run's mesh and batch and against a pod's settings: one
+  ConfigError here, not a failure per run."""
+  from depthbench_jax.main import (  # Local: defines main's flags.
+      distributed_settings, distributed_timeouts, hosts_expected, slurm_tasks)
+  if local_processes > 1 or hosts_expected() > 1:
+    distributed_timeouts()   # JAX_HEARTBEAT_TIMEOUT_S=abc failed every run, 'continuing'
   if local_processes <= 1:  # A bad JAX_* set fails once here, not once per run.
-    from depthbench_jax.main import distributed_settings  # Local: defines main's flags.
     distributed_settings()
   else:  # Each host would run its own local cluster, every run, into the shared run dirs.
-    from depthbench_jax.main import slurm_tasks  # Local: defines main's flags.
     # JAX_PROCESS_ID too: run_sweep.sh reads it for the report's host, and a leftover id
     # of 1 skipped the report without a word (an older report.md then read as this one's).
     pod = [f"{k}={os.environ[k]}" for k in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES",

@@ -634,6 +634,28 @@ def test_local_processes_with_a_pods_jax_env_is_refused(tiny, monkeypatch, capsy
   assert not calls(tiny["log"])
 
 
+@pytest.mark.parametrize("launch", [{"LOCAL_PROCESSES": "2"},
+                                    {"JAX_COORDINATOR_ADDRESS": "n:1", "JAX_NUM_PROCESSES": "2",
+                                     "JAX_PROCESS_ID": "0"}])
+def test_a_bad_jax_timeout_is_refused_once_where_runs_join_processes(tiny, monkeypatch, capsys,
+                                                                     launch):
+  """JAX_HEARTBEAT_TIMEOUT_S=abc passed the sweep and its dry run, then failed every run in
+  main (exit 2, 'continuing'); on one process per run it is not read, and not refused."""
+  monkeypatch.setenv("FAKE_LOG", tiny["log"])
+  monkeypatch.setenv("JAX_HEARTBEAT_TIMEOUT_S", "abc")
+  args = [tiny["config"], "--results_dir", tiny["results"], "--dry_run"]
+  assert sweep.main(args) == 0
+  capsys.readouterr()
+  for name, value in launch.items():
+    monkeypatch.setenv(name, value)
+  for extra in ([], ["--main_cmd", " ".join(tiny["main_cmd"])]):
+    assert sweep.main(args[:-1] + extra + (["--dry_run"] if not extra else [])) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: JAX_HEARTBEAT_TIMEOUT_S='abc'; allowed: a whole number of seconds "
+                   ">= 1"], err
+  assert not calls(tiny["log"])
+
+
 def test_local_processes_that_do_not_split_the_batch_are_refused_once(tiny, monkeypatch,
                                                                       capsys):
   """LOCAL_PROCESSES=3 under a batch of 8: every run of the suite started 3 processes and

@@ -539,7 +539,7 @@ def test_distributed_start_only_for_several_processes_and_an_explicit_process_id
                     "local_device_ids": None, "initialization_timeout": 300,
                     "heartbeat_timeout_seconds": 100}]
   monkeypatch.setenv("JAX_HEARTBEAT_TIMEOUT_S", "7")
-  assert main._timeouts()["heartbeat_timeout_seconds"] == 7
+  assert main.distributed_timeouts()["heartbeat_timeout_seconds"] == 7
   monkeypatch.delenv("JAX_PROCESS_ID")  # Alone, it is refused (the next test).
   slurm_step(monkeypatch, ntasks=1)
   main.initialize_distributed(None, None, None)
