@@ -299,10 +299,12 @@ def suite_tables(suite_module: Any) -> str:
 
 
 def main(argv: Sequence[str]) -> int:
-  usage = "usage: python -m depthbench_jax.shapes configs/SUITE.py"
+  usage = "usage: python -m depthbench_jax.shapes [--config=]configs/SUITE.py"
   if list(argv) in (["-h"], ["--help"]):  # Not a config file named '--help'.
     print(f"{usage}\n\n{__doc__}")
     return 0
+  # --config=FILE, as the sweep, systems and train_memory take it (it read as a file name).
+  argv = [a[len("--config="):] if a.startswith("--config=") else a for a in argv]
   if len(argv) != 1:   # one error line, as the other CLIs (it printed the usage alone)
     print(f"error: {len(argv)} arguments {list(argv)}; allowed: one suite file, "
           f"python -m depthbench_jax.shapes configs/SUITE.py", file=sys.stderr)

@@ -575,14 +575,19 @@ def off_target_shapes(config_path: str, module) -> list[str]:
   return out
 
 
+MIN_PEAK_FLOPS = 1e9
+
+
 def check_device_hours_inputs(mfu: float, peak_flops: float) -> None:
   """One ``ConfigError`` naming ``--mfu`` or ``--peak_flops`` (the plan's and the systems
   table's): device-hours divide by ``mfu * peak_flops``, so zero is a ZeroDivisionError, and an
-  MFU over 1, nan or an infinite peak give hours no device reaches."""
+  MFU over 1, nan or an infinite peak give hours no device reaches; so does a peak in the wrong
+  unit (989 for an H100's 989 TFLOP/s printed 6.9e15 device-hours), hence a floor of 1 GFLOP/s."""
   if not 0 < mfu <= 1:
     raise ConfigError(f"--mfu={mfu}; allowed: a fraction in (0, 1]")
-  if not 0 < peak_flops < math.inf:
-    raise ConfigError(f"--peak_flops={peak_flops}; allowed: FLOP/s per device > 0")
+  if not MIN_PEAK_FLOPS <= peak_flops < math.inf:
+    raise ConfigError(f"--peak_flops={peak_flops}; allowed: FLOP/s per device, >= "
+                      f"{MIN_PEAK_FLOPS:.0e} (an H100's bf16 dense peak is 989e12)")
 
 
 def human(x: float, digits: int = 3) -> str:

@@ -208,6 +208,9 @@ def test_cli_with_a_mistyped_config_is_one_error_line(capsys):
   err = capsys.readouterr().err.strip().splitlines()
   assert err == ["error: config file 'configs/nope.py' does not exist; allowed: a configs/*.py "
                  "file"]
+  # --config=FILE, as the sweep, systems and train_memory take it: it read as a file name.
+  assert shapes.main(["--config=configs/nope.py"]) == 2
+  assert capsys.readouterr().err.strip().splitlines() == err
   # No suite, or two: one error line too (the usage alone once, with no error: line).
   for argv in ([], ["configs/smoke.py", "configs/suite_400m.py"]):
     assert shapes.main(argv) == 2
@@ -284,7 +287,7 @@ def test_cli_help_prints_the_usage(capsys, flag):
   exist``; it prints the usage and what the tool does, exit 0."""
   assert shapes.main([flag]) == 0
   out = capsys.readouterr()
-  assert out.out.startswith("usage: python -m depthbench_jax.shapes configs/SUITE.py")
+  assert out.out.startswith("usage: python -m depthbench_jax.shapes [--config=]configs/SUITE.py")
   assert "iso_param_width" in out.out and not out.err
 
 

@@ -1009,10 +1009,10 @@ ILL_TYPED_SUITE = textwrap.dedent("""
 
 
 @pytest.mark.parametrize("flag", ["--mfu=0", "--mfu=1.5", "--mfu=nan", "--peak_flops=0",
-                                  "--peak_flops=-1e15"])
+                                  "--peak_flops=-1e15", "--peak_flops=989"])
 def test_a_plan_with_an_impossible_mfu_or_peak_is_one_error_line(tiny, capsys, flag):
   """--mfu=0 or --peak_flops=0 was a ZeroDivisionError traceback; --mfu=1.5 or nan printed
-  device-hours no device can reach (or nan)."""
+  device-hours no device can reach (or nan), as did a peak in TFLOP/s (989)."""
   assert sweep.main([tiny["config"], "--results_dir", tiny["results"], "--dry_run", flag]) == 2
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and err[0].startswith(f"error: {flag.split('=')[0]}="), err

@@ -214,7 +214,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   p.add_argument("--measured", default="",
                  help="comma list of bench result JSONs (benchmarks/results-<device>*.json) "
                       "whose timed (design, shape) steps to add as measured device-hours")
-  p.add_argument("--out", default="",
+  p.add_argument("--out", default=None,
                  help="output dir (default results/<suite NAME>: the sweep's results dir, "
                       "which the report reads)")
   p.add_argument("--overwrite", action="store_true",
@@ -228,7 +228,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     check_numbers(seq_len=args.seq_len, batch=args.batch, mfu=mfu, peak_flops=peak)
     suite = suite_configs(args.config, comma_list(args.designs), comma_list(args.shapes))
     module, entries = suite
-    out = args.out or os.path.join("results", sweep.suite_name(module))
+    # An empty --out= (an unset variable) is refused by check_folder, as the sweep's
+    # --results_dir=: it wrote a one-design table into the default folder the report reads.
+    out = os.path.join("results", sweep.suite_name(module)) if args.out is None else args.out
     summary.check_folder(out, f"--out={out}")
     # What decides the file's rows, columns and figures; checked before any compile. A rerun
     # without --measured once dropped the table's measured device-hours without a word.

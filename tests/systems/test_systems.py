@@ -403,7 +403,10 @@ def test_cli_table_names_the_batch_and_dtype_of_its_bytes_and_peak(tmp_path):
 
 @pytest.mark.parametrize("flag, value, allowed", [
     ("--mfu", "0", "a fraction in (0, 1]"), ("--mfu", "1.5", "a fraction in (0, 1]"),
-    ("--peak_flops", "0", "FLOP/s per device > 0"), ("--seq_len", "0", "an integer >= 1"),
+    ("--peak_flops", "0", "FLOP/s per device, >= 1e+09 (an H100's bf16 dense peak is 989e12)"),
+    # The peak in TFLOP/s: 6.9e15 device-hours, exit 0.
+    ("--peak_flops", "989", "FLOP/s per device, >= 1e+09 (an H100's bf16 dense peak is 989e12)"),
+    ("--seq_len", "0", "an integer >= 1"),
     ("--batch", "0", "an integer >= 1")])
 def test_cli_bad_number_is_one_error_and_keeps_the_last_result(tmp_path, capsys, flag, value,
                                                                allowed):
@@ -439,6 +442,12 @@ def test_cli_out_that_is_a_file_is_one_error_before_any_compile(tmp_path, capsys
         f"error: --out={out}: {afile} is a file; allowed: a folder there (made if missing)"]
     assert "preln" not in captured.out
   assert afile.read_text() == "previous result"
+  # An empty --out= (an unset variable): it wrote into results/<suite>/, which the report reads.
+  argv = ["--config", os.path.join(ROOT, "configs", "smoke.py"), "--designs", "preln",
+          "--shapes", "4x128", "--xla", "false", "--out="]
+  assert cli.main(argv) == 2
+  assert capsys.readouterr().err.strip().splitlines() == [
+      "error: --out=: empty; allowed: a folder path (made if missing)"]
 
 
 def test_systems_table_budgets_every_design_like_the_trainer():
