@@ -669,6 +669,8 @@ def test_local_processes_that_do_not_split_the_batch_are_refused_once(tiny, monk
     assert len(err) == 1 and err[0].startswith(
         "error: --local_processes (LOCAL_PROCESSES)=3 (3 processes of one device each), run "), err
     assert "is not divisible by the data-parallel size 3" in err[0] and "allowed" in err[0]
+    # What the flag the user turned may be (it offered only a batch, which no flag sets).
+    assert err[0].endswith("or a mesh (or device count) whose data x fsdp divides 8"), err[0]
     assert not calls(tiny["log"]) and not os.path.exists(tiny["results"])
   # Only what the process count decides: a data path the trainer will refuse is not blamed on
   # LOCAL_PROCESSES here.

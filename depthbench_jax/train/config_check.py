@@ -260,7 +260,8 @@ def validate_batch_split(data, process_count: int, data_parallel: int,
   batch = data.global_batch_size
   _require(batch % data_parallel == 0,
            f"config.data.global_batch_size={batch} is not divisible by the data-parallel size "
-           f"{data_parallel} (mesh data x fsdp); allowed: a multiple of {data_parallel}")
+           f"{data_parallel} (mesh data x fsdp); allowed: a multiple of {data_parallel}, or a "
+           f"mesh (or device count) whose data x fsdp divides {batch}")
   rows = batch // data_parallel
   _require(rows % microbatches == 0,
            f"config.grad_accum_steps={microbatches} does not divide the {rows} rows each batch "
