@@ -330,8 +330,8 @@ def permute_layers(params: Any, order: Array) -> Any:
 
   Everything stacked on the layer axis moves with the layer: attention, MLP and the design's
   per-layer connection params (HC matrices including the one-hot home stream stored at init,
-  AttnRes pseudo-queries). Position-dependent constants (LNS's 1/sqrt(l), DeepNorm's alpha)
-  stay with the position.
+  AttnRes pseudo-queries). Position-dependent constants (LNS's 1/sqrt(l), KEEL's plain first
+  layer) stay with the position.
   Pure and vmappable over ``order``.
   """
   if "layers" not in params:

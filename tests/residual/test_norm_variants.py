@@ -113,9 +113,15 @@ def test_deepnorm_scales_v_o_mlp_init_and_has_no_final_norm():
                                atol=1e-8, err_msg=str(path))
   assert not params.get("residual_io")
   # The head reads the last post-norm output directly: replacing the readout by an identity is
-  # what the model does, so logits = N(x_L) @ W_head exactly.
+  # what the model does, so logits = N(x_L) @ W_head exactly. With the norm gains doubled: at
+  # init every gain is 1, x_L already has unit RMS, and a second gain-free norm moved the logits
+  # by ~1e-7.
   tokens = jnp.asarray(text_batch(1, 8))
+  params = jax.tree_util.tree_map_with_path(
+      lambda path, x: 2 * x if getattr(path[-1], "key", None) == "scale" else x, perturb(params))
   logits, layers_out = run(cfg, params, tokens)
+  last = np.asarray(layers_out["hidden"][-1], np.float64)
+  assert float(np.sqrt(np.mean(last ** 2))) > 1.5   # a renorm would halve the logits
   np.testing.assert_allclose(logits, layers_out["hidden"][-1] @ params["lm_head"]["kernel"],
                              atol=1e-5)
 
