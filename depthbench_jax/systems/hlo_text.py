@@ -15,7 +15,7 @@ _DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16
                 "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8}
 _HEADER = re.compile(r"(?:ENTRY )?%?([\w.\-]+) .*\{\s*$")   # a computation's first line
 _NAME = r"\s*(?:ROOT )?%?([\w.\-]+) = "                   # an instruction's name
-_TYPE = r"(\(.*?\)|\w+\[[\d,]*\])"                       # its result type, without layout
+_TYPE = r"(\(.*?\)|\w+\[[\d,]*\])"    # its result type: an array's without layout, a tuple whole
 _DEFINITION = re.compile(_NAME)
 _TYPED = re.compile(_NAME + _TYPE)
 _INSTRUCTION = re.compile(_NAME + _TYPE + r"(?:\{[\d,]*\})? ([\w\-]+)\((.*?)\)")
@@ -54,7 +54,8 @@ def op_names(hlo_text: str) -> dict[str, str]:
 
 
 def op_shapes(hlo_text: str) -> dict[str, str]:
-  """HLO instruction name -> its result type without layout, e.g. ``'bf16[4,8,2048,1216]'``."""
+  """HLO instruction name -> its result type, an array's without layout (``'bf16[4,8,2048,1216]'``),
+  a tuple's as printed, layouts included (``'(bf16[4,8]{1,0}, f32[])'``)."""
   out = {}
   for line in hlo_text.splitlines():
     m = _TYPED.match(line)

@@ -531,6 +531,15 @@ def test_report_section_rows_read_each_runs_recipe_and_the_nearest_systems_json(
                                            "config": {**config, "model": {**model, "residual": {
                                                "name": "preln"}}}})
   assert four["train_tokens"] == 10.0 * count_params(preln)["total"] < 10.0 * four["params_total"]
+  # The analytic columns at the systems table's 4096 tokens, the default peak and MFU, beside
+  # the XLA figures merged at 4096 (nothing read them: a row at the run's 256 tokens, or at
+  # another MFU, passed).
+  from depthbench_jax.systems import flops
+  cfg = report_section.run_model_config(records[1])
+  assert four["seq_len"] == 4096
+  assert four["prefill_flops_causal"] == flops.prefill_flops(cfg, 4096)
+  assert (four["peak_flops"], four["mfu"]) == (989e12, 0.4)
+  assert four["device_hours"] == pytest.approx(four["train_flops"] / (989e12 * 0.4) / 3600)
 
 
 def test_table_shows_a_small_model_in_significant_figures():
@@ -780,21 +789,25 @@ def test_context_curve_compares_depth_within_each_scale_family(tmp_path):
             "prefill_flops_causal": f}
            for s, fam, L, t, f in (("4x128", 0, 4, 2048, 1e12), ("16x64", 0, 16, 2048, 2e12),
                                    ("4x256", 1, 4, 2048, 4e12), ("16x128", 1, 16, 2048, 6e12),
-                                   ("16x100", 2, 16, 2048, 5e12))]
+                                   ("16x100", 2, 16, 2048, 5e12),
+                                   # each over its shallowest at the same T, not at the first
+                                   ("4x128", 0, 4, 4096, 3e12), ("16x64", 0, 16, 4096, 9e12))]
   lines = table.curve_markdown(curve).splitlines()
-  assert [line for line in lines if " / " in line] == ["| 16x64 / 4x128 | 2.00 |",
+  assert [line for line in lines if " / " in line] == ["| 16x64 / 4x128 | 2.00 | 3.00 |",
                                                         "| 16x128 / 4x256 | 1.50 |"]
-  assert table._shallowest(curve) == {0: {2048: 1e12}, 1: {2048: 4e12}, 2: {2048: 5e12}}
+  assert table._shallowest(curve) == {0: {2048: 1e12, 4096: 3e12}, 1: {2048: 4e12},
+                                      2: {2048: 5e12}}
   assert os.path.exists(table.plot_context_curve(curve, str(tmp_path / "c.png")))
   # What the figure draws: each shape's TFLOPs at its T, and over its own family's shallowest.
   import matplotlib.pyplot as plt
   fig = table.context_curve_figure(curve)
   left, right = fig.axes[:2]
   drawn = lambda ax: {l.get_label(): (list(l.get_xdata()), list(l.get_ydata())) for l in ax.lines}
-  assert drawn(left) == {"4x128": ([2048], [1.0]), "16x64": ([2048], [2.0]),
+  assert drawn(left) == {"4x128": ([2048, 4096], [1.0, 3.0]), "16x64": ([2048, 4096], [2.0, 9.0]),
                          "4x256": ([2048], [4.0]), "16x128": ([2048], [6.0]),
                          "16x100": ([2048], [5.0])}
-  assert drawn(right) == {"4x128": ([2048], [1.0]), "16x64": ([2048], [2.0]),
+  assert drawn(right) == {"4x128": ([2048, 4096], [1.0, 1.0]),
+                          "16x64": ([2048, 4096], [2.0, 3.0]),
                           "4x256": ([2048], [1.0]), "16x128": ([2048], [1.5]),
                           "16x100": ([2048], [1.0])}
   assert left.get_title().startswith("preln: ")   # which design's count, read apart from the md
@@ -1739,6 +1752,12 @@ def test_context_curve_kv_bytes_in_the_asked_dtype(tmp_path):
   for point in result["curve"]:
     assert point["kv_cache_bytes"] == costs.kv_cache_bytes(
         model_config_from(cfg.model), point["seq_len"], dtype="float32")
+  # The counts the curve plots, by hand (nothing read them: a curve at one T, or bidirectional,
+  # passed): N_matmul = 4 (128 x 32 x 16 + 3 x 128 x 384) + 128 x 257 = 884,864, and a causal
+  # prefill is T (2 N_matmul + 2 L T d): the T^2 L d term.
+  flops = {p["seq_len"]: p["prefill_flops_causal"] for p in result["curve"]}
+  assert flops[2048] == 2048 * (2 * 884_864 + 2 * 4 * 2048 * 128) == 7_919_370_240
+  assert flops[131072] == 131072 * (2 * 884_864 + 2 * 4 * 131072 * 128) == 17_824_147_832_832
 
 
 def _unserialisable():
