@@ -163,9 +163,26 @@ def test_gate_zero_is_the_layer_removed():
   assert not np.allclose(gated, run(MODA3, params)[0], atol=1e-4)
 
 
+def test_depth_keys_carry_no_rope_so_a_shifted_sequence_reads_other_depth_logits():
+  """Depth keys are stored before RoPE and read without it (the authors' ``origin_k``): the
+  query is rotated to its position, the depth key is not, so ``R_t q . k_d`` depends on t. The
+  sequence part is relative (``R_t q . R_s k``): Pre-LN's logits are the same at positions
+  shifted by 5, MoDA's are not. Depth keys rotated at the read (``R_t q . R_t k_d``, position-
+  free) passed every test here: the module parity runs at position 0, where RoPE is identity."""
+  shifted = lambda cfg, params, offset: Transformer(cfg).apply(
+      {"params": params}, TOKENS,
+      positions=jnp.broadcast_to(jnp.arange(TOKENS.shape[1]) + offset, TOKENS.shape))
+  for cfg, moves in ((kit.tiny_cfg("preln", n_layers=3, n_kv_heads=2, qk_norm=True), False),
+                     (MODA3, True)):
+    params = params_for(cfg)
+    moved = np.abs(np.asarray(shifted(cfg, params, 0)) - np.asarray(shifted(cfg, params, 5)))
+    assert (moved.max() > 1e-3) if moves else (moved.max() < 1e-4), (cfg.design, moved.max())
+
+
 def test_scan_matches_unrolled_reading_a_prefix():
-  """Unrolled, layers 0-4 of 6 read the first 8 of the 12 depth slots (a static layer index,
-  ``base.static_prefix``); the scan reads all 12 masked: the same logits, gated too."""
+  """Unrolled, layers 1-4 of 6 read the first 8 of the 12 depth slots, layer 0 none and layer 5
+  all 12 (a static layer index, ``base.static_prefix``); the scan reads all 12 masked: the same
+  logits, gated too."""
   cfg = kit.tiny_cfg("moda", n_layers=6, n_kv_heads=2, qk_norm=True)
   loop = kit.tiny_cfg("moda", n_layers=6, n_kv_heads=2, qk_norm=True, scan_layers=False,
                       remat_policy="none")
