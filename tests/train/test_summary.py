@@ -23,7 +23,7 @@ class _Unprintable:
     raise RuntimeError("killed mid-write")
 
 
-def test_atomic_write_replaces_whole_files_only(tmp_path):
+def test_atomic_write_replaces_whole_files_only(tmp_path, monkeypatch):
   """A write that fails half way leaves the previous file as it was; neither a good nor a failed
   one leaves a temp file behind; what JSON cannot hold (numpy scalars) is stored as strings."""
   path = str(tmp_path / "summary.json")
@@ -31,6 +31,19 @@ def test_atomic_write_replaces_whole_files_only(tmp_path):
   assert json.load(open(path)) == {"a": "1.5", "b": 1} and os.listdir(tmp_path) == ["summary.json"]
   with pytest.raises(RuntimeError):
     summary.atomic_write_json(path, {"a": 2, "z": _Unprintable()})
+  assert json.load(open(path)) == {"a": "1.5", "b": 1} and os.listdir(tmp_path) == ["summary.json"]
+  # That failure comes before any file is opened (serialised first): a write that fails in the
+  # file itself (a lone surrogate cannot be encoded), or at the rename, keeps the old file too
+  # and leaves no temp file (writing straight into the target, or no cleanup, passed the above).
+  with pytest.raises(UnicodeEncodeError):
+    summary.atomic_write_text(path, '{"a": 3} \ud800')
+  assert json.load(open(path)) == {"a": "1.5", "b": 1} and os.listdir(tmp_path) == ["summary.json"]
+  def full_disk(*args):
+    raise OSError(28, "No space left on device")
+  monkeypatch.setattr(summary.os, "replace", full_disk)
+  with pytest.raises(OSError):
+    summary.atomic_write_json(path, {"a": 4})
+  monkeypatch.undo()
   assert json.load(open(path)) == {"a": "1.5", "b": 1} and os.listdir(tmp_path) == ["summary.json"]
 
 
