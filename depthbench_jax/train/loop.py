@@ -199,6 +199,11 @@ def _train_and_evaluate(config, workdir: str, lock: workdir_lock.TrainerLock) ->
             f"({diverged.get('diverged_reason')}); nothing to train: under other divergence.* "
             f"or skip_nonfinite_steps settings it resumes from its last checkpoint", flush=True)
     return diverged
+  # A diverged run trained again under other rules: its summary, set aside below, holds its
+  # sessions' time through the divergence; the checkpoint it resumes from, only up to its save
+  # (and without one, nothing: the first session's time left the run's device-hours).
+  retrained = _saved_summary(workdir)
+  retrained = retrained if (retrained or {}).get("status") == "diverged" else None
   counts = count_params(model_cfg)
   steps = total_steps_of(config, counts["total"])
   # A pruned finished run trained again from scratch, setting its result aside; it is finished.
@@ -268,6 +273,9 @@ def _train_and_evaluate(config, workdir: str, lock: workdir_lock.TrainerLock) ->
     init_fn = jax.jit(functools.partial(init_state, model, optimizer, seq_len=seq_len),
                       out_shardings=state_sharding)
     state, start_step = init_fn(jax.random.PRNGKey(config.seed)), 0
+  if retrained is not None:
+    earlier_wall_s = max(earlier_wall_s, float(retrained.get("wall_time_s") or 0.0))
+    earlier_device_s = max(earlier_device_s, 3600 * float(retrained.get("device_hours") or 0.0))
 
   writer = writer_lib.create(os.path.join(workdir, "tensorboard"), start_step,
                              tensorboard=process_index == 0 and config.tensorboard)

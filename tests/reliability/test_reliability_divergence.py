@@ -128,6 +128,27 @@ def test_a_diverged_run_resumed_and_interrupted_is_not_left_done(train_in_proces
   assert sweep.run_state(workdir) == "done"
 
 
+@pytest.mark.parametrize("checkpoint_every", [3, 100])
+def test_a_diverged_run_retrained_under_other_rules_keeps_its_sessions_time(
+    train_in_process, tmp_path, checkpoint_every):
+  """The retrained session took its earlier time from the checkpoint it resumed from: the
+  diverged session's time past its last save (all of it, diverged before the first) left the
+  run's wall time and device-hours, which README sums over every session. (The diverged
+  summary's figures are made large here, so the count cannot be this session's own.)"""
+  workdir = str(tmp_path / f"run{checkpoint_every}")
+  config = helpers.tiny_config(steps=12, checkpoint_every=checkpoint_every, eval_every=0,
+                               **{"debug.nan_at_step": 7})
+  assert train_in_process(config, workdir)["status"] == "diverged"
+  path = os.path.join(workdir, "summary.json")
+  diverged = dict(summary.read_json(path), wall_time_s=5000.0, device_hours=3.0)
+  summary.atomic_write_json(path, diverged)
+  config.skip_nonfinite_steps = True
+  done = train_in_process(config, workdir)
+  assert done["status"] == "ok" and done["skipped_steps"] == 1
+  assert 5000 < done["wall_time_s"] < 5000 + 600
+  assert 3.0 < done["device_hours"] < 3.0 + 600 / 3600
+
+
 def test_a_resumed_sessions_progress_lines_show_the_last_eval_before_it(train_in_process,
                                                                          tmp_path, monkeypatch,
                                                                          capsys):
