@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import csv
 import importlib
+import io
 import json
 import math
 import os
@@ -785,14 +786,18 @@ def code_versions_note(records: Sequence[dict]) -> str:
 
 
 def write_csv(records: Sequence[dict], path: str, groups: dict) -> None:
+  """``runs.csv``, whole or not at all (as report.md): a report stopped mid-write left a torn
+  one over the last."""
+  from depthbench_jax.train.summary import atomic_write_text  # Local, and light.
   best = [g["best"] for g in groups.values() if g["best"] is not None]
-  with open(path, "w", newline="") as f:
-    writer = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
-    writer.writeheader()
-    for r in records:
-      writer.writerow({**{k: r.get(k) for k in CSV_FIELDS},
-                       "best_lr": any(r is b for b in best),   # not by name: names repeat
-                       "commit": revision.label(r.get("code"))})
+  text = io.StringIO(newline="")
+  writer = csv.DictWriter(text, fieldnames=CSV_FIELDS, extrasaction="ignore")
+  writer.writeheader()
+  for r in records:
+    writer.writerow({**{k: r.get(k) for k in CSV_FIELDS},
+                     "best_lr": any(r is b for b in best),   # not by name: names repeat
+                     "commit": revision.label(r.get("code"))})
+  atomic_write_text(path, text.getvalue())
 
 
 def write_report(results_dir: str, out_dir: str | None = None, plots: bool = True,

@@ -133,6 +133,23 @@ def test_report_interrupted_while_rendering_keeps_the_previous_report(tmp_path, 
     scorecard.write_report(str(results), plots=False)
   assert (results / "report.md").read_text() == before
   assert not [f for f in os.listdir(results) if ".tmp" in f]
+  # runs.csv alike: a write stopped in its middle (here at the second row) left a torn one.
+  csv_before = (results / "runs.csv").read_text()
+  monkeypatch.undo()
+  calls = []
+
+  def stopped_at_the_second_row(self, row):
+    calls.append(row)
+    if len(calls) == 2:
+      raise KeyboardInterrupt
+    return real_writerow(self, row)
+  import csv
+  real_writerow = csv.DictWriter.writerow
+  monkeypatch.setattr(csv.DictWriter, "writerow", stopped_at_the_second_row)
+  with pytest.raises(KeyboardInterrupt):
+    scorecard.write_report(str(results), plots=False)
+  assert (results / "runs.csv").read_text() == csv_before
+  assert not [f for f in os.listdir(results) if ".tmp" in f]
 
 
 def test_report_lists_runs_without_a_summary(tmp_path):
