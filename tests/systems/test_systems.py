@@ -968,7 +968,14 @@ def test_bench_quick_mode(tmp_path, capsys, monkeypatch):
   real = bench.interleaved
   monkeypatch.setattr(bench, "interleaved", lambda *a, **k: (
       timed.append({n: list(t) for n, t in real(*a, **k).items()}) or dict(timed[-1])))
+  depths = []   # the depths the compile ratio compiled (one depth for both passed)
+  real_compile = bench.abstract_compile_seconds
+  monkeypatch.setattr(bench, "abstract_compile_seconds", lambda cfg: (
+      depths.append(cfg.model.n_layers) or real_compile(cfg)))
   assert bench.main(["--preset", "quick", "--out", str(tmp_path)]) == 0
+  quick_preset = bench.PRESETS["quick"]
+  assert sorted(set(depths)) == sorted(quick_preset.compile_layers)
+  assert len(depths) == 2 * quick_preset.compile_rounds
   (path,) = list(tmp_path.glob("results-*.json"))  # The partial save is gone once it is whole.
   result = json.loads(path.read_text())
   designs = {r["design"] for r in result["train"]}
@@ -1626,6 +1633,41 @@ def test_cudnn_check_refuses_a_bad_flag_as_a_usage_error_not_a_failed_check(
     cudnn_check.main([flag])
   assert exit_.value.code == 2
   assert f"error: {flag}; allowed: {allowed}" in capsys.readouterr().err
+
+
+def test_the_timed_step_donates_its_state_and_waits_for_its_result(monkeypatch):
+  """The bench's step is training's (the state donated: without it the peak counted the
+  optimiser state twice) and each timed call waits for the step's loss (without it a round
+  timed the dispatch alone under async dispatch); neither was checked."""
+  from depthbench_jax import bench
+  c = bench.compile_train_step("preln", bench.bench_config(bench.PRESETS["quick"], "preln"))
+  assert c.step.memory_analysis().alias_size_in_bytes > 0
+  waited = []
+  real_wait = bench.jax.block_until_ready
+  monkeypatch.setattr(bench.jax, "block_until_ready", lambda x: waited.append(x) or real_wait(x))
+  old = c.state
+  bench.step_runner(c)()
+  assert all(leaf.is_deleted() for leaf in jax.tree.leaves(old.params))
+  assert len(waited) == 1 and waited[0].shape == () and waited[0] is not None
+
+
+def test_the_hf_baseline_runs_a_whole_train_step():
+  """hf_runner's step was timed but never checked to train: without loss.backward() (AdamW and
+  the clip skip a gradient-less parameter) it passed, a faster HF step lowering ours/HF."""
+  torch = helpers.required("torch")
+  helpers.required("transformers")
+  from depthbench_jax import bench
+  from depthbench_jax.model.config import model_config_from
+  config = bench.bench_config(bench.PRESETS["quick"], "preln")
+  run = bench.hf_runner(model_config_from(config.model), config)
+  assert torch.get_num_threads() == len(os.sched_getaffinity(0))
+  (model,) = [c.cell_contents for c in run.__closure__
+              if isinstance(c.cell_contents, torch.nn.Module)]   # the step's own model
+  before = [p.detach().clone() for p in model.parameters()]
+  run()
+  assert all(p.grad is not None for p in model.parameters())
+  moved = [not torch.equal(b, p.detach()) for b, p in zip(before, model.parameters())]
+  assert all(moved), sum(moved)
 
 
 def test_hf_baseline_is_our_shape_and_builds_no_kv_cache_in_training():
