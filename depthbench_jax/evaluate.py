@@ -235,6 +235,12 @@ def main(argv):
         hf.check_exportable(model_cfg)
       except ConfigError as err:
         raise ConfigError(f"--export_hf: the run's {err}, or no --export_hf") from None
+      # setup.py's test extra: without it every set was scored, then the export's import failed.
+      missing = hf.missing_packages()
+      if missing:
+        raise ConfigError(f"--export_hf: needs {' and '.join(missing)}, not installed; allowed: "
+                          f"pip install -e '.[test]' (launch/bootstrap.sh installs it), or no "
+                          f"--export_hf")
     # --eval_data_dir, else the run's config.evals.data_dir (when set), else the default.
     # A leading '~' is the home dir, as in config.data.path (the shell leaves '--x=~/e' alone).
     data_dir = os.path.expanduser(_DATA_DIR.value or config.evals.data_dir or "") or None
@@ -265,8 +271,9 @@ def main(argv):
                 if (can_generate or k != "generate") and (generates or k != "max_new_tokens")
                 and (runs_code or k != "timeout_s")]
     def recorded(result: dict) -> dict:
-      """A result of fewer sets, each found now, is replaced by this fuller one: a file added
-      after a run that lacked it is scored without --overwrite."""
+      """A result of fewer sets, each found now, is replaced by this fuller one when its other
+      recorded options agree (``generate`` and the rest as recorded, even where its sets could
+      not use them): a file added after a run that lacked it is scored without --overwrite."""
       had = summary.recorded_options(result)
       if isinstance(had.get("sets"), list) and set(had["sets"]) <= set(found):
         had = {**had, "sets": options["sets"]}

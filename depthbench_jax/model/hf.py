@@ -45,6 +45,13 @@ HF_DESIGNS = ("preln",)
 ARCHS = ("llama", "qwen3")
 
 
+def missing_packages() -> list[str]:
+  """What ``export_hf`` imports and this install lacks (``setup.py``'s test extra), found
+  without importing either."""
+  import importlib.util
+  return [m for m in ("transformers", "safetensors") if importlib.util.find_spec(m) is None]
+
+
 def check_exportable(cfg: ModelConfig, arch: str | None = None) -> str:
   """Raises ConfigError unless ``cfg`` is expressible in HF; returns the architecture name."""
   if cfg.design not in HF_DESIGNS:

@@ -364,3 +364,42 @@ def test_cli_multiple_choice_reruns_are_not_decided_by_generation(tmp_path):
   workdir, _ = _run_with_evals(tmp_path, dict(FULL, sets=["sciq"]))
   proc = _evaluate(workdir, f"--eval_data_dir={FIXTURES}", "--sets=sciq", "--generate=false")
   assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_export_hf_names_the_packages_a_plain_install_lacks(tmp_path):
+  """``pip install -e .`` (no test extra) scored every set, wrote evals.json, then --export_hf
+  failed on its import (a ModuleNotFoundError traceback): what is missing is named before any
+  set is scored. Here safetensors is hidden from find_spec in the CLI's process."""
+  workdir = str(tmp_path / "run")
+  helpers.saved_run(workdir)
+  before = sorted(os.listdir(workdir))
+  hide = ("import importlib.util as u, runpy, sys; f = u.find_spec; "
+          "u.find_spec = lambda n, *a: None if n == 'safetensors' else f(n, *a); "
+          "sys.argv = sys.argv[:1] + sys.argv[2:]; "
+          "runpy.run_module('depthbench_jax.evaluate', run_name='__main__')")
+  proc = subprocess.run(
+      [sys.executable, "-c", hide, "-", f"--workdir={workdir}", f"--eval_data_dir={FIXTURES}",
+       "--sets=gsm8k", "--max_examples=1", "--export_hf"],
+      cwd=helpers.ROOT, env=helpers.subprocess_env(), capture_output=True, text=True,
+      timeout=300)
+  assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+  assert [l for l in proc.stderr.splitlines() if l.startswith("error:")] == [
+      "error: --export_hf: needs safetensors, not installed; allowed: pip install -e '.[test]' "
+      "(launch/bootstrap.sh installs it), or no --export_hf"], proc.stderr[-2000:]
+  assert sorted(os.listdir(workdir)) == before
+
+
+def test_cli_step_reads_that_checkpoint_and_an_earlier_one_does_not_replace_a_later(tmp_path):
+  """Every --step test ran on a run of one checkpoint, its latest: --step dropped (the latest
+  read), or the step guard, passed them. An earlier --step than the result holds is refused."""
+  workdir = str(tmp_path / "run")
+  helpers.saved_run(workdir, step=10, earlier=(5,))
+  flags = [f"--eval_data_dir={FIXTURES}", "--sets=sciq", "--max_examples=1"]
+  proc = _evaluate(workdir, *flags, "--step=5")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert json.load(open(os.path.join(workdir, "evals.json")))["step"] == 5
+  assert _evaluate(workdir, *flags).returncode == 0   # the latest, 10, replaces it
+  assert json.load(open(os.path.join(workdir, "evals.json")))["step"] == 10
+  proc = _evaluate(workdir, *flags, "--step=5")
+  assert proc.returncode == 2 and "holds the result of the later step 10" in proc.stderr, (
+      proc.stderr[-2000:])
