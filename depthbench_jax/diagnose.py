@@ -179,6 +179,9 @@ def main(argv):
         out, result_settings(diagnostics_options(config, overrides)), _OVERWRITE.value,
         lambda key: "--batch_size" if key == "batch_size" else f"--set={key}", step=step,
         workdir=workdir, kind=("diagnostics", "angular"))
+    # The plots go beside the result: a file there lost the result after every probe ran.
+    summary.check_folder(os.path.join(os.path.dirname(os.path.abspath(out)), "plots"),
+                         f"--out={_OUT.value}" if _OUT.value else f"--workdir={workdir}")
     # The run's own data (config.data.path may name shards this host does not have).
     val = pipeline.make_val_batches(config, process_index=0, process_count=1)
   except ConfigError as err:

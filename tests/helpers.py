@@ -143,9 +143,10 @@ def built_once_per_session(tmp_path_factory, name: str, build) -> str:
   return str(path)
 
 
-def saved_run(workdir: str, step: int = 5, **overrides):
+def saved_run(workdir: str, step: int = 5, earlier: tuple[int, ...] = (), **overrides):
   """A run dir with ``tiny_config(**overrides)``'s config.json and a checkpoint at ``step`` of
-  freshly initialised params (what diagnose and evaluate read); returns ``(config, params)``."""
+  freshly initialised params (what diagnose and evaluate read), and at each of the ``earlier``
+  steps too (the same params); returns ``(config, params)``."""
   import flax.linen as nn
   import jax
   from depthbench_jax.model.config import model_config_from
@@ -155,9 +156,10 @@ def saved_run(workdir: str, step: int = 5, **overrides):
   config = tiny_config(**overrides)
   summary_lib.write_config(workdir, config)
   params = nn.unbox(init_params(model_config_from(config.model), jax.random.PRNGKey(0)))
-  manager = checkpoint.make_manager(workdir, keep=1, async_save=False)
-  checkpoint.save(manager, step, {"params": params}, None, force=True)
-  manager.wait_until_finished()
+  manager = checkpoint.make_manager(workdir, keep=1 + len(earlier), async_save=False)
+  for at in (*sorted(earlier), step):
+    checkpoint.save(manager, at, {"params": params}, None, force=True)
+    manager.wait_until_finished()
   return config, params
 
 

@@ -241,6 +241,26 @@ def test_cli_out_writes_elsewhere_and_leaves_the_diagnostics_and_plots(tmp_path)
   assert os.path.exists(tmp_path / "debug" / "plots" / "diag_causal.png")
   assert open(os.path.join(workdir, "diagnostics.json"), "rb").read() == before
   assert not os.path.exists(os.path.join(workdir, "plots"))
+  # A file where its plots/ go: a FileExistsError traceback after every probe, no result.
+  other = tmp_path / "other"
+  other.mkdir()
+  (other / "plots").write_text("notes")
+  proc = _diagnose(workdir, f"--out={other / 'diagnostics.json'}")
+  assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+  assert [l for l in proc.stderr.splitlines() if l.startswith("error:")] == [
+      f"error: --out={other / 'diagnostics.json'}: {other / 'plots'} is a file; allowed: a "
+      f"folder there (made if missing)"]
+
+
+def test_cli_step_reads_that_checkpoint_not_the_latest(tmp_path):
+  """Every --step test ran on a run of one checkpoint, its latest: --step dropped (the latest
+  read) passed them."""
+  from tests.helpers import saved_run
+  workdir = str(tmp_path / "run")
+  saved_run(workdir, step=10, earlier=(5,))
+  proc = _diagnose(workdir, "--step=5")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert json.load(open(os.path.join(workdir, "diagnostics.json")))["step"] == 5
 
 
 @pytest.mark.parametrize("flag, named, batch", [
