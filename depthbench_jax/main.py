@@ -180,7 +180,7 @@ def hosts_expected() -> int:
   """How many processes this run's cluster will have, from the environment alone (before
   ``jax.distributed`` starts): ``JAX_NUM_PROCESSES``, else the SLURM job's tasks, else 1. The
   sweep reads it too, to tell a pod (stop every host on trouble) from one machine."""
-  return max(int(os.environ.get("JAX_NUM_PROCESSES") or 1), slurm_tasks())
+  return max(_env_int("JAX_NUM_PROCESSES", "an integer >= 1") or 1, slurm_tasks())
 
 
 def distributed_settings(coordinator: str | None = None, num_processes: int | None = None,

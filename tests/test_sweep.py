@@ -588,6 +588,8 @@ def test_a_run_whose_trainer_fails_after_its_ok_summary_counts_as_failed(tiny, m
     ({"JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "2"}, "JAX_PROCESS_ID=2"),
     ({"JAX_COORDINATOR_ADDRESS": "node0", "JAX_PROCESS_ID": "0"}, "ADDRESS='node0'"),
     ({"JAX_NUM_PROCESSES": None, "JAX_PROCESS_ID": "1"}, "without JAX_NUM_PROCESSES"),
+    # A count that does not parse: hosts_expected read it first, a ValueError traceback.
+    ({"JAX_NUM_PROCESSES": "x", "JAX_PROCESS_ID": "0"}, "JAX_NUM_PROCESSES='x'"),
 ])
 def test_a_bad_multi_host_env_is_one_error_line_before_any_run(tiny, monkeypatch, capsys, env,
                                                                   named):

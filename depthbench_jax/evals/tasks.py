@@ -2,8 +2,8 @@
 
 * NLL (all sets): ``nll_per_token`` = sum over the set's examples of the answer tokens'
   ``-log p(a_j | <eos>, prompt, a_<j)`` / the number of those tokens (nats; token-weighted over
-  the set, not a mean of per-example means); ``nll_per_example`` = mean over examples of the
-  summed answer NLL. Scored: the answer's tokens only, none of the prompt, no eos after the
+  the set, not a mean of per-example means); ``nll_per_example`` = mean over examples (those with a
+  scored token) of the summed answer NLL. Scored: the answer's tokens only, none of the prompt, no eos after the
   answer (as lm-eval-harness's loglikelihood). ``<eos>`` opens the context as documents follow
   eos in training. Prompt and answer are tokenized separately, so the scored tokens are exactly
   ``encode(answer)`` whatever the context (lm-eval-harness instead moves the context's trailing
