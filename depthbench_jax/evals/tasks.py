@@ -2,17 +2,17 @@
 
 * NLL (all sets): ``nll_per_token`` = sum over the set's examples of the answer tokens'
   ``-log p(a_j | <eos>, prompt, a_<j)`` / the number of those tokens (nats; token-weighted over
-  the set, not a mean of per-example means); ``nll_per_example`` = mean over examples (those with a
-  scored token) of the summed answer NLL. Scored: the answer's tokens only, none of the prompt, no eos after the
-  answer (as lm-eval-harness's loglikelihood). ``<eos>`` opens the context as documents follow
-  eos in training. Prompt and answer are tokenized separately, so the scored tokens are exactly
-  ``encode(answer)`` whatever the context (lm-eval-harness instead moves the context's trailing
-  whitespace into the answer and scores the tokens of the joint encoding after the context's;
-  with GPT-2 BPE the joint and separate encodings differ only where the answer starts with
-  whitespace that merges with the prompt's: 1 of 164 HumanEval problems, HumanEval/81's
-  ``'\\n' + '\\n'`` for ``'\\n\\n'``; none of the ``' {answer}'`` sets). A sequence over
-  ``max_len`` loses prompt tokens from the front, then answer tokens (unscored, counted in
-  ``context_cut``/``answer_cut``).
+  the set, not a mean of per-example means); ``nll_per_example`` = mean over examples (those
+  with a scored token) of the summed answer NLL. Scored: the answer's tokens only, none of the
+  prompt, no eos after the answer (as lm-eval-harness's loglikelihood). ``<eos>`` opens the
+  context as documents follow eos in training. Prompt and answer are tokenized separately, so
+  the scored tokens are exactly ``encode(answer)`` whatever the context (lm-eval-harness
+  instead moves the context's trailing whitespace into the answer and scores the tokens of the
+  joint encoding after the context's; with GPT-2 BPE the joint and separate encodings differ
+  only where the answer starts with whitespace that merges with the prompt's: 1 of 164
+  HumanEval problems, HumanEval/81's ``'\\n' + '\\n'`` for ``'\\n\\n'``; none of the
+  ``' {answer}'`` sets). A sequence over ``max_len`` loses prompt tokens from the front, then
+  answer tokens (unscored, counted in ``context_cut``/``answer_cut``).
 * mc (SciQ, GPQA): ``acc`` = the correct choice has the strictly highest summed log-likelihood;
   ``acc_norm`` = the same with log-likelihood divided by the choice's length in characters,
   without the ``' '`` that joins it to the prompt (lm-eval-harness's ``len(choice)``).

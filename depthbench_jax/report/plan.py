@@ -75,10 +75,10 @@ def shown_path(path: str) -> str:
 
 def load_plan(config_path: str, results_dir: str) -> list[dict]:
   """Every planned run of the suite as ``{'name', 'design', 'arg', 'key': (label, L, d), 'lr',
-  'workdir', 'state'}`` (``label``: the design as records name it, ``_label``; the state on disk; the report marks 'other recipe' from its
-  ``other_recipe_runs`` over every run folder, these among them). A missing file, a file that
-  does not import, or one that is no suite (no ``sweep``, or entries the sweep refuses) is one
-  ConfigError naming ``--config``."""
+  'workdir', 'state'}`` (``label``: the design as its records name it, ``_label``; the state
+  on disk; the report marks 'other recipe' from its ``other_recipe_runs`` over every run
+  folder, these among them). A missing file, a file that does not import, or one that is no
+  suite (no ``sweep``, or entries the sweep refuses) is one ConfigError naming ``--config``."""
   where = f"--config={config_path}"
   allowed = "allowed: a suite file whose sweep() lists its runs, e.g. configs/smoke.py"
   if not os.path.isfile(config_path):

@@ -230,8 +230,8 @@ def _train_and_evaluate(config, workdir: str, lock: workdir_lock.TrainerLock) ->
         workdir)
   train_iter = pipeline.make_train_iterator(config, process_index, process_count, steps, metas)
   val_batches = pipeline.make_val_batches(config, process_index, process_count, metas)
-  lock.acquire_agreed(process_count)   # Makes the folder; before the first write (held
-  # already: agreed only).
+  # Makes the run folder, before the first write (held already: agreed only).
+  lock.acquire_agreed(process_count)
   if process_index == 0:
     summary.write_config(workdir, config)
     summary.set_aside_earlier(workdir)
