@@ -697,22 +697,29 @@ def launch(run: Run, config_path: str, main_cmd: Sequence[str], local_processes:
     return _start(cmd, env=env).wait()
   port = free_port()
   procs, logs = [], []
-  for i in range(local_processes):
-    penv = dict(env, JAX_COORDINATOR_ADDRESS=f"localhost:{port}",
-                JAX_NUM_PROCESSES=str(local_processes), JAX_PROCESS_ID=str(i))
-    penv["XLA_FLAGS"] = _without_fake_devices(penv.get("XLA_FLAGS", ""))
-    # One CPU device each, also on a GPU machine: there every process would claim every GPU
-    # (and its memory) and the second would fail at its start. JAX_PLATFORMS set wins.
-    penv["JAX_PLATFORMS"] = penv.get("JAX_PLATFORMS") or "cpu"
-    if i == 0:
-      procs.append(_start(cmd, env=penv))
-    else:  # Other processes log to the run dir, so the terminal shows one stream.
-      log = open(os.path.join(run.workdir, f"process_{i}.log"), "a")
-      logs.append(log)
-      procs.append(_start(cmd, env=penv, stdout=log, stderr=subprocess.STDOUT))
-  codes = wait_together(procs)
-  for log in logs:
-    log.close()
+  try:
+    for i in range(local_processes):
+      penv = dict(env, JAX_COORDINATOR_ADDRESS=f"localhost:{port}",
+                  JAX_NUM_PROCESSES=str(local_processes), JAX_PROCESS_ID=str(i))
+      penv["XLA_FLAGS"] = _without_fake_devices(penv.get("XLA_FLAGS", ""))
+      # One CPU device each, also on a GPU machine: there every process would claim every GPU
+      # (and its memory) and the second would fail at its start. JAX_PLATFORMS set wins.
+      penv["JAX_PLATFORMS"] = penv.get("JAX_PLATFORMS") or "cpu"
+      if i == 0:
+        procs.append(_start(cmd, env=penv))
+      else:  # Other processes log to the run dir, so the terminal shows one stream.
+        log = open(os.path.join(run.workdir, f"process_{i}.log"), "a")
+        logs.append(log)
+        procs.append(_start(cmd, env=penv, stdout=log, stderr=subprocess.STDOUT))
+    codes = wait_together(procs)
+  except OSError:   # process i could not start: the ones started would wait 300 s for it
+    for proc in procs:
+      proc.kill()
+      proc.wait()
+    raise
+  finally:
+    for log in logs:
+      log.close()
   return max(codes, key=abs)
 
 

@@ -33,13 +33,17 @@ has_value() {  # FLAG [VALUE ...]: one error line and exit 2 where the value is 
   [[ $# -ge 2 && -n "$2" && "$2" != -* ]] || {
     echo "error: $1 has no value; allowed: $1 PATH or $1=PATH" >&2; exit 2; }
 }
+one_suite() {  # a second --config: the last one won without a word
+  [[ ${#SUITE[@]} -eq 0 ]] || {
+    echo "error: --config given twice (${SUITE[0]}, $1); allowed: one suite file" >&2; exit 2; }
+}
 ARGS=()
 SUITE=()  # --config=FILE (the spelling main.py, systems and report take) is the suite positional.
 POSITIONAL=()  # The suite file wherever it stands, as the sweep's argparse takes it
 while [[ $# -gt 0 ]]; do  # (`--dry_run configs/x.py` ran smoke.py with x.py as an extra word).
   case "$1" in
-    --config) has_value "$@"; SUITE=("$(caller_file "$2")"); shift 2 ;;
-    --config=*) has_value --config "${1#--config=}"
+    --config) has_value "$@"; one_suite "$2"; SUITE=("$(caller_file "$2")"); shift 2 ;;
+    --config=*) has_value --config "${1#--config=}"; one_suite "${1#--config=}"
                 SUITE=("$(caller_file "${1#--config=}")"); shift ;;
     --results_dir) has_value "$@"; ARGS+=("$1" "$(results_path "$2")"); shift 2 ;;
     --results_dir=*) has_value --results_dir "${1#--results_dir=}"

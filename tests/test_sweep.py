@@ -1,5 +1,6 @@
 """Sweep planning, resume, best-LR selection and the run_sweep.sh wrapper (with a fake trainer)."""
 
+import dataclasses
 import json
 import math
 import os
@@ -543,6 +544,18 @@ def test_a_runs_processes_stop_soon_after_one_of_them_fails(tmp_path, monkeypatc
   # Both finishing on their own: each its own code, the largest by size.
   script.write_text("import os, sys\nsys.exit(int(os.environ['JAX_PROCESS_ID']) * 5)\n")
   assert sweep.launch(run, "c.py", [sys.executable, str(script)], local_processes=2) == 5
+  # Process 1 cannot start (its log is a folder): process 0, already started, was left to wait
+  # 300 s for it after the sweep had gone on (and exited); it is stopped with the error.
+  script.write_text("import time\ntime.sleep(120)\n")
+  run = dataclasses.replace(run, workdir=str(tmp_path / "run2"))
+  (tmp_path / "run2" / "process_1.log").mkdir(parents=True)
+  started = []
+  real_start = sweep._start
+  monkeypatch.setattr(sweep, "_start", lambda *a, **k: started.append(real_start(*a, **k)) or
+                      started[-1])
+  with pytest.raises(IsADirectoryError):
+    sweep.launch(run, "c.py", [sys.executable, str(script)], local_processes=2)
+  assert len(started) == 1 and started[0].poll() is not None
 
 
 def test_local_processes_env(tiny, monkeypatch):
@@ -927,6 +940,13 @@ def test_run_sweep_sh_dry_run(tiny):
                        capture_output=True, text=True, timeout=300)
   assert out.returncode == 0, out.stderr[-2000:]
   assert "suite tiny" in out.stdout and "at MFU 0.3 of" in out.stdout
+  # --config twice: the last won without a word (a positional beside --config is refused).
+  out = subprocess.run([os.path.join(REPO, "launch", "run_sweep.sh"),
+                        f"--config={tiny['config']}", "--config", "configs/smoke.py",
+                        "--dry_run"], cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert out.returncode == 2 and out.stderr.strip().splitlines()[-1] == (
+      f"error: --config given twice ({tiny['config']}, configs/smoke.py); allowed: one suite "
+      f"file"), out.stderr[-2000:]
 
 
 # A trainer that runs until SIGTERM, then "saves" (a marker) and exits 0 without a summary.
