@@ -24,6 +24,9 @@ def main(argv=None) -> int:
   try:  # A bad --out or --config fails before anything is written.
     if args.out:
       check_folder(args.out, f"--out={args.out}")
+    if not args.no_plots:   # a file there was a FileExistsError traceback and no report.md
+      check_folder(os.path.join(args.out or args.results_dir, "plots"),
+                   f"--out={args.out}" if args.out else f"results_dir {args.results_dir}")
     paths = write_report(args.results_dir, out_dir=args.out, plots=not args.no_plots,
                          config_path=args.config)
   except ConfigError as err:

@@ -116,6 +116,16 @@ def test_an_out_that_is_a_file_is_one_error_line(tmp_path, capsys):
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and err[0].startswith("error: --out=") and "allowed:" in err[0], err
   assert (tmp_path / "report.md").read_text() == "mine\n"
+  # A file where the plots go (a sweep's report after every run trained): a FileExistsError
+  # traceback and no report.md; one line now, and nothing written.
+  (results / "plots").write_text("x")
+  with pytest.raises(SystemExit) as exit_info:
+    report_main.main([str(results)])
+  assert exit_info.value.code == 2
+  assert capsys.readouterr().err.strip().splitlines() == [
+      f"error: results_dir {results}: {results / 'plots'} is a file; allowed: a folder there "
+      f"(made if missing)"]
+  assert not (results / "report.md").exists()
 
 
 def test_report_interrupted_while_rendering_keeps_the_previous_report(tmp_path, monkeypatch):
