@@ -369,6 +369,8 @@ def main(argv):
   from depthbench_jax.train.summary import check_folder, check_run_folder
   try:
     check_folder(_WORKDIR.value, f"--workdir={_WORKDIR.value}")
+    for folder in ("checkpoints", "tensorboard"):   # a file there failed at the first save
+      check_folder(os.path.join(_WORKDIR.value, folder), f"--workdir={_WORKDIR.value}")
     check_run_folder(_WORKDIR.value)
   except ConfigError as err:
     fail(str(err))

@@ -916,6 +916,17 @@ def test_a_workdir_that_is_a_file_is_one_error_line(tmp_path):
   assert lines[-1] == f"error: --workdir={path}: {path} is a file; allowed: a folder there (made " \
                       "if missing)", proc.stderr[-2000:]
   assert "Traceback" not in proc.stderr and path.read_text() == "keep me"
+  # A file where the run's checkpoints/ go: it trained to its first save (hours at a suite's
+  # checkpoint_every), then two orbax tracebacks.
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  (workdir / "checkpoints").write_text("keep me")
+  proc = helpers.run_main(str(workdir), helpers.tiny_flags(), check=False, timeout=120)
+  assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+  assert [l for l in proc.stderr.splitlines() if l.strip()][-1] == (
+      f"error: --workdir={workdir}: {workdir / 'checkpoints'} is a file; allowed: a folder "
+      f"there (made if missing)")
+  assert os.listdir(workdir) == ["checkpoints"]
 
 
 def test_a_workdir_that_is_a_sweeps_results_folder_is_one_error_line(tmp_path):
