@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Sets up .venv if needed, then runs the test suite (slow tests too unless FAST=1, which skips
 # the 52 slow ones: 1049 tests in 5m22s on a 2-core Zen 5, where all 1101 took 7m05s; all 1213
-# at 4cb2d88 took 9m51s on a 2-core Zen 4, 10m38s from a clean clone with a cold bootstrap; the
-# 39th session's tests bring it to 1249).
+# at 4cb2d88 took 9m51s on a 2-core Zen 4, 10m38s from a clean clone with a cold bootstrap; all
+# 1249 at ae68fcd 12m14s there; the 40th session's tests bring it to 1276).
 #   ./launch/test.sh                 # everything CI runs (2 xdist workers; TEST_WORKERS=0: one)
 #   ./launch/test.sh tests/model -x  # extra args go to pytest
 set -euo pipefail
